@@ -1,0 +1,38 @@
+"""zres: run Python functions where the resources they ask for are free.
+
+    import zres
+    future = zres.submit(train, data, resources={"GPU": 1})
+    print(future.result())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .client import Client, InfeasibleWarning, default_client
+from .context import TaskContext, annotate, get_task_context
+from .errors import (AgentLostError, BrokerLostError, InfeasibleError, ProtocolError,
+                     RemoteError, ResourceSpecError, WorkerLostError, ZresError)
+from .futures import (ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future, as_completed,
+                      gather, wait)
+from .local import LocalCluster
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
+    "Client", "Future", "InfeasibleError", "InfeasibleWarning", "LocalCluster", "ProtocolError",
+    "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
+    "annotate", "as_completed", "gather", "get_task_context", "map", "submit", "wait",
+]
+
+
+def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+    """Submit FN on the default client (the newest open one, started if none)."""
+    return default_client().submit(fn, *args, **kwargs)
+
+
+def map(fn: Callable[..., Any], *iterables: Iterable[Any], **kwargs: Any) -> list[Future]:  # noqa: A001
+    """Map FN over ITERABLES on the default client, batched on the wire."""
+    return default_client().map(fn, *iterables, **kwargs)

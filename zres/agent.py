@@ -1,0 +1,353 @@
+"""The node daemon: registers this node's capacity, runs what the broker assigns.
+
+The agent keeps no queue of tasks waiting for resources: the broker assigns a task only
+when it fits. The agent's job is to start and supervise worker processes, one per slot
+and GPU device set, hand each task to the right one, and report results and losses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import zmq
+
+from . import gpu as gpu_mod
+from . import protocol as P
+from .errors import ProtocolError, ResourceSpecError
+from .resources import CPU, GPU, MEMORY, UNIT, Units, format_units, units_to_float
+
+log = structlog.get_logger("zres.agent")
+
+
+@dataclass(slots=True)
+class SlotSpec:
+    units: Units
+    gpus: list[str]        # device ids for CUDA_VISIBLE_DEVICES, one per whole GPU
+    nthreads: int
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker process: a slot and a fixed device set."""
+
+    ident: bytes
+    slot: int
+    gpus: tuple[str, ...]
+    proc: subprocess.Popen[bytes]
+    ready: bool = False
+    backlog: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
+    running: set[int] = field(default_factory=set)
+
+
+def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
+               detect: bool = True) -> list[SlotSpec]:
+    """Work out each slot's capacity: detected CPU, MEMORY, GPU, overridden by DECLARED.
+
+    Declared amounts are offered in full by every slot (as Dask's --resources); detected
+    memory and GPUs are split between slots so the node is never offered twice over.
+    """
+    if nworkers < 1:
+        raise ResourceSpecError("nworkers must be at least 1")
+    threads = nthreads or max(1, (os.cpu_count() or 1) // nworkers)
+    devices = gpu_mod.discover() if detect else []
+    memory = _total_memory() // nworkers if detect else 0
+    if declared.get(GPU, 0) % UNIT:
+        raise ResourceSpecError("invalid resource spec: GPU must be a whole number of devices")
+    slots = []
+    for index in range(nworkers):
+        units: Units = {CPU: threads * UNIT}
+        if memory:
+            units[MEMORY] = memory * UNIT
+        mine = [d.id for d in devices[index::nworkers]]
+        if GPU in declared:
+            count = declared[GPU] // UNIT
+            ids = [d.id for d in devices]
+            mine = ids[:count] if len(ids) >= count else [str(i) for i in range(count)]
+        if mine:
+            units[GPU] = len(mine) * UNIT
+        units.update(declared)
+        if not units.get(GPU):
+            units.pop(GPU, None)
+            mine = []
+        slots.append(SlotSpec(units, mine, threads))
+    return slots
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+class Agent:
+    """Connect to the broker, register slots, run assigned tasks in worker processes."""
+
+    def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
+                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0) -> None:
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.slots = slots
+        self.broker_address = broker
+        self.ctx = zmq.Context.instance()
+        self.broker = self.ctx.socket(zmq.DEALER)
+        self.broker.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        self.broker.setsockopt(zmq.LINGER, 0)
+        self.broker.connect(broker)
+        self._tmp = tempfile.mkdtemp(prefix="zres-agent-")
+        self.workers_sock = self.ctx.socket(zmq.ROUTER)
+        self.workers_sock.setsockopt(zmq.LINGER, 0)
+        self.workers_address = f"ipc://{self._tmp}/workers"
+        self.workers_sock.bind(self.workers_address)
+        self.hb_interval = heartbeat_interval
+        self.hb_timeout = heartbeat_timeout
+        self.workers: dict[tuple[int, tuple[str, ...]], Worker] = {}
+        self.by_ident: dict[bytes, Worker] = {}
+        self.task_worker: dict[int, Worker] = {}
+        self.epoch: int | None = None
+        self.registered = False
+        self._last_heard = time.monotonic()
+        self._last_beat = 0.0
+        self._last_register = 0.0
+        self._last_reap = 0.0
+        self._stopping = False
+        self._done: tuple[list[Any], list[Any]] = ([], [])
+        self.poller = zmq.Poller()
+        self.poller.register(self.broker, zmq.POLLIN)
+        self.poller.register(self.workers_sock, zmq.POLLIN)
+
+    # -- loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until stop() or SIGINT/SIGTERM; then stop the worker processes."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.stop())
+        log.info("agent_started", agent=self.name, broker=self.broker_address,
+                 slots=[format_units(s.units) for s in self.slots])
+        # One GPU-less worker per slot starts now, so the first task does not wait for it.
+        for index in range(len(self.slots)):
+            self._worker(index, ())
+        try:
+            while not self._stopping:
+                self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def shutdown(self) -> None:
+        for worker in self.workers.values():
+            _kill(worker.proc)
+        self.workers.clear()
+        self.broker.close(0)
+        self.workers_sock.close(0)
+        try:
+            os.unlink(f"{self._tmp}/workers")
+            os.rmdir(self._tmp)
+        except OSError:
+            pass
+        log.info("agent_stopped", agent=self.name)
+
+    def poll_once(self, now: float, timeout: float = 0.0) -> None:
+        """Move messages between broker and workers; heartbeat; reap dead workers."""
+        events = dict(self.poller.poll(int(timeout * 1000)))
+        if self.broker in events:
+            self._drain(self.broker, self._from_broker)
+        if self.workers_sock in events:
+            self._drain(self.workers_sock, self._from_worker)
+        now = time.monotonic()
+        if now - self._last_reap >= 0.1:
+            self._last_reap = now
+            self._reap()
+        self._flush_done()
+        if now - self._last_beat >= self.hb_interval:
+            self._last_beat = now
+            self.broker.send_multipart(P.encode(P.HEARTBEAT))
+        silent = now - self._last_heard > self.hb_timeout
+        if (not self.registered or silent) and now - self._last_register >= self.hb_timeout / 2:
+            if silent and self.registered:
+                log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
+            self._register(now)
+
+    def _drain(self, sock: zmq.Socket, handle: Any) -> None:
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handle(frames)
+            except ProtocolError as exc:
+                log.warning("bad_message", error=str(exc))
+
+    # -- broker side ------------------------------------------------------------------
+    def _register(self, now: float) -> None:
+        self._last_register = now
+        self.registered = False
+        self.broker.send_multipart(P.encode(P.REGISTER, {
+            "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+            "slots": [{"units": s.units, "gpus": s.gpus} for s in self.slots]}))
+
+    def _from_broker(self, frames: list[Any]) -> None:
+        msg = P.decode(frames)
+        self._last_heard = time.monotonic()
+        if msg.kind == P.ASSIGN:
+            self._on_assign(msg)
+        elif msg.kind == P.WELCOME:
+            self._on_welcome(msg)
+        elif msg.kind == P.UNKNOWN:
+            if self.registered:
+                log.warning("broker_forgot_us")
+                self.registered = False
+                self._last_register = 0.0
+        elif msg.kind == P.HEARTBEAT:
+            if self.registered and msg.body.get("epoch") != self.epoch:
+                self.registered = False
+                self._last_register = 0.0
+        elif msg.kind == P.CANCEL:
+            self._on_cancel(msg)
+
+    def _on_welcome(self, msg: P.Message) -> None:
+        epoch = msg.body.get("epoch")
+        if self.epoch is not None and epoch != self.epoch or self.task_worker:
+            # A new broker knows nothing of what we run: stop it, or its resources would
+            # be granted twice.
+            self._abandon_running("broker restarted")
+        self.epoch = epoch
+        self.registered = True
+        log.info("agent_registered", agent=self.name, epoch=epoch)
+
+    def _abandon_running(self, why: str) -> None:
+        for worker in list(self.workers.values()):
+            if worker.running or worker.backlog:
+                log.warning("worker_stopped", pid=worker.proc.pid, why=why,
+                            tasks=len(worker.running) + len(worker.backlog))
+                _kill(worker.proc)
+                self._forget(worker)
+        self._done = ([], [])
+
+    def _on_assign(self, msg: P.Message) -> None:
+        items = P.field(msg, "tasks", list)
+        groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
+        batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        for (task_id, slot, units, gpus, nframes, dep_counts), frames in zip(items, groups):
+            spec = self.slots[slot]
+            devices = tuple(spec.gpus[pos] for pos in gpus)
+            worker = self._worker(slot, devices)
+            context = {"agent": self.name, "resources": units_to_float(units),
+                       "gpus": list(devices)}
+            item = [task_id, nframes, dep_counts, context]
+            self.task_worker[task_id] = worker
+            worker.running.add(task_id)
+            if worker.ready:
+                batch = batches[worker.ident]
+                batch[0].append(item)
+                batch[1].extend(frames)
+            else:
+                worker.backlog.append(([item], frames))
+        for ident, (run_items, frames) in batches.items():
+            self._send_run(ident, run_items, frames)
+
+    def _on_cancel(self, msg: P.Message) -> None:
+        # A running Python call cannot be interrupted safely; a task still in a starting
+        # worker's backlog is dropped. Either way the broker has already failed it.
+        for task_id in P.field(msg, "ids", list):
+            worker = self.task_worker.get(task_id)
+            if worker is None:
+                continue
+            kept = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
+            if len(kept) != len(worker.backlog):
+                worker.backlog = kept
+                self._report(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                      "message": "cancelled"})
+
+    # -- worker side --------------------------------------------------------------------
+    def _worker(self, slot: int, devices: tuple[str, ...]) -> Worker:
+        worker = self.workers.get((slot, devices))
+        if worker is not None:
+            return worker
+        ident = uuid.uuid4().hex.encode()
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        env["ZRES_BROKER"] = self.broker_address
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zres.worker", self.workers_address, ident.decode(),
+             str(self.slots[slot].nthreads)], env=env, stdin=subprocess.DEVNULL)
+        worker = Worker(ident, slot, devices, proc)
+        self.workers[(slot, devices)] = worker
+        self.by_ident[ident] = worker
+        log.info("worker_started", pid=proc.pid, slot=slot, gpus=",".join(devices) or "-")
+        return worker
+
+    def _send_run(self, ident: bytes, items: list[Any], frames: list[Any]) -> None:
+        self.workers_sock.send_multipart([ident, *P.encode(P.RUN, {"tasks": items}, frames)],
+                                         copy=False)
+
+    def _from_worker(self, frames: list[Any]) -> None:
+        worker = self.by_ident.get(frames[0].bytes)
+        if worker is None:
+            return
+        msg = P.decode(frames[1:])
+        if msg.kind == P.READY:
+            worker.ready = True
+            for items, task_frames in worker.backlog:
+                self._send_run(worker.ident, items, task_frames)
+            worker.backlog = []
+        elif msg.kind == P.DONE:
+            items = msg.body["results"]
+            for item, result in zip(items, P.split_frames(msg.frames, [i[2] for i in items])):
+                worker.running.discard(item[0])
+                if self.task_worker.pop(item[0], None) is not None:
+                    self._report(item[0], item[1], result, item[3])
+
+    def _report(self, task_id: int, outcome: str, frames: list[Any],
+                info: dict[str, Any]) -> None:
+        self.task_worker.pop(task_id, None)
+        self._done[0].append([task_id, outcome, len(frames), info])
+        self._done[1].extend(frames)
+
+    def _flush_done(self) -> None:
+        if self._done[0]:
+            self.broker.send_multipart(P.encode(P.DONE, {"results": self._done[0]},
+                                                self._done[1]), copy=False)
+            self._done = ([], [])
+
+    def _reap(self) -> None:
+        for worker in list(self.workers.values()):
+            code = worker.proc.poll()
+            if code is None:
+                continue
+            cause = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+                     else f"exited with code {code}")
+            log.warning("worker_died", pid=worker.proc.pid, cause=cause,
+                        tasks=len(worker.running))
+            for task_id in sorted(worker.running):
+                self._report(task_id, P.FAILED, [], {
+                    "type": "WorkerLostError",
+                    "message": f"the worker process running the task {cause}"})
+            self._forget(worker)
+
+    def _forget(self, worker: Worker) -> None:
+        self.workers.pop((worker.slot, worker.gpus), None)
+        self.by_ident.pop(worker.ident, None)
+        for task_id in worker.running:
+            self.task_worker.pop(task_id, None)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass

@@ -1,0 +1,470 @@
+"""The broker: one ROUTER socket, task and agent records, heartbeats.
+
+A thin shell around ``Scheduler``: it decodes control frames (msgpack only; payload frames
+pass through untouched), keeps the dependency graph and results, and sends the
+scheduler's grants to agents in one batch per agent per loop turn.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import zmq
+
+from . import protocol as P
+from .errors import ProtocolError
+from .resources import format_units
+from .scheduler import Scheduler
+from .tasks import FINISHED, Task, TaskState, set_state
+
+log = structlog.get_logger("zres.broker")
+_BATCH = 2000  # messages handled per loop turn before scheduling
+
+
+@dataclass(slots=True)
+class ClientRecord:
+    ident: bytes
+    name: str
+    last_seen: float
+    ids: dict[int, int] = field(default_factory=dict)  # local id -> task id
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    ident: bytes
+    name: str
+    host: str
+    pid: int
+    last_seen: float
+    slots: list[int]                 # scheduler slot ids, in the agent's slot order
+    gpus: list[list[str]]            # device ids per slot
+
+
+class Broker:
+    """Route messages between clients and agents; own task and agent records."""
+
+    def __init__(self, listen: str, heartbeat_interval: float = 0.5,
+                 heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
+                 context: zmq.Context | None = None) -> None:
+        self.ctx = context or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.bind(listen)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.epoch = random.getrandbits(48)
+        self.hb_interval = heartbeat_interval
+        self.hb_timeout = heartbeat_timeout
+        self.client_timeout = client_timeout
+        self.sched = Scheduler()
+        self.tasks: dict[int, Task] = {}
+        self.clients: dict[bytes, ClientRecord] = {}
+        self.agents: dict[bytes, AgentRecord] = {}
+        self.slot_owner: dict[int, AgentRecord] = {}
+        self._next_task = 0
+        self._next_slot = 0
+        self._dirty = False
+        self._last_beat = 0.0
+        self._stopping = False
+        self._results: dict[bytes, tuple[list[Any], list[Any]]] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self._handlers = {
+            P.HELLO: self._on_hello, P.SUBMIT: self._on_submit, P.RELEASE: self._on_release,
+            P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
+            P.REGISTER: self._on_register, P.DONE: self._on_done,
+            P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
+        }
+
+    # -- loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until stop() or SIGINT/SIGTERM."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.stop())
+        log.info("broker_started", address=self.address, epoch=self.epoch, pid=os.getpid())
+        while not self._stopping:
+            self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
+        log.info("broker_stopped", address=self.address)
+        self.sock.close(0)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def poll_once(self, now: float, timeout: float = 0.0) -> None:
+        """Handle what has arrived, run the scheduler, send batches, check heartbeats."""
+        if self.poller.poll(int(timeout * 1000)):
+            for _ in range(_BATCH):
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._dispatch(frames, now)
+        now = time.monotonic()
+        if self._dirty:
+            self._dirty = False
+            self._assign(self.sched.schedule())
+        self._flush_results()
+        if now - self._last_beat >= self.hb_interval:
+            self._last_beat = now
+            self._heartbeats(now)
+
+    def _dispatch(self, frames: list[Any], now: float) -> None:
+        ident = frames[0].bytes
+        try:
+            msg = P.decode(frames[1:])
+            handler = self._handlers.get(msg.kind)
+            if handler is None:
+                raise ProtocolError(f"{msg.kind} is not a message for the broker")
+            handler(ident, msg, now)
+        except ProtocolError as exc:
+            log.warning("bad_message", peer=ident.hex(), error=str(exc))
+        except Exception:  # a bug must not take the broker down for everyone
+            log.exception("message_failed", peer=ident.hex())
+
+    def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
+              frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+        self.sock.send_multipart([ident, *P.encode(kind, body, frames)], copy=False)
+
+    # -- clients --------------------------------------------------------------------
+    def _client(self, ident: bytes, now: float) -> ClientRecord | None:
+        client = self.clients.get(ident)
+        if client is None:
+            self._send(ident, P.UNKNOWN)
+        else:
+            client.last_seen = now
+        return client
+
+    def _on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
+        name = str(msg.body.get("client", ident.hex()))
+        if ident not in self.clients:
+            self.clients[ident] = ClientRecord(ident, name, now)
+            log.info("client_joined", client=name)
+        self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval})
+
+    def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self.clients.pop(ident, None)
+        if client is not None:
+            self._drop_client(client, "client_left")
+
+    def _on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        items = P.field(msg, "tasks", list)
+        if not all(isinstance(i, list) and len(i) == 8 for i in items):
+            raise ProtocolError("submit: each task must be an 8-item array")
+        payloads = P.split_frames(msg.frames, [i[5] for i in items])
+        for item, payload in zip(items, payloads):
+            self._add_task(client, item, payload)
+
+    def _add_task(self, client: ClientRecord, item: list[Any], payload: list[Any]) -> None:
+        local, units, priority, retries, deps, _, name, strict = item
+        if not (isinstance(local, int) and isinstance(priority, int)
+                and isinstance(retries, int) and isinstance(deps, list) and payload):
+            raise ProtocolError("submit: malformed task")
+        P.check_units(units, "submit")
+        self._next_task += 1
+        task = Task(self._next_task, client.ident, local, units, priority, max(retries, 0),
+                    str(name), bool(strict), payload, [])
+        self.tasks[task.id] = task
+        client.ids[local] = task.id
+        failed_dep: Task | None = None
+        for dep_local in deps:
+            dep = self.tasks.get(client.ids.get(dep_local, -1))
+            if dep is None:
+                self._fail(task, "ZresError", f"dependency {dep_local} is unknown to the broker "
+                           "(released, or lost in a broker restart)")
+                return
+            task.deps.append(dep.id)
+            dep.holders += 1
+            if dep.state is TaskState.FAILED:
+                failed_dep = dep
+            elif dep.state is not TaskState.DONE:
+                task.missing += 1
+                dep.dependents.append(task.id)
+        if failed_dep is not None:
+            self._finish(task, failed_dep.outcome, failed_dep.result, failed_dep.info)
+        elif task.missing == 0:
+            self._make_ready(task)
+
+    def _make_ready(self, task: Task) -> None:
+        reason = self.sched.infeasible_reason(task.units)
+        if reason is not None and task.strict:
+            self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
+            return
+        set_state(task, TaskState.QUEUED)
+        self.sched.enqueue(task.id, task.units, task.priority)
+        self._dirty = True
+        if reason is not None:
+            self._warn_infeasible(task, reason)
+
+    def _warn_infeasible(self, task: Task, reason: str) -> None:
+        if task.warned == reason:
+            return
+        task.warned = reason
+        log.warning("task_infeasible", task=task.name, id=task.id, reason=reason)
+        self._send(task.client, P.WARN, {"id": task.local_id, "reason": reason})
+
+    def _on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        for local in P.field(msg, "ids", list):
+            task_id = client.ids.pop(local, None)
+            if task_id is not None and task_id in self.tasks:
+                self._unhold(self.tasks[task_id])
+
+    def _unhold(self, task: Task) -> None:
+        task.holders -= 1
+        if task.holders <= 0 and task.state in FINISHED:
+            del self.tasks[task.id]
+            for dep_id in task.deps:
+                if dep_id in self.tasks:
+                    self._unhold(self.tasks[dep_id])
+            task.deps = []
+
+    def _on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        for local in P.field(msg, "ids", list):
+            task = self.tasks.get(client.ids.get(local, -1))
+            if task is not None and task.state not in FINISHED:
+                self._cancel(task)
+
+    def _cancel(self, task: Task) -> None:
+        if task.state is TaskState.QUEUED:
+            self.sched.dequeue(task.id)
+        elif task.state is TaskState.RUNNING:
+            # The worker cannot stop a running Python call; its resources come back when
+            # it returns, and the result is dropped then.
+            owner = self.slot_owner.get(self.sched.running[task.id].slot) \
+                if task.id in self.sched.running else None
+            if owner is not None:
+                self._send(owner.ident, P.CANCEL, {"ids": [task.id]})
+        self._fail(task, "CancelledError", f"task {task.name} was cancelled")
+
+    def _drop_client(self, client: ClientRecord, event: str) -> None:
+        log.info(event, client=client.name)
+        for task_id in list(client.ids.values()):
+            task = self.tasks.get(task_id)
+            if task is not None and task.state not in FINISHED:
+                self._cancel(task)
+        for task_id in list(client.ids.values()):
+            if task_id in self.tasks:
+                self._unhold(self.tasks[task_id])
+        client.ids.clear()
+
+    # -- agents ---------------------------------------------------------------------
+    def _on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
+        name = P.field(msg, "name", str)
+        slots = P.field(msg, "slots", list)
+        if not slots or not all(isinstance(s, dict) for s in slots):
+            raise ProtocolError("register: slots must be a non-empty array of maps")
+        units = [P.check_units(s.get("units"), "register") for s in slots]
+        gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
+        for record in list(self.agents.values()):
+            if record.ident == ident or record.name == name:
+                self._lose_agent(record, "agent re-registered")
+        slot_ids = []
+        for slot_units in units:
+            self._next_slot += 1
+            self.sched.add_slot(self._next_slot, name, slot_units)
+            slot_ids.append(self._next_slot)
+        record = AgentRecord(ident, name, str(msg.body.get("host", "")),
+                             int(msg.body.get("pid", 0)), now, slot_ids, gpus)
+        self.agents[ident] = record
+        for slot_id in slot_ids:
+            self.slot_owner[slot_id] = record
+        log.info("agent_joined", agent=name, slots=[format_units(u) for u in units])
+        self._send(ident, P.WELCOME, {"epoch": self.epoch, "agent": name,
+                                      "heartbeat": self.hb_interval})
+        self._dirty = True
+
+    def _assign(self, grants: list[Any]) -> None:
+        batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        for grant in grants:
+            task = self.tasks[grant.task]
+            agent = self.slot_owner[grant.slot]
+            set_state(task, TaskState.RUNNING)
+            task.agent = agent.name
+            items, frames = batches[agent.ident]
+            dep_counts = []
+            frames.extend(task.payload)
+            for dep_id in task.deps:
+                result = self.tasks[dep_id].result
+                dep_counts.append(len(result))
+                frames.extend(result)
+            items.append([task.id, agent.slots.index(grant.slot), grant.units, grant.gpus,
+                          len(task.payload), dep_counts])
+        for ident, (items, frames) in batches.items():
+            self._send(ident, P.ASSIGN, {"tasks": items}, frames)
+
+    def _on_done(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self.agents.get(ident)
+        if agent is None:
+            self._send(ident, P.UNKNOWN)
+            return
+        agent.last_seen = now
+        items = P.field(msg, "results", list)
+        if not all(isinstance(i, list) and len(i) == 4 for i in items):
+            raise ProtocolError("done: each result must be a 4-item array")
+        for (task_id, outcome, _, info), frames in zip(
+                items, P.split_frames(msg.frames, [i[2] for i in items])):
+            grant = self.sched.running.get(task_id)
+            if grant is None or self.slot_owner.get(grant.slot) is not agent:
+                continue  # stale: cancelled, or retried elsewhere after a loss
+            self.sched.release(task_id)
+            self._dirty = True
+            task = self.tasks.get(task_id)
+            if task is None or task.state is not TaskState.RUNNING:
+                continue
+            info = info if isinstance(info, dict) else {}
+            if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
+                self._retry(task, info.get("message", "worker lost"))
+            else:
+                info["agent"] = agent.name
+                self._finish(task, str(outcome), frames, info)
+
+    def _retry(self, task: Task, why: str) -> None:
+        task.retries -= 1
+        log.info("task_retried", task=task.name, id=task.id, why=why, retries_left=task.retries)
+        set_state(task, TaskState.QUEUED)
+        self.sched.enqueue(task.id, task.units, task.priority)
+        self._dirty = True
+
+    def _lose_agent(self, agent: AgentRecord, why: str) -> None:
+        del self.agents[agent.ident]
+        log.warning("agent_lost", agent=agent.name, why=why)
+        for slot_id in agent.slots:
+            del self.slot_owner[slot_id]
+            for task_id in self.sched.remove_slot(slot_id):
+                task = self.tasks.get(task_id)
+                if task is None or task.state is not TaskState.RUNNING:
+                    continue
+                if task.retries:
+                    self._retry(task, f"agent {agent.name} lost")
+                else:
+                    self._fail(task, "AgentLostError",
+                               f"agent {agent.name} was lost ({why}) while running task "
+                               f"{task.name}, and it had no retries left")
+        self._recheck_feasibility()
+
+    def _recheck_feasibility(self) -> None:
+        for task_id in list(self.sched.waiting):
+            task = self.tasks[task_id]
+            reason = self.sched.infeasible_reason(task.units)
+            if reason is None:
+                task.warned = ""
+            elif task.strict:
+                self.sched.dequeue(task.id)
+                self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
+            else:
+                self._warn_infeasible(task, reason)
+
+    # -- results --------------------------------------------------------------------
+    def _fail(self, task: Task, error: str, message: str) -> None:
+        self._finish(task, P.FAILED, [], {"type": error, "message": message})
+
+    def _finish(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
+        set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
+        task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
+        client = self.clients.get(task.client)
+        if client is not None and client.ids.get(task.local_id) == task.id:
+            items, out = self._results.setdefault(client.ident, ([], []))
+            items.append([task.local_id, outcome, len(frames), info])
+            out.extend(frames)
+        for dependent_id in task.dependents:
+            dependent = self.tasks.get(dependent_id)
+            if dependent is None or dependent.state is not TaskState.WAITING:
+                continue
+            if outcome == P.OK:
+                dependent.missing -= 1
+                if dependent.missing == 0:
+                    self._make_ready(dependent)
+            else:
+                self._finish(dependent, outcome, frames, info)
+        task.dependents = []
+        # The dependencies' results are no longer needed by this task.
+        for dep_id in task.deps:
+            if dep_id in self.tasks:
+                self._unhold(self.tasks[dep_id])
+        task.deps = []
+        if task.holders <= 0:
+            self.tasks.pop(task.id, None)
+
+    def _flush_results(self) -> None:
+        for ident, (items, frames) in self._results.items():
+            self._send(ident, P.RESULTS, {"results": items}, frames)
+        self._results.clear()
+
+    # -- heartbeats, status -----------------------------------------------------------
+    def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
+        peer = self.agents.get(ident) or self.clients.get(ident)
+        if peer is None:
+            self._send(ident, P.UNKNOWN)
+        else:
+            peer.last_seen = now
+
+    def _heartbeats(self, now: float) -> None:
+        for agent in list(self.agents.values()):
+            if now - agent.last_seen > self.hb_timeout:
+                self._lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
+        for client in list(self.clients.values()):
+            if now - client.last_seen > self.client_timeout:
+                del self.clients[client.ident]
+                self._drop_client(client, "client_lost")
+        beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
+        for ident in [*self.agents, *self.clients]:
+            self.sock.send_multipart([ident, *beat])
+
+    def _on_why(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        local = P.field(msg, "id", int)
+        task = self.tasks.get(client.ids.get(local, -1))
+        self._send(ident, P.WHY_REPLY, {"id": local, "reason": self._why(task)})
+
+    def _why(self, task: Task | None) -> str:
+        if task is None:
+            return "unknown task (finished and released, or lost in a broker restart)"
+        if task.state is TaskState.WAITING:
+            return f"waiting for {task.missing} dependencies"
+        if task.state is TaskState.QUEUED:
+            return self.sched.why(task.id)
+        if task.state is TaskState.RUNNING:
+            return f"running on {task.agent}"
+        return task.state.value
+
+    def _on_status(self, ident: bytes, msg: P.Message, now: float) -> None:
+        self._send(ident, P.STATUS_REPLY, self.status())
+
+    def status(self) -> dict[str, Any]:
+        """Describe agents, task counts and every task that cannot run, as plain data."""
+        agents = []
+        for agent in sorted(self.agents.values(), key=lambda a: a.name):
+            slots = [self.sched.slots[s] for s in agent.slots]
+            agents.append({"name": agent.name, "host": agent.host, "pid": agent.pid,
+                           "slots": [{"total": s.total, "free": s.free,
+                                      "running": len(s.running), "gpus": g}
+                                     for s, g in zip(slots, agent.gpus)]})
+        counts: dict[str, int] = defaultdict(int)
+        blocked = []
+        for task in self.tasks.values():
+            counts[task.state.value] += 1
+            if task.state is TaskState.QUEUED:
+                reason = self.sched.infeasible_reason(task.units)
+                if reason is not None or len(blocked) < 200:
+                    blocked.append({"id": task.id, "name": task.name,
+                                    "units": task.units, "reason": self._why(task)})
+        return {"epoch": self.epoch, "address": self.address, "agents": agents,
+                "clients": len(self.clients), "counts": dict(counts), "waiting": blocked}

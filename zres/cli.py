@@ -1,0 +1,132 @@
+"""The ``zres`` command: argument parsing only; the work lives in the modules it calls."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import zmq
+
+from . import config, logs
+from .errors import ZresError
+from .resources import format_amount
+
+EXIT_USAGE = 2
+
+
+class _Fail(Exception):
+    """A one-line error for the user: printed as ``zres CMD: MESSAGE``, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zres", description="Resource-aware task scheduler.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    broker = sub.add_parser("broker", help="run the broker (one per cluster)")
+    broker.add_argument("--listen", help=f"address to bind (default {config.DEFAULT_ADDRESS})")
+    _common(broker)
+
+    agent = sub.add_parser("agent", help="run a node agent")
+    agent.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
+    agent.add_argument("--resources", "-r", help='what this node offers, e.g. "GPU=2 foo=1"')
+    agent.add_argument("--nworkers", type=int, help="worker processes (slots), default 1")
+    agent.add_argument("--nthreads", type=int, help="threads per worker (default: cores)")
+    agent.add_argument("--name", help="agent name (default host-pid)")
+    agent.add_argument("--no-detect", action="store_true",
+                       help="offer only CPU=threads and --resources, no detected MEMORY/GPU")
+    _common(agent)
+
+    status = sub.add_parser("status", help="show agents, resources and waiting tasks")
+    status.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
+    status.add_argument("--timeout", type=float, default=10.0)
+
+    demo = sub.add_parser("demo", help="run the example on a local cluster")
+    demo.add_argument("--inputs", type=int, default=20)
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML config file (default $ZRES_CONFIG, ./zres.toml)")
+    parser.add_argument("--log-format", choices=["console", "json"])
+    parser.add_argument("--log-level", default=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the zres command line; exit with its status."""
+    args = _parser().parse_args(argv)
+    try:
+        code = _COMMANDS[args.command](args)
+    except (_Fail, ValueError) as exc:  # bad input: resource specs, config, flags
+        print(f"zres {args.command}: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except (ZresError, zmq.ZMQError) as exc:  # e.g. no broker answered, address in use
+        print(f"zres {args.command}: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from .broker import Broker
+    settings = config.load("broker", {"listen": args.listen}, path=args.config)
+    logs.setup(args.log_format, args.log_level)
+    broker = Broker(settings["listen"], settings["heartbeat_interval"],
+                    settings["heartbeat_timeout"], settings["client_timeout"])
+    print(f"zres broker serving {broker.address}", flush=True)
+    broker.run()
+    return 0
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from .agent import Agent, plan_slots
+    settings = config.load("agent", {"broker": args.address, "resources": args.resources,
+                                     "nworkers": args.nworkers, "nthreads": args.nthreads,
+                                     "name": args.name}, path=args.config)
+    if not settings["broker"]:
+        raise _Fail("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
+    slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
+                       detect=not args.no_detect)
+    logs.setup(args.log_format, args.log_level)
+    Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
+          settings["heartbeat_timeout"]).run()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from .local import request_status
+    address = args.address or config.load("client")["broker"] or config.DEFAULT_ADDRESS
+    print(render_status(request_status(address, args.timeout)))
+    return 0
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """Format a broker status reply for people."""
+    lines = [f"broker {status['address']}  clients: {status['clients']}", "", "agents:"]
+    if not status["agents"]:
+        lines.append("  (none)")
+    for agent in status["agents"]:
+        for index, slot in enumerate(agent["slots"]):
+            label = agent["name"] if len(agent["slots"]) == 1 else f"{agent['name']}[{index}]"
+            amounts = "  ".join(
+                f"{n}={format_amount(n, slot['free'].get(n, 0))}/{format_amount(n, t)}"
+                for n, t in sorted(slot["total"].items()))
+            gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
+            lines.append(f"  {label:<20} running={slot['running']:<4} free/total: "
+                         f"{amounts}{gpus}")
+    counts = status["counts"]
+    lines += ["", "tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                               or "none")]
+    if status["waiting"]:
+        lines += ["", "waiting:"]
+        lines += [f"  {t['name']} (id {t['id']}): {t['reason']}" for t in status["waiting"]]
+    return "\n".join(lines)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+    return run(args.inputs)
+
+
+_COMMANDS = {"broker": _broker, "agent": _agent, "status": _status, "demo": _demo}

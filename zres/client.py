@@ -1,0 +1,432 @@
+"""``Client``: submits work to a broker and resolves futures, with one I/O thread.
+
+User threads never touch the socket: they pickle the call, append a message to a deque
+and wake the I/O thread through a pipe (only when it is not already awake). The I/O
+thread sends everything queued as one batch per kind, and resolves futures as results
+arrive. The newest open client is the default for ``zres.submit`` and friends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import itertools
+import os
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import structlog
+import zmq
+
+from . import errors
+from . import protocol as P
+from .context import current_annotations
+from .errors import BrokerLostError, InfeasibleError, ZresError
+from .futures import Future
+from .resources import format_units, task_request
+from .serialize import CallPickler, loads, loads_exception
+
+log = structlog.get_logger("zres.client")
+_INFEASIBLE_MODES = ("warn", "error")
+_clients: list[Client] = []
+_clients_lock = threading.Lock()
+
+
+class InfeasibleWarning(UserWarning):
+    """A task asks for resources that no connected agent could ever provide."""
+
+
+class Client(cf.Executor):
+    """Connect to a broker, or start a private local cluster when none is named.
+
+    ``Client()`` uses ``$ZRES_BROKER`` if set, else starts a broker and one agent with
+    this machine's resources (a ``LocalCluster``) that it stops on ``close()``.
+    """
+
+    def __init__(self, address: str | None = None, *, name: str | None = None,
+                 infeasible: str = "warn", connect_timeout: float = 30.0,
+                 broker_timeout: float | None = None) -> None:
+        _check_infeasible(infeasible)
+        self.infeasible = infeasible
+        self.cluster = None
+        address = address or os.environ.get("ZRES_BROKER")
+        if not address:
+            from .local import LocalCluster
+            self.cluster = LocalCluster()
+            address = self.cluster.address
+        self.address = address
+        self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._ids = itertools.count(1)
+        self._pickler = CallPickler(Future)
+        self._io = _IOThread(self, address, broker_timeout)
+        self._closed = False
+        try:
+            self._io.connected.wait_for(connect_timeout)
+        except TimeoutError:
+            self.close()
+            raise ZresError(f"no zres broker answered at {address} within "
+                            f"{connect_timeout:g}s") from None
+        with _clients_lock:
+            _clients.append(self)
+
+    # -- submitting ---------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], /, *args: Any, resources: Mapping[str, Any] |
+               None = None, retries: int | None = None, priority: int | None = None,
+               infeasible: str | None = None, name: str | None = None,
+               **kwargs: Any) -> Future:
+        """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES."""
+        opts = self._options(resources, retries, priority, infeasible)
+        deps: list[Any] = []
+        index: dict[int, int] = {}
+        fn_frame = self._pickler.function(fn, deps, index)
+        frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
+        future = self._make_future(fn, name, frames, deps, opts)
+        self._io.wake()
+        return future
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],  # type: ignore[override]
+            resources: Mapping[str, Any] | None = None, retries: int | None = None,
+            priority: int | None = None, infeasible: str | None = None,
+            name: str | None = None, **kwargs: Any) -> list[Future]:
+        """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does)."""
+        opts = self._options(resources, retries, priority, infeasible)
+        fn_deps: list[Any] = []
+        fn_index: dict[int, int] = {}
+        fn_frame = self._pickler.function(fn, fn_deps, fn_index)
+        futures = []
+        for args in zip(*iterables):
+            deps, index = list(fn_deps), dict(fn_index)
+            frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
+            futures.append(self._make_future(fn, name, frames, deps, opts))
+        self._io.wake()
+        return futures
+
+    def _options(self, resources: Mapping[str, Any] | None, retries: int | None,
+                 priority: int | None, infeasible: str | None) -> dict[str, Any]:
+        if self._closed:
+            raise ZresError("this client is closed")
+        ann = current_annotations()
+        resources = ann.get("resources") if resources is None else resources
+        retries = ann.get("retries", 0) if retries is None else retries
+        priority = ann.get("priority", 0) if priority is None else priority
+        infeasible = ann.get("infeasible", self.infeasible) if infeasible is None else infeasible
+        for label, value in (("retries", retries), ("priority", priority)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{label} must be an int, not {type(value).__name__}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        _check_infeasible(infeasible)
+        return {"units": task_request(resources), "retries": retries, "priority": priority,
+                "strict": infeasible == "error"}
+
+    def _make_future(self, fn: Callable[..., Any], name: str | None, frames: list[Any],
+                     deps: list[Future], opts: dict[str, Any]) -> Future:
+        for dep in deps:
+            if dep.client is not self:
+                raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
+        task_id = next(self._ids)
+        label = name or f"{getattr(fn, '__name__', 'task')}-{task_id}"
+        future = Future(self, task_id, label)
+        self._io.pending[task_id] = future
+        item = [task_id, opts["units"], opts["priority"], opts["retries"],
+                [d.id for d in deps], len(frames), label, opts["strict"]]
+        self._io.outbox.append((P.SUBMIT, item, frames))
+        return future
+
+    # -- other requests -------------------------------------------------------------------
+    def gather(self, futures: Any, timeout: float | None = None) -> Any:
+        """Return the results of FUTURES, keeping their list/tuple/dict structure."""
+        from .futures import gather
+        return gather(futures, timeout)
+
+    def why(self, future: Future, timeout: float = 10.0) -> str:
+        """Ask the broker why FUTURE's task is not running yet."""
+        if future.done():
+            return "finished"
+        return str(self._io.request(P.WHY, {"id": future.id}, timeout)["reason"])
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Return the broker's view: agents with total and free resources, task counts."""
+        return self._io.request(P.STATUS, {}, timeout)
+
+    def _cancel(self, future: Future) -> None:
+        self._io.pending.pop(future.id, None)
+        self._io.outbox.append((P.CANCEL, future.id, ()))
+        self._io.wake()
+
+    def _release(self, task_id: int) -> None:
+        if not self._closed:
+            self._io.outbox.append((P.RELEASE, task_id, ()))
+            self._io.wake()
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Disconnect; tasks still pending fail; stop the local cluster if this client owns one."""
+        if self._closed:
+            return
+        self._closed = True
+        with _clients_lock:
+            if self in _clients:
+                _clients.remove(self)
+        self._io.stop()
+        for future in list(self._io.pending.values()):
+            _set(future, exception=ZresError("the client was closed before the task finished"))
+        self._io.pending.clear()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<zres.Client {self.address}{' closed' if self._closed else ''}>"
+
+
+def _check_infeasible(mode: str) -> None:
+    if mode not in _INFEASIBLE_MODES:
+        raise ValueError(f"infeasible must be 'warn' or 'error', not {mode!r}")
+
+
+def _set(future: Future, result: Any = None, exception: BaseException | None = None) -> None:
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except cf.InvalidStateError:
+        pass  # cancelled meanwhile
+
+
+_ERRORS: dict[str, type[BaseException]] = {
+    "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
+    "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
+    "CancelledError": cf.CancelledError, "ZresError": ZresError,
+}
+
+
+class _IOThread:
+    """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
+
+    def __init__(self, client: Client, address: str, broker_timeout: float | None) -> None:
+        self.client_ref = weakref.ref(client)
+        self.client_name = client.name
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.connect(address)
+        self.outbox: deque[tuple[str, Any, Any]] = deque()
+        self.pending: dict[int, Future] = {}
+        self.requests: dict[str, deque[cf.Future]] = {}  # type: ignore[type-arg]
+        self.connected = _Flag()
+        self.epoch: int | None = None
+        self.hb_interval = 0.5
+        self.broker_timeout = broker_timeout or float(os.environ.get(
+            "ZRES_CLIENT__BROKER_TIMEOUT", 30.0))
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._awake = False
+        self._stop = False
+        self._last_heard = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        if not self._awake:
+            self._awake = True
+            os.write(self._wake_w, b"x")
+
+    def request(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        reply: cf.Future = cf.Future()  # type: ignore[type-arg]
+        self.outbox.append((kind, (body, reply), ()))
+        self.wake()
+        try:
+            return reply.result(timeout)  # type: ignore[no-any-return]
+        except cf.TimeoutError:
+            raise ZresError(f"the broker did not answer {kind} within {timeout:g}s") from None
+
+    def stop(self) -> None:
+        self._stop = True
+        self.wake()
+        self._thread.join(5)
+
+    # -- the thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        self._hello()
+        last_beat = time.monotonic()
+        try:
+            while not self._stop:
+                poller.poll(int(self.hb_interval * 500))
+                self._awake = False
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                self._send_outbox()
+                self._receive()
+                now = time.monotonic()
+                if now - last_beat >= self.hb_interval:
+                    last_beat = now
+                    self.sock.send_multipart(P.encode(P.HEARTBEAT))
+                    if now - self._last_heard > self.broker_timeout and self.pending:
+                        self._lose_all(f"no word from the broker for {self.broker_timeout:g}s")
+            self.sock.send_multipart(P.encode(P.BYE))
+        except Exception:
+            log.exception("client_io_failed")
+        finally:
+            self.sock.close(linger=200)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _hello(self) -> None:
+        self.sock.send_multipart(P.encode(P.HELLO, {"client": self.client_name}))
+
+    def _send_outbox(self) -> None:
+        submits: list[Any] = []
+        frames: list[Any] = []
+        releases: list[int] = []
+        cancels: list[int] = []
+        while self.outbox:
+            kind, item, item_frames = self.outbox.popleft()
+            if kind == P.SUBMIT:
+                submits.append(item)
+                frames.extend(item_frames)
+                if len(submits) >= 1000:
+                    self._send(P.SUBMIT, {"tasks": submits}, frames)
+                    submits, frames = [], []
+            elif kind == P.RELEASE:
+                releases.append(item)
+            elif kind == P.CANCEL:
+                if submits:  # keep the order: the broker must know the task first
+                    self._send(P.SUBMIT, {"tasks": submits}, frames)
+                    submits, frames = [], []
+                cancels.append(item)
+            else:
+                body, reply = item
+                self.requests.setdefault(kind, deque()).append(reply)
+                self._send(kind, body)
+        if submits:
+            self._send(P.SUBMIT, {"tasks": submits}, frames)
+        if cancels:
+            self._send(P.CANCEL, {"ids": cancels})
+        if releases:
+            self._send(P.RELEASE, {"ids": releases})
+
+    def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+        self.sock.send_multipart(P.encode(kind, body, frames), copy=False)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = P.decode(frames)
+            except errors.ProtocolError as exc:
+                log.warning("bad_message", error=str(exc))
+                continue
+            self._last_heard = time.monotonic()
+            if msg.kind == P.RESULTS:
+                self._on_results(msg)
+            elif msg.kind == P.WELCOME:
+                self._on_welcome(msg)
+            elif msg.kind == P.HEARTBEAT:
+                if self.epoch is not None and msg.body.get("epoch") != self.epoch:
+                    self._hello()
+            elif msg.kind == P.UNKNOWN:
+                self._hello()
+            elif msg.kind == P.WARN:
+                self._on_warn(msg)
+            elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY):
+                kind = P.STATUS if msg.kind == P.STATUS_REPLY else P.WHY
+                queue = self.requests.get(kind)
+                if queue:
+                    queue.popleft().set_result(msg.body)
+
+    def _on_welcome(self, msg: P.Message) -> None:
+        epoch = msg.body.get("epoch")
+        self.hb_interval = float(msg.body.get("heartbeat", 0.5))
+        if self.epoch is not None and epoch != self.epoch:
+            self._lose_all("the broker restarted and lost the task")
+        self.epoch = epoch
+        self.connected.set()
+
+    def _lose_all(self, why: str) -> None:
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            _set(future, exception=BrokerLostError(f"task {future.name}: {why}"))
+        for queue in self.requests.values():
+            while queue:
+                queue.popleft().set_exception(BrokerLostError(why))
+
+    def _on_results(self, msg: P.Message) -> None:
+        items = msg.body["results"]
+        for (task_id, outcome, _, info), frames in zip(
+                items, P.split_frames(msg.frames, [i[2] for i in items])):
+            future = self.pending.pop(task_id, None)
+            if future is None:
+                continue
+            future.agent = info.get("agent")
+            client = self.client_ref()
+            if client is not None:
+                weakref.finalize(future, client._release, task_id)
+            if outcome == P.OK:
+                try:
+                    _set(future, loads(frames))
+                except Exception as exc:
+                    _set(future, exception=errors.RemoteError(
+                        f"the result of {future.name} cannot be unpickled here: {exc!r}"))
+            elif outcome == P.RAISED:
+                _set(future, exception=loads_exception(frames))
+            else:
+                error = _ERRORS.get(str(info.get("type")), ZresError)
+                _set(future, exception=error(info.get("message", "task failed")))
+
+    def _on_warn(self, msg: P.Message) -> None:
+        future = self.pending.get(msg.body.get("id", -1))
+        reason = str(msg.body.get("reason"))
+        name = future.name if future is not None else "a task"
+        if future is not None:
+            future.infeasible = reason
+        log.warning("task_infeasible", task=name, reason=reason)
+        warnings.warn(f"zres: {name} cannot run on any connected agent: {reason}",
+                      InfeasibleWarning, stacklevel=1)
+
+
+class _Flag(threading.Event):
+    def wait_for(self, timeout: float) -> None:
+        if not self.wait(timeout):
+            raise TimeoutError
+
+
+def default_client() -> Client:
+    """Return the newest open client, starting one (and maybe a local cluster) if none."""
+    with _clients_lock:
+        if _clients:
+            return _clients[-1]
+    client = Client()
+    atexit.register(client.close)
+    return client
+
+
+def describe(units: Mapping[str, int]) -> str:
+    return format_units(units)

@@ -1,0 +1,139 @@
+"""Settings from defaults < config file < ZRES_* environment < command-line flags.
+
+The file is TOML: ``--config PATH``, else ``$ZRES_CONFIG``, else ``./zres.toml`` if present.
+
+    [broker]
+    listen = "tcp://127.0.0.1:7070"
+    [agent]
+    resources = "GPU=2 MEMORY=100GB"     # or a table: [agent.resources] GPU = 2
+
+Environment: ``ZRES_<SECTION>__<KEY>``, e.g. ``ZRES_AGENT__NTHREADS=4``, and for resources
+either ``ZRES_AGENT__RESOURCES="GPU=2 foo=1"`` or one per name,
+``ZRES_AGENT__RESOURCES__GPU=2``. Resource names keep their case on every route.
+``ZRES_BROKER`` is the broker address for agents, clients and ``zres status``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ZresError
+from .resources import Units, mapping_to_units, parse_spec
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
+               "client_timeout": 30.0},
+    "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
+              "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0},
+    "client": {"broker": None, "broker_timeout": 30.0},
+}
+_TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
+          "client_timeout": float,
+          "nworkers": int, "nthreads": int}
+
+
+class _Parsed(dict[str, int]):
+    """Resources already converted to units (so they are not converted twice)."""
+
+
+class ConfigError(ZresError, ValueError):
+    """A setting is malformed; the message names the setting and where it came from."""
+
+
+def load(section: str, flags: Mapping[str, Any] | None = None,
+         path: str | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Return SECTION's settings merged by precedence, with resources parsed to units."""
+    env = os.environ if environ is None else environ
+    settings = dict(DEFAULTS[section])
+    layers: list[tuple[str, Mapping[str, Any]]] = [
+        (_file_name(path, env) or "", _read_file(path, env).get(section, {})),
+        ("environment", _from_env(section, env)),
+        ("command line", {k: v for k, v in (flags or {}).items() if v is not None}),
+    ]
+    resources: Units | None = None
+    for origin, layer in layers:
+        for key, value in layer.items():
+            if key == "resources":
+                parsed = _resources(value, origin)
+                resources = parsed if resources is None else {**resources, **parsed}
+            elif key not in settings:
+                raise ConfigError(f"{origin}: unknown setting {section}.{key}")
+            else:
+                settings[key] = _convert(key, value, origin)
+    if section == "agent":
+        settings["resources"] = resources or {}
+    if settings.get("broker") is None and section in ("agent", "client"):
+        settings["broker"] = env.get("ZRES_BROKER")
+    return settings
+
+
+def _file_name(path: str | None, env: Mapping[str, str]) -> str | None:
+    if path:
+        return path
+    if env.get("ZRES_CONFIG"):
+        return env["ZRES_CONFIG"]
+    return "zres.toml" if Path("zres.toml").is_file() else None
+
+
+def _read_file(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
+    name = _file_name(path, env)
+    if name is None:
+        return {}
+    try:
+        with open(name, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {name}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {name} is not valid TOML: {exc}") from None
+
+
+def _from_env(section: str, env: Mapping[str, str]) -> dict[str, Any]:
+    prefix = f"ZRES_{section.upper()}__"
+    out: dict[str, Any] = {}
+    per_name: dict[str, str] = {}
+    for key, value in env.items():
+        if not key.startswith(prefix):
+            continue
+        rest = key[len(prefix):]
+        if rest.upper().startswith("RESOURCES__"):
+            per_name[rest[len("RESOURCES__"):]] = value
+        else:
+            out[rest.lower()] = value
+    if per_name:
+        # One variable per name overrides the same name in ZRES_<SECTION>__RESOURCES.
+        whole = _resources(out.get("resources", ""), "environment")
+        out["resources"] = _Parsed(whole | _resources(per_name, "environment"))
+    return out
+
+
+def _resources(value: Any, origin: str) -> Units:
+    try:
+        if isinstance(value, str):
+            return parse_spec(value)
+        if isinstance(value, _Parsed):
+            return dict(value)
+        if isinstance(value, Mapping):
+            return mapping_to_units(value)
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+    raise ConfigError(f"{origin}: resources must be a string like 'GPU=2' or a table")
+
+
+def _convert(key: str, value: Any, origin: str) -> Any:
+    kind = _TYPES.get(key)
+    if kind is None or value is None:
+        return value
+    try:
+        converted = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{origin}: {key} must be a {kind.__name__}, got {value!r}") from None
+    if converted <= 0:
+        raise ConfigError(f"{origin}: {key} must be positive, got {value!r}")
+    return converted

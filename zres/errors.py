@@ -1,0 +1,46 @@
+"""Exceptions a zres user can catch."""
+
+from __future__ import annotations
+
+
+class ZresError(Exception):
+    """Base class of every error zres raises on its own account."""
+
+
+class ResourceSpecError(ZresError, ValueError):
+    """A resource spec or request is malformed (bad name, amount or syntax)."""
+
+
+class AgentLostError(ZresError):
+    """The agent running a task went silent or died and no retries were left."""
+
+
+class WorkerLostError(ZresError):
+    """The worker process running a task exited before the task finished."""
+
+
+class BrokerLostError(ZresError):
+    """The broker restarted or stayed unreachable, losing the task."""
+
+
+class InfeasibleError(ZresError):
+    """No agent in the cluster could ever satisfy the task's resource request."""
+
+
+class ProtocolError(ZresError):
+    """A frame on the wire is malformed, of an unknown kind, or of another version."""
+
+
+class RemoteError(ZresError):
+    """A task raised an exception that could not be rebuilt in the client."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the traceback text of an exception raised in a worker."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n\nRemote traceback:\n" + self.tb

@@ -1,0 +1,149 @@
+"""``LocalCluster``: a broker and agents as subprocesses on loopback, for demos and tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import zmq
+
+from . import protocol as P
+from .errors import ZresError
+from .resources import format_units, mapping_to_units
+
+
+class LocalCluster:
+    """Start a broker and one agent per entry of AGENTS, as subprocesses.
+
+    ``agents=None`` starts one agent offering this machine's detected resources; a list
+    like ``[{"GPU": 2}, {"MEMORY": 100e9}]`` starts one agent per entry offering exactly
+    that (plus CPU = ``nthreads``, unless the entry names CPU).
+    """
+
+    def __init__(self, agents: Sequence[Mapping[str, Any]] | None = None, *,
+                 nthreads: int | None = None, nworkers: int = 1,
+                 address: str = "tcp://127.0.0.1:0", heartbeat_interval: float = 0.5,
+                 heartbeat_timeout: float = 3.0, env: Mapping[str, str] | None = None,
+                 start_timeout: float = 60.0, names: Sequence[str] | None = None) -> None:
+        self._env = {**os.environ, **(env or {}),
+                     "ZRES_BROKER__HEARTBEAT_INTERVAL": str(heartbeat_interval),
+                     "ZRES_BROKER__HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+                     "ZRES_AGENT__HEARTBEAT_INTERVAL": str(heartbeat_interval),
+                     "ZRES_AGENT__HEARTBEAT_TIMEOUT": str(heartbeat_timeout)}
+        self._env.pop("ZRES_BROKER", None)
+        self.nthreads = nthreads
+        self.nworkers = nworkers
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.broker: subprocess.Popen[bytes] | None = None
+        specs = [None] if agents is None else [mapping_to_units(a) for a in agents]
+        try:
+            self.address = self._start_broker(address, start_timeout)
+            for index, units in enumerate(specs):
+                name = names[index] if names else f"agent-{index}"
+                self.add_agent(units, name=name, wait=False)
+            self.wait_for_agents(len(specs), start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_broker(self, address: str, timeout: float) -> str:
+        self.broker = subprocess.Popen(
+            [sys.executable, "-m", "zres", "broker", "--listen", address,
+             "--log-format", "json"],
+            stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
+            stdin=subprocess.DEVNULL)
+        assert self.broker.stdout is not None
+        line = self.broker.stdout.readline().decode().strip()
+        if not line.startswith("zres broker serving "):
+            raise ZresError(f"the local broker did not start (said {line!r})")
+        return line.rsplit(" ", 1)[1]
+
+    def add_agent(self, units: Mapping[str, int] | None = None, *, name: str,
+                  wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """Start one more agent offering UNITS (None: this machine's detected resources)."""
+        args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
+                "--nworkers", str(self.nworkers), "--log-format", "json", *extra_args]
+        if self.nthreads:
+            args += ["--nthreads", str(self.nthreads)]
+        if units is not None:
+            args += ["--resources", format_units(units).replace("nothing", ""), "--no-detect"]
+        proc = subprocess.Popen(args, env=self._env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=_log_sink())
+        self.agents[name] = proc
+        if wait:
+            self.wait_for_agents([name], 60.0)
+        return proc
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Ask the broker for its status (without needing a Client)."""
+        return request_status(self.address, timeout)
+
+    def wait_for_agents(self, agents: int | Sequence[str], timeout: float = 60.0) -> None:
+        """Block until that many agents (or those names) are registered."""
+        deadline = time.monotonic() + timeout
+        while True:
+            names = {a["name"] for a in self.status()["agents"]}
+            if (len(names) >= agents if isinstance(agents, int) else set(agents) <= names):
+                return
+            for name, proc in self.agents.items():
+                if proc.poll() is not None:
+                    raise ZresError(f"local agent {name} exited with code {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise ZresError(f"local agents did not register within {timeout:g}s")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Stop the agents, then the broker."""
+        for proc in self.agents.values():
+            _stop(proc)
+        if self.broker is not None:
+            _stop(self.broker)
+            if self.broker.stdout:
+                self.broker.stdout.close()
+            self.broker = None
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<zres.LocalCluster {getattr(self, 'address', '?')} agents={len(self.agents)}>"
+
+
+def _log_sink() -> Any:
+    """Where local processes log: nowhere, unless ZRES_LOCAL_LOGS=1 (then our stderr)."""
+    return None if os.environ.get("ZRES_LOCAL_LOGS") else subprocess.DEVNULL
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def request_status(address: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Ask a broker for its status over a short-lived socket."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send_multipart(P.encode(P.STATUS))
+        if not sock.poll(int(timeout * 1000)):
+            raise ZresError(f"no zres broker answered at {address} within {timeout:g}s")
+        msg = P.decode(sock.recv_multipart())
+        if msg.kind != P.STATUS_REPLY:
+            raise ZresError(f"the broker answered {msg.kind!r} to a status request")
+        return msg.body
+    finally:
+        sock.close()

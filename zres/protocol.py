@@ -1,0 +1,160 @@
+"""Wire format shared by clients, the broker, agents and worker processes.
+
+Every message is one ZeroMQ multipart message:
+
+    [routing id]       added/removed by ROUTER sockets only
+    header             msgpack array [VERSION, kind, body]; body is a map
+    payload frames...  opaque bytes: cloudpickled functions, arguments and results
+
+The broker only ever decodes the header (msgpack, which cannot execute code); payload
+frames pass through it untouched, so it needs none of the users' libraries and a hostile
+frame cannot run code in it. Batches put many items in one body; each item names how
+many payload frames it owns (``nframes``) and the frames follow in item order.
+
+Bodies, by kind (ids are ints; ``units`` maps resource name -> int in 1/10,000ths):
+
+client -> broker
+    hello      {client: name, epoch?: broker epoch last seen}
+    submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict]]}
+    release    {ids: [id...]}                    the client dropped these futures
+    cancel     {ids: [id...]}
+    status     {}                                -> status_reply
+    why        {id}                              -> why_reply
+    bye        {}                                the client closed: cancel what it left
+broker -> client
+    welcome    {epoch, heartbeat: seconds}
+    results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
+    warn       {id, reason}                     the task cannot run anywhere right now
+    status_reply {...}, why_reply {id, reason}
+    unknown    {}                               "I do not know you": say hello again
+agent -> broker
+    register   {name, slots: [{units, gpus: [device id...]}], host, pid}
+    done       {results: [[id, outcome, nframes, info]]}
+broker -> agent
+    welcome    {epoch, agent, heartbeat}
+    assign     {tasks: [[id, slot, units, gpus, nframes, deps: [nframes...]]]}
+    cancel     {ids: [id...]}
+    unknown    {}
+any peer <-> broker
+    heartbeat  {epoch?}
+
+agent -> worker process (over ipc)
+    run        {tasks: [[id, nframes, deps: [nframes...], context]]}
+worker process -> agent
+    done       as agent -> broker
+    ready      {pid}
+
+Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
+and its traceback text), ``failed`` (no payload; info = {type, message} names a zres error
+such as AgentLostError, raised in the client as that class).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import ProtocolError
+
+VERSION = 1
+
+# Message kinds.
+HELLO = "hello"
+WELCOME = "welcome"
+SUBMIT = "submit"
+RELEASE = "release"
+CANCEL = "cancel"
+STATUS = "status"
+STATUS_REPLY = "status_reply"
+WHY = "why"
+WHY_REPLY = "why_reply"
+RESULTS = "results"
+WARN = "warn"
+UNKNOWN = "unknown"
+REGISTER = "register"
+DONE = "done"
+ASSIGN = "assign"
+HEARTBEAT = "heartbeat"
+RUN = "run"
+READY = "ready"
+BYE = "bye"
+
+KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
+                   WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
+                   RUN, READY, BYE})
+
+# Task outcomes.
+OK = "ok"
+RAISED = "raised"
+FAILED = "failed"
+
+Frame = Any  # bytes, or zmq.Frame when received with copy=False
+
+
+@dataclass(slots=True)
+class Message:
+    kind: str
+    body: dict[str, Any]
+    frames: list[Frame]
+
+
+def encode(kind: str, body: dict[str, Any] | None = None,
+           frames: Sequence[Frame] = ()) -> list[Frame]:
+    """Return the frames of one message, ready for send_multipart."""
+    return [msgpack.packb([VERSION, kind, body or {}], use_bin_type=True), *frames]
+
+
+def decode(frames: Sequence[Frame]) -> Message:
+    """Decode a received message (without routing id); raise ProtocolError if malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    head = frames[0]
+    raw = head.bytes if hasattr(head, "bytes") else head
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"header is not msgpack: {exc}") from None
+    if not isinstance(header, list) or len(header) != 3:
+        raise ProtocolError("header is not [version, kind, body]")
+    version, kind, body = header
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{kind}: body is not a map")
+    return Message(kind, body, list(frames[1:]))
+
+
+def field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
+    """Return body[name] checked against KIND; raise ProtocolError naming what is wrong."""
+    try:
+        value = msg.body[name]
+    except KeyError:
+        raise ProtocolError(f"{msg.kind}: missing field {name!r}") from None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise ProtocolError(f"{msg.kind}: field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def split_frames(frames: list[Frame], counts: Sequence[int]) -> list[list[Frame]]:
+    """Cut FRAMES into consecutive groups of COUNTS; raise if they do not add up."""
+    if any(not isinstance(c, int) or c < 0 for c in counts) or sum(counts) != len(frames):
+        raise ProtocolError(f"frame counts {list(counts)} do not match {len(frames)} frames")
+    out, pos = [], 0
+    for count in counts:
+        out.append(frames[pos:pos + count])
+        pos += count
+    return out
+
+
+def check_units(value: Any, what: str) -> dict[str, int]:
+    """Validate a units map received off the wire."""
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in value.items()):
+        raise ProtocolError(f"{what}: resources must map names to non-negative ints")
+    return value

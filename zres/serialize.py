@@ -1,0 +1,151 @@
+"""Turn functions, arguments, results and exceptions into payload frames and back.
+
+Used only by clients and worker processes, never by the broker. Payloads are pickle
+protocol 5 with out-of-band buffers: frame 0 is the pickle stream, every further frame is
+a large buffer (a NumPy array's memory, a bytes object) sent as its own zero-copy frame.
+Futures inside a task's arguments, however deeply nested, are pickled as a reference to
+their position in the task's dependency list, and replaced by their results on the worker.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+
+from .errors import RemoteError, RemoteTraceback
+
+Frame = Any
+# Buffers smaller than this are cheaper to keep inside the pickle stream.
+_OOB_MIN = 64 * 1024
+
+
+def _buffer_callback(frames: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        raw = buf.raw()
+        if raw.nbytes < _OOB_MIN:
+            return True  # serialise in band
+        frames.append(raw)
+        return False
+    return keep
+
+
+class _TaskPickler(cloudpickle.Pickler):
+    """Pickles part of a call, writing each dependency (a Future) as its index in DEPS."""
+
+    def __init__(self, file: io.BytesIO, dep_type: type, frames: list[Any] | None,
+                 deps: list[Any], index: dict[int, int]) -> None:
+        callback = _buffer_callback(frames) if frames is not None else None
+        super().__init__(file, protocol=5, buffer_callback=callback)
+        self.dep_type = dep_type
+        self.deps = deps
+        self.index = index
+
+    def persistent_id(self, obj: Any) -> Any:
+        if not isinstance(obj, self.dep_type):
+            return None
+        if id(obj) not in self.index:
+            self.index[id(obj)] = len(self.deps)
+            self.deps.append(obj)
+        return ("zres.dep", self.index[id(obj)])
+
+
+class CallPickler:
+    """Pickle calls into payload frames: [function, arguments, out-of-band buffers...].
+
+    The function is its own frame so that ``map`` pickles it once for all its tasks and
+    workers can keep unpickled functions in a cache keyed by those bytes.
+    """
+
+    def __init__(self, dep_type: type) -> None:
+        self.dep_type = dep_type
+
+    def function(self, fn: Callable[..., Any], deps: list[Any], index: dict[int, int]) -> bytes:
+        buf = io.BytesIO()
+        _TaskPickler(buf, self.dep_type, None, deps, index).dump(fn)
+        return buf.getvalue()
+
+    def call(self, fn_frame: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
+             deps: list[Any], index: dict[int, int]) -> list[Frame]:
+        buf = io.BytesIO()
+        frames: list[Any] = []
+        _TaskPickler(buf, self.dep_type, frames, deps, index).dump((args, kwargs))
+        return [fn_frame, buf.getvalue(), *frames]
+
+
+class _TaskUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, values: Sequence[Any], buffers: Sequence[Any]) -> None:
+        super().__init__(file, buffers=buffers)
+        self._values = values
+        self.used_deps = False
+
+    def persistent_load(self, pid: Any) -> Any:
+        tag, index = pid
+        if tag != "zres.dep":
+            raise pickle.UnpicklingError(f"unknown persistent id {tag!r}")
+        self.used_deps = True
+        return self._values[index]
+
+
+class CallLoader:
+    """Rebuild calls on a worker, keeping recently used functions unpickled."""
+
+    def __init__(self, cache_size: int = 256) -> None:
+        self._cache: dict[bytes, Any] = {}
+        self._cache_size = cache_size
+
+    def load(self, frames: Sequence[Frame], dep_values: Sequence[Any]) -> Any:
+        """Return (fn, args, kwargs) with each dependency replaced by its value."""
+        key = bytes(_bytes(frames[0]))
+        fn = self._cache.get(key)
+        if fn is None:
+            unpickler = _TaskUnpickler(io.BytesIO(key), dep_values, ())
+            fn = unpickler.load()
+            if not unpickler.used_deps:  # a function closing over futures differs per task
+                if len(self._cache) >= self._cache_size:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[key] = fn
+        args, kwargs = _TaskUnpickler(io.BytesIO(_bytes(frames[1])), dep_values,
+                                      [memoryview(f) for f in frames[2:]]).load()
+        return fn, args, kwargs
+
+
+def dumps(obj: Any) -> list[Frame]:
+    """Pickle a result; large buffers become their own frames."""
+    frames: list[Any] = []
+    head = cloudpickle.dumps(obj, protocol=5, buffer_callback=_buffer_callback(frames))
+    return [head, *frames]
+
+
+def loads(frames: Sequence[Frame]) -> Any:
+    """Rebuild a result pickled by dumps."""
+    return pickle.loads(_bytes(frames[0]), buffers=[memoryview(f) for f in frames[1:]])
+
+
+def dumps_exception(exc: BaseException) -> list[Frame]:
+    """Pickle an exception with its traceback text; fall back to a RemoteError."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        return [cloudpickle.dumps((exc, tb), protocol=5)]
+    except Exception:
+        fallback = RemoteError(f"{type(exc).__name__}: {exc} (the exception could not be "
+                               "pickled)")
+        return [cloudpickle.dumps((fallback, tb), protocol=5)]
+
+
+def loads_exception(frames: Sequence[Frame]) -> BaseException:
+    """Rebuild an exception, chaining the remote traceback as its cause."""
+    try:
+        exc, tb = pickle.loads(_bytes(frames[0]))
+    except Exception as err:
+        return RemoteError(f"a task raised an exception that cannot be unpickled here: {err!r}")
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc
+
+
+def _bytes(frame: Frame) -> Any:
+    return frame.buffer if hasattr(frame, "buffer") else frame

@@ -1,0 +1,63 @@
+"""The broker's task record and its state machine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .resources import Units
+
+
+class TaskState(enum.Enum):
+    WAITING = "waiting"      # for dependencies
+    QUEUED = "queued"        # ready, waiting for resources
+    RUNNING = "running"
+    DONE = "done"            # finished with a result
+    FAILED = "failed"        # raised, lost, infeasible or cancelled
+
+
+FINISHED = frozenset({TaskState.DONE, TaskState.FAILED})
+
+_ALLOWED = {
+    TaskState.WAITING: {TaskState.QUEUED, TaskState.FAILED},
+    TaskState.QUEUED: {TaskState.RUNNING, TaskState.FAILED},
+    # RUNNING -> QUEUED is a retry after its agent or worker was lost.
+    TaskState.RUNNING: {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED},
+    TaskState.DONE: set(),
+    TaskState.FAILED: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class Task:
+    id: int
+    client: bytes            # routing id of the submitting client
+    local_id: int            # the client's own id for it
+    units: Units
+    priority: int
+    retries: int             # retries left for losses while running
+    name: str
+    strict: bool             # fail at once if infeasible, rather than wait
+    payload: list[Any]       # opaque frames: the pickled call
+    deps: list[int]
+    state: TaskState = TaskState.WAITING
+    missing: int = 0         # dependencies not finished yet
+    dependents: list[int] = field(default_factory=list)
+    holders: int = 1         # the client's reference plus each unfinished dependent
+    outcome: str = ""
+    result: list[Any] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    agent: str = ""
+    warned: str = ""         # the infeasibility reason last reported, if any
+
+
+def set_state(task: Task, new: TaskState) -> None:
+    """Move TASK to NEW, refusing any transition the table does not allow."""
+    if new not in _ALLOWED[task.state]:
+        raise IllegalTransition(f"task {task.id}: {task.state.value} -> {new.value}")
+    task.state = new

@@ -1,0 +1,121 @@
+"""The process that runs tasks, started and supervised by an agent.
+
+Each worker process serves one slot of one agent with one fixed GPU visibility: the agent
+sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task granted a
+different device set, so a CUDA context made by one task is never reused for another
+device. Tasks run on a pool of threads; results go back to the agent in batches.
+
+    python -m zres.worker ADDRESS IDENTITY NTHREADS
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import zmq
+
+from . import protocol as P
+from .context import TaskContext, set_task_context
+from .serialize import CallLoader, dumps, dumps_exception, loads
+
+_RESULTS = "inproc://zres-worker-results"
+
+
+class WorkerProcess:
+    """Receive RUN batches from the agent, run them on threads, send DONE batches back."""
+
+    def __init__(self, address: str, identity: bytes, nthreads: int) -> None:
+        self.ctx = zmq.Context.instance()
+        self.agent = self.ctx.socket(zmq.DEALER)
+        self.agent.setsockopt(zmq.ROUTING_ID, identity)
+        self.agent.setsockopt(zmq.LINGER, 2000)
+        self.agent.connect(address)
+        self.results = self.ctx.socket(zmq.PULL)
+        self.results.bind(_RESULTS)
+        self.pool = ThreadPoolExecutor(nthreads, thread_name_prefix="zres-task")
+        self.local = threading.local()
+        self.parent = os.getppid()
+        self.loader = CallLoader()
+
+    def run(self) -> None:
+        self.agent.send_multipart(P.encode(P.READY, {"pid": os.getpid()}))
+        poller = zmq.Poller()
+        poller.register(self.agent, zmq.POLLIN)
+        poller.register(self.results, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(1000))
+            if self.agent in events:
+                self._receive()
+            if self.results in events:
+                self._send_results()
+            if os.getppid() != self.parent:
+                return  # the agent died: nobody is left to report to
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self.agent.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            msg = P.decode(frames)
+            if msg.kind != P.RUN:
+                continue
+            items = msg.body["tasks"]
+            groups = P.split_frames(msg.frames, [i[1] + sum(i[2]) for i in items])
+            for (task_id, nframes, dep_counts, context), frames_ in zip(items, groups):
+                self.pool.submit(self._run_task, task_id, frames_[:nframes],
+                                 P.split_frames(frames_[nframes:], dep_counts), context)
+
+    def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
+                  context: dict[str, Any]) -> None:
+        token = set_task_context(TaskContext(task_id, context["agent"], context["resources"],
+                                             list(context["gpus"]), context.get("attempt", 0)))
+        try:
+            fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_await(value))
+            outcome, frames = P.OK, dumps(value)
+        except BaseException as exc:  # report everything, SystemExit included
+            outcome, frames = P.RAISED, dumps_exception(exc)
+        finally:
+            set_task_context(None)
+            del token
+        sock = getattr(self.local, "push", None)
+        if sock is None:
+            sock = self.local.push = self.ctx.socket(zmq.PUSH)
+            sock.connect(_RESULTS)
+        sock.send_multipart([P.encode(P.DONE, {"results": [[task_id, outcome, len(frames),
+                                                              {}]]})[0], *frames], copy=False)
+
+    def _send_results(self) -> None:
+        items: list[Any] = []
+        frames: list[Any] = []
+        while True:
+            try:
+                msg = P.decode(self.results.recv_multipart(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                break
+            items.extend(msg.body["results"])
+            frames.extend(msg.frames)
+        if items:
+            self.agent.send_multipart(P.encode(P.DONE, {"results": items}, frames), copy=False)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def main(argv: list[str] | None = None) -> None:
+    address, identity, nthreads = (argv or sys.argv[1:])[:3]
+    WorkerProcess(address, identity.encode(), int(nthreads)).run()
+
+
+if __name__ == "__main__":
+    main()
