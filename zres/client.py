@@ -29,7 +29,7 @@ from . import protocol as P
 from .context import current_annotations
 from .errors import BrokerLostError, InfeasibleError, ZresError
 from .futures import Future
-from .resources import format_units, task_request
+from .resources import task_request
 from .serialize import CallPickler, loads, loads_exception
 
 log = structlog.get_logger("zres.client")
@@ -407,7 +407,6 @@ class _IOThread:
         name = future.name if future is not None else "a task"
         if future is not None:
             future.infeasible = reason
-        log.warning("task_infeasible", task=name, reason=reason)
         warnings.warn(f"zres: {name} cannot run on any connected agent: {reason}",
                       InfeasibleWarning, stacklevel=1)
 
@@ -426,7 +425,3 @@ def default_client() -> Client:
     client = Client()
     atexit.register(client.close)
     return client
-
-
-def describe(units: Mapping[str, int]) -> str:
-    return format_units(units)

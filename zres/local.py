@@ -13,7 +13,7 @@ import zmq
 
 from . import protocol as P
 from .errors import ZresError
-from .resources import format_units, mapping_to_units
+from .resources import UNIT, mapping_to_units
 
 
 class LocalCluster:
@@ -39,12 +39,12 @@ class LocalCluster:
         self.nworkers = nworkers
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.broker: subprocess.Popen[bytes] | None = None
-        specs = [None] if agents is None else [mapping_to_units(a) for a in agents]
+        specs: list[Mapping[str, Any] | None] = [None] if agents is None else list(agents)
         try:
             self.address = self._start_broker(address, start_timeout)
-            for index, units in enumerate(specs):
+            for index, resources in enumerate(specs):
                 name = names[index] if names else f"agent-{index}"
-                self.add_agent(units, name=name, wait=False)
+                self.add_agent(resources, name=name, wait=False)
             self.wait_for_agents(len(specs), start_timeout)
         except BaseException:
             self.close()
@@ -62,15 +62,17 @@ class LocalCluster:
             raise ZresError(f"the local broker did not start (said {line!r})")
         return line.rsplit(" ", 1)[1]
 
-    def add_agent(self, units: Mapping[str, int] | None = None, *, name: str,
+    def add_agent(self, resources: Mapping[str, Any] | None = None, *, name: str,
                   wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-        """Start one more agent offering UNITS (None: this machine's detected resources)."""
+        """Start one more agent offering RESOURCES, e.g. {"GPU": 2} (None: detect them)."""
         args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
                 "--nworkers", str(self.nworkers), "--log-format", "json", *extra_args]
         if self.nthreads:
             args += ["--nthreads", str(self.nthreads)]
-        if units is not None:
-            args += ["--resources", format_units(units).replace("nothing", ""), "--no-detect"]
+        if resources is not None:
+            spec = " ".join(f"{n}={float(a) / UNIT!r}"
+                            for n, a in mapping_to_units(resources).items())
+            args += ["--resources", spec, "--no-detect"]
         proc = subprocess.Popen(args, env=self._env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=_log_sink())
         self.agents[name] = proc

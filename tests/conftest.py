@@ -1,0 +1,56 @@
+"""Shared fixtures: real brokers and agents as subprocesses on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import zres
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
+               message: str = "condition") -> Any:
+    """Poll CONDITION until it returns something truthy; fail after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def make_cluster() -> Iterator[Callable[..., zres.LocalCluster]]:
+    """Start LocalClusters (same arguments as zres.LocalCluster); all stop at teardown."""
+    clusters: list[zres.LocalCluster] = []
+
+    def start(*args: Any, **kwargs: Any) -> zres.LocalCluster:
+        kwargs.setdefault("heartbeat_interval", 0.2)
+        kwargs.setdefault("heartbeat_timeout", 2.0)
+        cluster = zres.LocalCluster(*args, **kwargs)
+        clusters.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.close()
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., zres.Client]]:
+    """Connect Clients to a given address; all close at teardown."""
+    clients: list[zres.Client] = []
+
+    def connect(address: str, **kwargs: Any) -> zres.Client:
+        client = zres.Client(address, **kwargs)
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()
