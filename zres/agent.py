@@ -100,10 +100,8 @@ class Agent:
         self.slots = slots
         self.broker_address = broker
         self.ctx = zmq.Context.instance()
-        self.broker = self.ctx.socket(zmq.DEALER)
-        self.broker.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
-        self.broker.setsockopt(zmq.LINGER, 0)
-        self.broker.connect(broker)
+        self.poller = zmq.Poller()
+        self.broker = self._connect()
         self._tmp = tempfile.mkdtemp(prefix="zres-agent-")
         self.workers_sock = self.ctx.socket(zmq.ROUTER)
         self.workers_sock.setsockopt(zmq.LINGER, 0)
@@ -122,9 +120,21 @@ class Agent:
         self._last_reap = 0.0
         self._stopping = False
         self._done: tuple[list[Any], list[Any]] = ([], [])
-        self.poller = zmq.Poller()
-        self.poller.register(self.broker, zmq.POLLIN)
         self.poller.register(self.workers_sock, zmq.POLLIN)
+
+    def _connect(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.broker_address)
+        self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _reconnect(self) -> None:
+        """Start over with a fresh socket, so no stale queued message reaches the broker."""
+        self.poller.unregister(self.broker)
+        self.broker.close(0)
+        self.broker = self._connect()
 
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -175,8 +185,10 @@ class Agent:
             self.broker.send_multipart(P.encode(P.HEARTBEAT))
         silent = now - self._last_heard > self.hb_timeout
         if (not self.registered or silent) and now - self._last_register >= self.hb_timeout / 2:
-            if silent and self.registered:
-                log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
+            if silent:
+                if self.registered:
+                    log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
+                self._reconnect()
             self._register(now)
 
     def _drain(self, sock: zmq.Socket, handle: Any) -> None:
@@ -219,9 +231,10 @@ class Agent:
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
-        if self.epoch is not None and epoch != self.epoch or self.task_worker:
-            # A new broker knows nothing of what we run: stop it, or its resources would
-            # be granted twice.
+        if self.task_worker:
+            # The broker that welcomes us (a new one, or the old one that gave us up for
+            # lost and retried our tasks) counts none of them as running: stop them, or
+            # their resources would be granted twice.
             self._abandon_running("broker restarted")
         self.epoch = epoch
         self.registered = True
