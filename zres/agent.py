@@ -26,6 +26,7 @@ from . import gpu as gpu_mod
 from . import protocol as P
 from .errors import ProtocolError, ResourceSpecError
 from .resources import CPU, GPU, MEMORY, UNIT, Units, format_units, units_to_float
+from .scheduler import GPU_MEMORY
 
 log = structlog.get_logger("zres.agent")
 
@@ -35,6 +36,7 @@ class SlotSpec:
     units: Units
     gpus: list[str]        # device ids for CUDA_VISIBLE_DEVICES, one per whole GPU
     nthreads: int
+    gpu_memory: list[int] = field(default_factory=list)   # units per device, if detected
 
 
 @dataclass(slots=True)
@@ -69,18 +71,25 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
         units: Units = {CPU: threads * UNIT}
         if memory:
             units[MEMORY] = memory * UNIT
-        mine = [d.id for d in devices[index::nworkers]]
+        mine = devices[index::nworkers]
         if GPU in declared:
             count = declared[GPU] // UNIT
-            ids = [d.id for d in devices]
-            mine = ids[:count] if len(ids) >= count else [str(i) for i in range(count)]
-        if mine:
-            units[GPU] = len(mine) * UNIT
+            mine = devices[:count] if len(devices) >= count else []
+            ids = [d.id for d in mine] or [str(i) for i in range(count)]
+        else:
+            ids = [d.id for d in mine]
+        if ids:
+            units[GPU] = len(ids) * UNIT
+        gpu_mem = [d.memory * UNIT for d in mine] if GPU_MEMORY not in declared else []
+        if sum(gpu_mem):
+            units[GPU_MEMORY] = sum(gpu_mem)
+        else:
+            gpu_mem = []
         units.update(declared)
         if not units.get(GPU):
             units.pop(GPU, None)
-            mine = []
-        slots.append(SlotSpec(units, mine, threads))
+            ids, gpu_mem = [], []
+        slots.append(SlotSpec(units, ids, threads, gpu_mem))
     return slots
 
 
@@ -208,7 +217,8 @@ class Agent:
         self.registered = False
         self.broker.send_multipart(P.encode(P.REGISTER, {
             "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
-            "slots": [{"units": s.units, "gpus": s.gpus} for s in self.slots]}))
+            "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
+                      for s in self.slots]}))
 
     def _from_broker(self, frames: list[Any]) -> None:
         msg = P.decode(frames)

@@ -52,7 +52,7 @@ class Broker:
 
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
-                 context: zmq.Context | None = None) -> None:
+                 starvation_after: float = 5.0, context: zmq.Context | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -64,7 +64,7 @@ class Broker:
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
         self.client_timeout = client_timeout
-        self.sched = Scheduler()
+        self.sched = Scheduler(starvation_after)
         self.tasks: dict[int, Task] = {}
         self.clients: dict[bytes, ClientRecord] = {}
         self.agents: dict[bytes, AgentRecord] = {}
@@ -110,7 +110,7 @@ class Broker:
         now = time.monotonic()
         if self._dirty:
             self._dirty = False
-            self._assign(self.sched.schedule())
+            self._assign(self.sched.schedule(now))
         self._flush_results()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
@@ -201,7 +201,7 @@ class Broker:
             self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
             return
         set_state(task, TaskState.QUEUED)
-        self.sched.enqueue(task.id, task.units, task.priority)
+        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
         self._dirty = True
         if reason is not None:
             self._warn_infeasible(task, reason)
@@ -271,13 +271,14 @@ class Broker:
             raise ProtocolError("register: slots must be a non-empty array of maps")
         units = [P.check_units(s.get("units"), "register") for s in slots]
         gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
+        memory = [_int_list(s.get("gpu_memory", []), "register") for s in slots]
         for record in list(self.agents.values()):
             if record.ident == ident or record.name == name:
                 self._lose_agent(record, "agent re-registered")
         slot_ids = []
-        for slot_units in units:
+        for slot_units, slot_memory in zip(units, memory):
             self._next_slot += 1
-            self.sched.add_slot(self._next_slot, name, slot_units)
+            self.sched.add_slot(self._next_slot, name, slot_units, slot_memory)
             slot_ids.append(self._next_slot)
         record = AgentRecord(ident, name, str(msg.body.get("host", "")),
                              int(msg.body.get("pid", 0)), now, slot_ids, gpus)
@@ -338,7 +339,7 @@ class Broker:
         task.retries -= 1
         log.info("task_retried", task=task.name, id=task.id, why=why, retries_left=task.retries)
         set_state(task, TaskState.QUEUED)
-        self.sched.enqueue(task.id, task.units, task.priority)
+        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
         self._dirty = True
 
     def _lose_agent(self, agent: AgentRecord, why: str) -> None:
@@ -468,3 +469,9 @@ class Broker:
                                     "units": task.units, "reason": self._why(task)})
         return {"epoch": self.epoch, "address": self.address, "agents": agents,
                 "clients": len(self.clients), "counts": dict(counts), "waiting": blocked}
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
+        raise ProtocolError(f"{what}: expected a list of non-negative ints")
+    return value

@@ -73,7 +73,8 @@ def _broker(args: argparse.Namespace) -> int:
     settings = config.load("broker", {"listen": args.listen}, path=args.config)
     logs.setup(args.log_format, args.log_level)
     broker = Broker(settings["listen"], settings["heartbeat_interval"],
-                    settings["heartbeat_timeout"], settings["client_timeout"])
+                    settings["heartbeat_timeout"], settings["client_timeout"],
+                    settings["starvation_after"])
     print(f"zres broker serving {broker.address}", flush=True)
     broker.run()
     return 0

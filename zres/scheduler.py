@@ -1,43 +1,59 @@
 """Pure placement policy: which waiting task runs on which worker slot, and why not.
 
-No sockets, threads or clocks: the broker feeds events in (slot added or removed,
-task queued, task finished) and calls ``schedule()`` for the assignments to send.
+No sockets, threads or clocks: the broker feeds events in (slot added, changed or removed,
+task queued, task finished, the time) and calls ``schedule(now)`` for the grants to send.
 
 Rules
 - Order: higher priority first; equal priority in submission order (``seq``). Ties never
   depend on dict or set order, so the same events always give the same schedule.
 - Backfill: a task that cannot start is skipped, never blocking later tasks that can.
   Waiting tasks are indexed by the *shape* of their request: all tasks of one shape fit
-  or fail alike, so one failed fit blocks a whole shape for the pass in O(1).
-- Fit is checked against each slot's *free* amounts, subtracted at assignment and
-  returned at release; concurrent grants never exceed any slot's capacity.
-- GPUs are accounted per device: GPU=k (whole) takes k fully free devices; a fraction
-  below 1 packs onto the busiest device that still has room, never spanning two.
-- Among slots that fit, prefer the one that strands least: fewest resource kinds the
-  task does not use (keep GPU nodes for GPU work), then least left over, then slot id.
+  or fail alike, so one failed fit blocks a whole shape for the pass.
+- Fit is checked against each slot's *free* amounts, subtracted at grant and returned at
+  release; concurrent grants never exceed any slot's capacity.
+- No starvation: a task that has waited ``starvation_after`` seconds while blocked gets a
+  reservation on the slot where it will fit soonest (the least still to be freed). From
+  then on, in every pass, tasks ordered after it may take from that slot only what
+  leaves its whole request free; it starts as soon as the tasks running there finish.
+  Tasks ordered before it (higher priority) are not fenced.
+- GPUs are accounted per device: GPU=k (whole) takes k devices that are wholly free,
+  with all their memory; a fraction below 1 packs onto the busiest device with room,
+  never spanning two. GPU_MEMORY=m takes m bytes on one device (with the fraction, if
+  both are asked), packing onto the device with least memory left that fits.
+- Among slots that fit, prefer the one that strands least: fewest resource kinds the task
+  does not use (keep GPU nodes for GPU work), then least left over, then slot id.
+- Cost: each decision looks up candidates in a per-resource index of slots sorted by free
+  amount (bisect), examining at most a few fitting slots; passes touch one head per shape.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .resources import GPU, UNIT, Units, fits, format_amount, format_units
 
+GPU_MEMORY = "GPU_MEMORY"
 Shape = tuple[tuple[str, int], ...]
+_CANDIDATES = 8   # fitting slots compared for best fit per decision
 
 
 @dataclass(slots=True)
 class Slot:
-    """One worker slot: a set of resources that tasks are placed into."""
+    """One worker slot: resources that tasks are placed into."""
 
     id: int
     agent: str
     total: Units
     free: Units
-    gpu_free: list[int]          # free units per device, UNIT when idle
+    gpu_free: list[int]          # compute share free per device, UNIT when idle
+    gpu_mem_total: list[int]     # memory units per device
+    gpu_mem_free: list[int]
+    gpu_usable: int              # devices [0, gpu_usable) may take new work
     running: set[int] = field(default_factory=set)
+    reserved_by: int | None = None
 
 
 @dataclass(slots=True)
@@ -47,16 +63,21 @@ class Waiting:
     priority: int
     seq: int
     shape: Shape
+    since: float
+    reserved_slot: int | None = None
 
 
 @dataclass(slots=True)
 class Grant:
-    """A placement decision: task ID runs on SLOT with these units and device positions."""
+    """A placement: task TASK runs on SLOT with UNITS, on device positions GPUS."""
 
     task: int
     slot: int
     units: Units
     gpus: list[int]
+    taken: Units                 # what the slot gives up (a whole GPU takes its memory)
+    shares: list[int]            # compute share taken per device in GPUS
+    memory: list[int]            # memory units taken per device in GPUS
 
 
 def shape_of(units: Mapping[str, int]) -> Shape:
@@ -64,61 +85,96 @@ def shape_of(units: Mapping[str, int]) -> Shape:
 
 
 class Scheduler:
-    """Resource table plus waiting queue; every method is plain, fast bookkeeping."""
+    """Resource table plus waiting queue; every method is plain bookkeeping."""
 
-    def __init__(self) -> None:
+    def __init__(self, starvation_after: float = 5.0) -> None:
+        self.starvation_after = starvation_after
         self.slots: dict[int, Slot] = {}
         self.waiting: dict[int, Waiting] = {}
         self.running: dict[int, Grant] = {}
         self._by_shape: dict[Shape, list[tuple[int, int, int]]] = {}
+        self._index: dict[str, list[tuple[int, int]]] = {}   # name -> sorted (free, slot)
         self._seq = 0
         self._infeasible_cache: dict[Shape, str | None] = {}
 
     # -- resource table -------------------------------------------------------------
-    def add_slot(self, slot_id: int, agent: str, units: Units) -> None:
-        """Register a slot with capacity UNITS (GPU must be whole devices)."""
+    def add_slot(self, slot_id: int, agent: str, units: Units,
+                 gpu_memory: list[int] | None = None) -> None:
+        """Register a slot with capacity UNITS; GPU_MEMORY may be given per device."""
         devices = units.get(GPU, 0) // UNIT
-        self.slots[slot_id] = Slot(slot_id, agent, dict(units), dict(units),
-                                   [UNIT] * devices)
+        memory = list(gpu_memory) if gpu_memory else _split(units.get(GPU_MEMORY, 0), devices)
+        total = dict(units)
+        if memory and sum(memory):
+            total[GPU_MEMORY] = sum(memory)
+        slot = Slot(slot_id, agent, total, {}, [UNIT] * devices, memory, list(memory), devices)
+        self.slots[slot_id] = slot
+        for name, amount in total.items():
+            self._set_free(slot, name, amount)
         self._infeasible_cache.clear()
 
     def remove_slot(self, slot_id: int) -> list[int]:
         """Drop a slot; return the ids of the tasks that were running on it."""
         slot = self.slots.pop(slot_id)
+        for name, amount in slot.free.items():
+            self._unindex(name, amount, slot_id)
         for task in slot.running:
             del self.running[task]
+        if slot.reserved_by in self.waiting:
+            self.waiting[slot.reserved_by].reserved_slot = None
         self._infeasible_cache.clear()
         return sorted(slot.running)
 
+    def set_capacity(self, slot_id: int, units: Units) -> None:
+        """Change a slot's capacity; work in use above the new amounts finishes normally."""
+        slot = self.slots[slot_id]
+        if units.get(GPU, 0) % UNIT:
+            raise ValueError("GPU must be a whole number of devices")
+        devices = units.get(GPU, 0) // UNIT
+        if devices > len(slot.gpu_free):
+            raise ValueError(f"agent {slot.agent} has only {len(slot.gpu_free)} GPU devices")
+        new = dict(units)
+        if GPU_MEMORY in new and new[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
+            raise ValueError("GPU_MEMORY comes from the devices and cannot be changed")
+        if GPU_MEMORY in slot.total:
+            new[GPU_MEMORY] = sum(slot.gpu_mem_total[:devices])
+        for name in set(slot.total) | set(new):
+            delta = new.get(name, 0) - slot.total.get(name, 0)
+            if delta:
+                self._set_free(slot, name, slot.free.get(name, 0) + delta)
+        slot.total = {n: a for n, a in new.items() if a}
+        slot.gpu_usable = devices
+        self._infeasible_cache.clear()
+
     # -- tasks ----------------------------------------------------------------------
-    def enqueue(self, task_id: int, units: Units, priority: int = 0) -> None:
+    def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0) -> None:
         """Queue a ready task."""
         self._seq += 1
         shape = shape_of(units)
-        self.waiting[task_id] = Waiting(task_id, dict(units), priority, self._seq, shape)
+        self.waiting[task_id] = Waiting(task_id, dict(units), priority, self._seq, shape, now)
         heapq.heappush(self._by_shape.setdefault(shape, []), (-priority, self._seq, task_id))
 
     def dequeue(self, task_id: int) -> bool:
         """Forget a waiting task (cancelled); return whether it was waiting."""
-        # Its heap entry is skipped lazily when it reaches the top.
-        return self.waiting.pop(task_id, None) is not None
+        task = self.waiting.pop(task_id, None)  # its heap entry is skipped lazily
+        if task is not None:
+            self._unreserve(task)
+        return task is not None
 
     def release(self, task_id: int) -> None:
         """Return a running task's resources to its slot."""
         grant = self.running.pop(task_id, None)
-        if grant is None:
-            return
-        slot = self.slots.get(grant.slot)
-        if slot is None:
+        slot = self.slots.get(grant.slot) if grant else None
+        if grant is None or slot is None:
             return
         slot.running.discard(task_id)
-        for name, amount in grant.units.items():
-            slot.free[name] = slot.free.get(name, 0) + amount
-        for pos in grant.gpus:
-            slot.gpu_free[pos] += _per_device(grant.units.get(GPU, 0), len(grant.gpus))
+        for name, amount in grant.taken.items():
+            self._set_free(slot, name, slot.free.get(name, 0) + amount)
+        for pos, share, mem in zip(grant.gpus, grant.shares, grant.memory):
+            slot.gpu_free[pos] += share
+            slot.gpu_mem_free[pos] += mem
 
     # -- placement ------------------------------------------------------------------
-    def schedule(self) -> list[Grant]:
+    def schedule(self, now: float = 0.0) -> list[Grant]:
         """Place every waiting task that fits now, best first; return the grants."""
         heads: list[tuple[int, int, Shape]] = []
         for shape, heap in list(self._by_shape.items()):
@@ -126,16 +182,19 @@ class Scheduler:
             if top is not None:
                 heads.append((top[0], top[1], shape))
         heapq.heapify(heads)
+        fences: dict[int, Units] = {}
         grants: list[Grant] = []
         while heads:
             _, _, shape = heapq.heappop(heads)
             heap = self._by_shape[shape]
             task = self.waiting[heap[0][2]]
-            grant = self._place(task)
+            grant = self._place(task, fences)
             if grant is None:
+                self._fence(task, fences, now)
                 continue  # the whole shape is blocked this pass; others may still fit
             heapq.heappop(heap)
             del self.waiting[task.id]
+            self._unreserve(task)
             grants.append(grant)
             top = self._top(shape, heap)
             if top is not None:
@@ -150,28 +209,105 @@ class Scheduler:
             return None
         return heap[0]
 
-    def _place(self, task: Waiting) -> Grant | None:
-        best: tuple[tuple[int, float, int], Slot, list[int]] | None = None
-        for slot in self.slots.values():
+    def _place(self, task: Waiting, fences: dict[int, Units]) -> Grant | None:
+        best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
+        best, found = None, 0
+        for slot in self._candidates(task.units):
+            fence = fences.get(slot.id)
+            if fence is not None and not all(
+                    slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
+                continue
             if not fits(slot.free, task.units):
                 continue
-            gpus = pick_gpus(slot.gpu_free, task.units.get(GPU, 0))
-            if gpus is None:
+            devices = pick_devices(slot, task.units)
+            if devices is None:
                 continue
             score = (_unused_kinds(slot, task.units), _leftover(slot, task.units), slot.id)
             if best is None or score < best[0]:
-                best = (score, slot, gpus)
+                best = (score, slot, devices)
+            found += 1
+            if found >= _CANDIDATES:
+                break
         if best is None:
             return None
-        _, slot, gpus = best
-        for name, amount in task.units.items():
-            slot.free[name] -= amount
-        for pos in gpus:
-            slot.gpu_free[pos] -= _per_device(task.units.get(GPU, 0), len(gpus))
+        _, slot, (gpus, shares, memory) = best
+        taken = dict(task.units)
+        if gpus:
+            taken[GPU] = sum(shares)
+            if sum(memory):
+                taken[GPU_MEMORY] = sum(memory)
+        for name, amount in taken.items():
+            self._set_free(slot, name, slot.free[name] - amount)
+        for pos, share, mem in zip(gpus, shares, memory):
+            slot.gpu_free[pos] -= share
+            slot.gpu_mem_free[pos] -= mem
         slot.running.add(task.id)
-        grant = Grant(task.id, slot.id, task.units, gpus)
+        grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory)
         self.running[task.id] = grant
         return grant
+
+    def _candidates(self, units: Units) -> Iterable[Slot]:
+        """Slots that may fit UNITS, scarcest resource first, least free first."""
+        if not units:
+            return [self.slots[k] for k in sorted(self.slots)]
+        pivot: tuple[int, list[tuple[int, int]], int] | None = None
+        for name, amount in units.items():
+            index = self._index.get(name)
+            if not index:
+                return []
+            start = bisect.bisect_left(index, (amount, -1))
+            if pivot is None or len(index) - start < len(pivot[1]) - pivot[2]:
+                pivot = (0, index, start)
+        assert pivot is not None
+        _, index, start = pivot
+        # Indexing, not slicing: a decision must not copy the whole index.
+        return (self.slots[index[i][1]] for i in range(start, len(index)))
+
+    def _fence(self, task: Waiting, fences: dict[int, Units], now: float) -> None:
+        """Keep a starving task's reserved slot from being taken by tasks after it."""
+        if task.reserved_slot is None:
+            if now - task.since < self.starvation_after or self.infeasible_reason(task.units):
+                return
+            choice = self._soonest_slot(task, fences)
+            if choice is None:
+                return
+            task.reserved_slot = choice.id
+            choice.reserved_by = task.id
+        if task.reserved_slot not in fences:
+            fences[task.reserved_slot] = task.units
+
+    def _soonest_slot(self, task: Waiting, fences: dict[int, Units]) -> Slot | None:
+        best: tuple[tuple[float, int, int], Slot] | None = None
+        for slot in self.slots.values():
+            if slot.reserved_by is not None or slot.id in fences or not _could_ever_fit(
+                    slot, task.units):
+                continue
+            short = sum(max(0, a - slot.free.get(n, 0)) / slot.total[n]
+                        for n, a in task.units.items())
+            key = (short, len(slot.running), slot.id)
+            if best is None or key < best[0]:
+                best = (key, slot)
+        return best[1] if best else None
+
+    def _unreserve(self, task: Waiting) -> None:
+        slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
+        if slot is not None and slot.reserved_by == task.id:
+            slot.reserved_by = None
+        task.reserved_slot = None
+
+    # -- the free-amount index -------------------------------------------------------
+    def _set_free(self, slot: Slot, name: str, amount: int) -> None:
+        if name in slot.free:
+            self._unindex(name, slot.free[name], slot.id)
+        slot.free[name] = amount
+        bisect.insort(self._index.setdefault(name, []), (amount, slot.id))
+
+    def _unindex(self, name: str, amount: int, slot_id: int) -> None:
+        index = self._index[name]
+        pos = bisect.bisect_left(index, (amount, slot_id))
+        del index[pos]
+        if not index:
+            del self._index[name]
 
     # -- explaining -----------------------------------------------------------------
     def infeasible_reason(self, units: Units) -> str | None:
@@ -184,10 +320,8 @@ class Scheduler:
         return self._infeasible_cache[shape]
 
     def _infeasible(self, units: Units) -> str | None:
-        for slot in self.slots.values():
-            if fits(slot.total, units) and pick_gpus([UNIT] * len(slot.gpu_free),
-                                                     units.get(GPU, 0)) is not None:
-                return None
+        if any(_could_ever_fit(slot, units) for slot in self.slots.values()):
+            return None
         for name, amount in sorted(units.items()):
             largest = max((s.total.get(name, 0) for s in self.slots.values()
                            if name in s.total), default=None)
@@ -196,6 +330,9 @@ class Scheduler:
             if largest < amount:
                 return (f"needs {name}={format_amount(name, amount)}, largest agent has "
                         f"{name}={format_amount(name, largest)}")
+        if GPU_MEMORY in units:
+            return (f"needs GPU_MEMORY={format_amount(GPU_MEMORY, units[GPU_MEMORY])} on one "
+                    "device, no agent has a device that large")
         return f"no single agent offers {format_units(units)} together"
 
     def why(self, task_id: int) -> str:
@@ -212,14 +349,20 @@ class Scheduler:
                     if tid in self.waiting and (-self.waiting[tid].priority, seq)
                     < (-task.priority, task.seq))
         short = []
-        for slot in self.slots.values():
-            if fits(slot.total, task.units):
-                lacking = [f"{n}={format_amount(n, slot.free.get(n, 0))}"
-                           for n, a in sorted(task.units.items()) if slot.free.get(n, 0) < a]
-                short.append(f"{slot.agent} has {' '.join(lacking) or 'no whole free GPU'}")
-        text = f"needs {format_units(task.units)}; busy: " + "; ".join(short[:3])
+        for slot in sorted(self.slots.values(), key=lambda s: s.id):
+            if not _could_ever_fit(slot, task.units):
+                continue
+            if slot.reserved_by not in (None, task.id):
+                short.append(f"{slot.agent} is reserved for task {slot.reserved_by}")
+                continue
+            lacking = [f"{n}={format_amount(n, slot.free.get(n, 0))}"
+                       for n, a in sorted(task.units.items()) if slot.free.get(n, 0) < a]
+            short.append(f"{slot.agent} has {' '.join(lacking) or 'no device with room'} free")
+        text = f"needs {format_units(task.units)}; " + "; ".join(short[:3])
         if len(short) > 3:
-            text += f"; and {len(short) - 3} more"
+            text += f"; and {len(short) - 3} more agents busy"
+        if task.reserved_slot is not None:
+            text += f"; holds a reservation on {self.slots[task.reserved_slot].agent}"
         if ahead:
             text += f"; queued behind {ahead} tasks of the same shape"
         return text
@@ -228,28 +371,52 @@ class Scheduler:
         return (self.slots[k] for k in sorted(self.slots))
 
 
-def pick_gpus(gpu_free: list[int], amount: int) -> list[int] | None:
-    """Choose device positions for AMOUNT GPU units, or None if it cannot fit now."""
-    if amount == 0:
+def pick_devices(slot: Slot, units: Mapping[str, int]) -> tuple[list[int], list[int],
+                                                                  list[int]] | None:
+    """Choose devices for a request: (positions, shares, memory), or None if none fit now."""
+    amount, memory = units.get(GPU, 0), units.get(GPU_MEMORY, 0)
+    if not amount and not memory:
+        return [], [], []
+    usable = range(slot.gpu_usable)
+    if amount >= UNIT:
+        whole = [p for p in usable if slot.gpu_free[p] == UNIT
+                 and slot.gpu_mem_free[p] == slot.gpu_mem_total[p]]
+        count = amount // UNIT
+        chosen = whole[:count]
+        if len(chosen) < count or sum(slot.gpu_mem_total[p] for p in chosen) < memory:
+            return None
+        return chosen, [UNIT] * count, [slot.gpu_mem_total[p] for p in chosen]
+    # A fraction, or memory alone: one device, the fullest one that still has room.
+    best = None
+    for pos in usable:
+        share, mem = slot.gpu_free[pos], slot.gpu_mem_free[pos]
+        if share < max(amount, 1) or mem < memory:
+            continue
+        key = (mem if not amount else share, pos)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    return [best[1]], [amount], [memory]
+
+
+def _could_ever_fit(slot: Slot, units: Units) -> bool:
+    if not fits(slot.total, units):
+        return False
+    fresh = Slot(slot.id, slot.agent, slot.total, slot.total, [UNIT] * len(slot.gpu_free),
+                 slot.gpu_mem_total, slot.gpu_mem_total, slot.gpu_usable)
+    return pick_devices(fresh, units) is not None
+
+
+def _split(total: int, devices: int) -> list[int]:
+    if not devices:
         return []
-    if amount < UNIT:
-        # Pack fractions onto the busiest device that still has room (least stranding).
-        best = None
-        for pos, free in enumerate(gpu_free):
-            if free >= amount and (best is None or free < gpu_free[best]):
-                best = pos
-        return None if best is None else [best]
-    whole = [pos for pos, free in enumerate(gpu_free) if free == UNIT]
-    count = amount // UNIT
-    return whole[:count] if len(whole) >= count else None
-
-
-def _per_device(amount: int, ndevices: int) -> int:
-    return amount if ndevices == 1 and amount < UNIT else UNIT
+    share = total // devices
+    return [share] * devices
 
 
 def _unused_kinds(slot: Slot, units: Units) -> int:
-    return sum(1 for name, total in slot.total.items() if total and name not in units)
+    return sum(1 for name in slot.total if name not in units)
 
 
 def _leftover(slot: Slot, units: Units) -> float:
