@@ -238,6 +238,12 @@ class Agent:
                 self._last_register = 0.0
         elif msg.kind == P.CANCEL:
             self._on_cancel(msg)
+        elif msg.kind == P.RESOURCES:
+            # Remember the new capacity, so a later re-registration offers it too.
+            for spec, units in zip(self.slots, P.field(msg, "slots", list)):
+                spec.units = P.check_units(units, "resources")
+            log.info("agent_resources_changed", slots=[format_units(s.units)
+                                                       for s in self.slots])
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")

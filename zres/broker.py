@@ -82,6 +82,7 @@ class Broker:
             P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
             P.REGISTER: self._on_register, P.DONE: self._on_done,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
+            P.RESOURCES: self._on_resources,
         }
 
     # -- loop -----------------------------------------------------------------------
@@ -290,6 +291,31 @@ class Broker:
                                       "heartbeat": self.hb_interval})
         self._dirty = True
 
+    def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
+        name = P.field(msg, "agent", str)
+        changes = P.check_units(msg.body.get("units"), "resources")
+        agent = next((a for a in self.agents.values() if a.name == name), None)
+        if agent is None:
+            known = ", ".join(sorted(a.name for a in self.agents.values())) or "none"
+            self._send(ident, P.RESOURCES_REPLY,
+                       {"error": f"no agent named {name!r} (agents: {known})"})
+            return
+        new = [{n: a for n, a in {**self.sched.slots[s].total, **changes}.items() if a}
+               for s in agent.slots]
+        try:
+            for slot_id, units in zip(agent.slots, new):
+                self.sched.set_capacity(slot_id, units)
+        except ValueError as exc:
+            self._send(ident, P.RESOURCES_REPLY, {"error": f"agent {name}: {exc}"})
+            return
+        log.info("agent_resources_changed", agent=name,
+                 slots=[format_units(self.sched.slots[s].total) for s in agent.slots])
+        self._send(agent.ident, P.RESOURCES, {"slots": new})
+        self._send(ident, P.RESOURCES_REPLY,
+                   {"slots": [self.sched.slots[s].total for s in agent.slots]})
+        self._dirty = True
+        self._recheck_feasibility()
+
     def _assign(self, grants: list[Any]) -> None:
         batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         for grant in grants:
@@ -447,6 +473,7 @@ class Broker:
         return task.state.value
 
     def _on_status(self, ident: bytes, msg: P.Message, now: float) -> None:
+        # Like resources, answered to any peer: zres status uses a throw-away socket.
         self._send(ident, P.STATUS_REPLY, self.status())
 
     def status(self) -> dict[str, Any]:

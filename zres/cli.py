@@ -10,7 +10,8 @@ import zmq
 
 from . import config, logs
 from .errors import ZresError
-from .resources import format_amount
+from . import protocol as P
+from .resources import format_amount, format_units, parse_spec
 
 EXIT_USAGE = 2
 
@@ -40,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show agents, resources and waiting tasks")
     status.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
     status.add_argument("--timeout", type=float, default=10.0)
+
+    res = sub.add_parser("resources", help="change an agent's capacity while it runs")
+    res.add_argument("agent", help="agent name, as zres status shows it")
+    res.add_argument("spec", help='new amounts, e.g. "GPU=1 foo=3" (0 removes a name)')
+    res.add_argument("--broker", help="broker address (default $ZRES_BROKER)")
+    res.add_argument("--timeout", type=float, default=10.0)
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
     demo.add_argument("--inputs", type=int, default=20)
@@ -95,10 +102,26 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _broker_address(given: str | None) -> str:
+    return given or config.load("client")["broker"] or config.DEFAULT_ADDRESS
+
+
 def _status(args: argparse.Namespace) -> int:
-    from .local import request_status
-    address = args.address or config.load("client")["broker"] or config.DEFAULT_ADDRESS
-    print(render_status(request_status(address, args.timeout)))
+    from .local import request
+    print(render_status(request(_broker_address(args.address), P.STATUS, {}, args.timeout)))
+    return 0
+
+
+def _resources(args: argparse.Namespace) -> int:
+    from .local import request
+    units = parse_spec(args.spec)
+    reply = request(_broker_address(args.broker), P.RESOURCES,
+                    {"agent": args.agent, "units": units}, args.timeout)
+    if "error" in reply:
+        raise ZresError(reply["error"])
+    for index, slot in enumerate(reply["slots"]):
+        label = args.agent if len(reply["slots"]) == 1 else f"{args.agent}[{index}]"
+        print(f"{label}: {format_units(slot)}")
     return 0
 
 
@@ -130,4 +153,5 @@ def _demo(args: argparse.Namespace) -> int:
     return run(args.inputs)
 
 
-_COMMANDS = {"broker": _broker, "agent": _agent, "status": _status, "demo": _demo}
+_COMMANDS = {"broker": _broker, "agent": _agent, "status": _status, "resources": _resources,
+             "demo": _demo}

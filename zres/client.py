@@ -29,7 +29,7 @@ from . import protocol as P
 from .context import current_annotations
 from .errors import BrokerLostError, InfeasibleError, ZresError
 from .futures import Future
-from .resources import task_request
+from .resources import mapping_to_units, task_request, units_to_float
 from .serialize import CallPickler, loads, loads_exception
 
 log = structlog.get_logger("zres.client")
@@ -154,6 +154,19 @@ class Client(cf.Executor):
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
         """Return the broker's view: agents with total and free resources, task counts."""
         return self._io.request(P.STATUS, {}, timeout)
+
+    def set_resources(self, agent: str, resources: Mapping[str, Any],
+                      timeout: float = 10.0) -> list[dict[str, float]]:
+        """Change AGENT's capacity while it runs: names given are set, 0 removes one.
+
+        Waiting tasks that now fit start at once; lowering below what is in use lets
+        running tasks finish and starts no new ones there until they fit.
+        """
+        reply = self._io.request(P.RESOURCES, {"agent": agent,
+                                               "units": mapping_to_units(resources)}, timeout)
+        if "error" in reply:
+            raise ZresError(reply["error"])
+        return [units_to_float(units) for units in reply["slots"]]
 
     def _cancel(self, future: Future) -> None:
         self._io.pending.pop(future.id, None)
@@ -356,9 +369,8 @@ class _IOThread:
                 self._hello()
             elif msg.kind == P.WARN:
                 self._on_warn(msg)
-            elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY):
-                kind = P.STATUS if msg.kind == P.STATUS_REPLY else P.WHY
-                queue = self.requests.get(kind)
+            elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY):
+                queue = self.requests.get(msg.kind.removesuffix("_reply"))
                 if queue:
                     queue.popleft().set_result(msg.body)
 

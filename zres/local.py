@@ -82,7 +82,7 @@ class LocalCluster:
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
         """Ask the broker for its status (without needing a Client)."""
-        return request_status(self.address, timeout)
+        return request(self.address, P.STATUS, {}, timeout)
 
     def wait_for_agents(self, agents: int | Sequence[str], timeout: float = 60.0) -> None:
         """Block until that many agents (or those names) are registered."""
@@ -133,19 +133,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def request_status(address: str, timeout: float = 10.0) -> dict[str, Any]:
-    """Ask a broker for its status over a short-lived socket."""
+def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Send one request (status, resources) to a broker over a short-lived socket."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(address)
-        sock.send_multipart(P.encode(P.STATUS))
+        sock.send_multipart(P.encode(kind, body))
         if not sock.poll(int(timeout * 1000)):
             raise ZresError(f"no zres broker answered at {address} within {timeout:g}s")
         msg = P.decode(sock.recv_multipart())
-        if msg.kind != P.STATUS_REPLY:
-            raise ZresError(f"the broker answered {msg.kind!r} to a status request")
+        if msg.kind != kind + "_reply":
+            raise ZresError(f"the broker answered {msg.kind!r} to a {kind} request")
         return msg.body
     finally:
         sock.close()

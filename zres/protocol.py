@@ -21,11 +21,14 @@ client -> broker
     status     {}                                -> status_reply
     why        {id}                              -> why_reply
     bye        {}                                the client closed: cancel what it left
+    resources  {agent: name, units}              change an agent's capacity at runtime
+                                                 (names given are set, 0 removes one)
 broker -> client
     welcome    {epoch, heartbeat: seconds}
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
     status_reply {...}, why_reply {id, reason}
+    resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
 agent -> broker
     register   {name, slots: [{units, gpus: [device id...]}], host, pid}
@@ -34,6 +37,7 @@ broker -> agent
     welcome    {epoch, agent, heartbeat}
     assign     {tasks: [[id, slot, units, gpus, nframes, deps: [nframes...]]]}
     cancel     {ids: [id...]}
+    resources  {slots: [units...]}              the new capacity, for re-registering
     unknown    {}
 any peer <-> broker
     heartbeat  {epoch?}
@@ -81,10 +85,12 @@ HEARTBEAT = "heartbeat"
 RUN = "run"
 READY = "ready"
 BYE = "bye"
+RESOURCES = "resources"
+RESOURCES_REPLY = "resources_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
-                   RUN, READY, BYE})
+                   RUN, READY, BYE, RESOURCES, RESOURCES_REPLY})
 
 # Task outcomes.
 OK = "ok"

@@ -131,7 +131,7 @@ class Scheduler:
             raise ValueError("GPU must be a whole number of devices")
         devices = units.get(GPU, 0) // UNIT
         if devices > len(slot.gpu_free):
-            raise ValueError(f"agent {slot.agent} has only {len(slot.gpu_free)} GPU devices")
+            raise ValueError(f"it has only {len(slot.gpu_free)} GPU device(s)")
         new = dict(units)
         if GPU_MEMORY in new and new[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
             raise ValueError("GPU_MEMORY comes from the devices and cannot be changed")
