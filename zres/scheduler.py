@@ -65,6 +65,7 @@ class Waiting:
     shape: Shape
     since: float
     reserved_slot: int | None = None
+    reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
 
 
 @dataclass(slots=True)
@@ -96,6 +97,13 @@ class Scheduler:
         self._index: dict[str, list[tuple[int, int]]] = {}   # name -> sorted (free, slot)
         self._seq = 0
         self._infeasible_cache: dict[Shape, str | None] = {}
+        # Shapes that failed to fit everywhere in an earlier pass, and the slots that have
+        # gained room since: such a shape can only fit on one of those, so a pass probes
+        # just them instead of every candidate (a pass after one task ends is O(1) slots).
+        self._blocked: set[Shape] = set()
+        self._gained: set[int] = set()
+        self._could_fit: dict[Shape, set[int]] = {}    # slots whose capacity fits a shape
+        self._reservation_epoch = 0                     # bumps when a reservation ends
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
@@ -110,7 +118,8 @@ class Scheduler:
         self.slots[slot_id] = slot
         for name, amount in total.items():
             self._set_free(slot, name, amount)
-        self._infeasible_cache.clear()
+        self._gained.add(slot_id)
+        self._topology_changed()
 
     def remove_slot(self, slot_id: int) -> list[int]:
         """Drop a slot; return the ids of the tasks that were running on it."""
@@ -121,7 +130,7 @@ class Scheduler:
             del self.running[task]
         if slot.reserved_by in self.waiting:
             self.waiting[slot.reserved_by].reserved_slot = None
-        self._infeasible_cache.clear()
+        self._topology_changed()
         return sorted(slot.running)
 
     def set_capacity(self, slot_id: int, units: Units) -> None:
@@ -143,7 +152,21 @@ class Scheduler:
                 self._set_free(slot, name, slot.free.get(name, 0) + delta)
         slot.total = {n: a for n, a in new.items() if a}
         slot.gpu_usable = devices
+        self._gained.add(slot_id)
+        self._topology_changed()
+
+    def _topology_changed(self) -> None:
         self._infeasible_cache.clear()
+        self._could_fit.clear()
+        self._reservation_epoch += 1
+
+    def _fitting(self, task: Waiting) -> set[int]:
+        """Ids of the slots whose total capacity could ever run TASK's shape."""
+        ids = self._could_fit.get(task.shape)
+        if ids is None:
+            ids = self._could_fit[task.shape] = {
+                sid for sid, slot in self.slots.items() if _could_ever_fit(slot, task.units)}
+        return ids
 
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0) -> None:
@@ -172,6 +195,7 @@ class Scheduler:
         for pos, share, mem in zip(grant.gpus, grant.shares, grant.memory):
             slot.gpu_free[pos] += share
             slot.gpu_mem_free[pos] += mem
+        self._gained.add(slot.id)
 
     # -- placement ------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> list[Grant]:
@@ -184,12 +208,15 @@ class Scheduler:
         heapq.heapify(heads)
         fences: dict[int, Units] = {}
         grants: list[Grant] = []
+        gained = [self.slots[i] for i in sorted(self._gained) if i in self.slots]
+        self._gained.clear()
         while heads:
             _, _, shape = heapq.heappop(heads)
             heap = self._by_shape[shape]
             task = self.waiting[heap[0][2]]
-            grant = self._place(task, fences)
+            grant = self._place(task, fences, gained if shape in self._blocked else None)
             if grant is None:
+                self._blocked.add(shape)
                 self._fence(task, fences, now)
                 continue  # the whole shape is blocked this pass; others may still fit
             heapq.heappop(heap)
@@ -206,13 +233,15 @@ class Scheduler:
             heapq.heappop(heap)
         if not heap:
             del self._by_shape[shape]
+            self._blocked.discard(shape)
             return None
         return heap[0]
 
-    def _place(self, task: Waiting, fences: dict[int, Units]) -> Grant | None:
+    def _place(self, task: Waiting, fences: dict[int, Units],
+               only: list[Slot] | None = None) -> Grant | None:
         best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
         best, found = None, 0
-        for slot in self._candidates(task.units):
+        for slot in self._candidates(task.units) if only is None else only:
             fence = fences.get(slot.id)
             if fence is not None and not all(
                     slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
@@ -266,10 +295,12 @@ class Scheduler:
     def _fence(self, task: Waiting, fences: dict[int, Units], now: float) -> None:
         """Keep a starving task's reserved slot from being taken by tasks after it."""
         if task.reserved_slot is None:
-            if now - task.since < self.starvation_after or self.infeasible_reason(task.units):
+            if (now - task.since < self.starvation_after
+                    or task.reserve_failed == self._reservation_epoch):
                 return
             choice = self._soonest_slot(task, fences)
             if choice is None:
+                task.reserve_failed = self._reservation_epoch
                 return
             task.reserved_slot = choice.id
             choice.reserved_by = task.id
@@ -277,22 +308,35 @@ class Scheduler:
             fences[task.reserved_slot] = task.units
 
     def _soonest_slot(self, task: Waiting, fences: dict[int, Units]) -> Slot | None:
+        # Walk the slots with the most free of the task's scarcest resource first and
+        # compare a few: a full scan would make each reservation cost O(agents).
+        fitting = self._fitting(task)
+        if not fitting or not task.units:
+            return None
+        name = min(task.units, key=lambda n: len(self._index.get(n, ())))
+        index = self._index.get(name, [])
         best: tuple[tuple[float, int, int], Slot] | None = None
-        for slot in self.slots.values():
-            if slot.reserved_by is not None or slot.id in fences or not _could_ever_fit(
-                    slot, task.units):
+        seen = 0
+        for pos in range(len(index) - 1, -1, -1):
+            slot = self.slots[index[pos][1]]
+            if slot.id not in fitting or slot.reserved_by is not None or slot.id in fences:
                 continue
             short = sum(max(0, a - slot.free.get(n, 0)) / slot.total[n]
                         for n, a in task.units.items())
             key = (short, len(slot.running), slot.id)
             if best is None or key < best[0]:
                 best = (key, slot)
+            seen += 1
+            if seen >= _CANDIDATES:
+                break
         return best[1] if best else None
 
     def _unreserve(self, task: Waiting) -> None:
         slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
         if slot is not None and slot.reserved_by == task.id:
             slot.reserved_by = None
+            self._gained.add(slot.id)
+            self._reservation_epoch += 1
         task.reserved_slot = None
 
     # -- the free-amount index -------------------------------------------------------
