@@ -6,9 +6,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import cloudpickle
 import pytest
 
+import tests
 import zres
+
+# Worker processes cannot import this test package (their working directory and sys.path
+# differ), so functions defined in tests travel by value, as a user's script's would.
+cloudpickle.register_pickle_by_value(tests)
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,

@@ -92,7 +92,8 @@ class LocalCluster:
             if (len(names) >= agents if isinstance(agents, int) else set(agents) <= names):
                 return
             for name, proc in self.agents.items():
-                if proc.poll() is not None:
+                waited_for = isinstance(agents, int) or name in agents
+                if waited_for and proc.poll() is not None:
                     raise ZresError(f"local agent {name} exited with code {proc.returncode}")
             if time.monotonic() > deadline:
                 raise ZresError(f"local agents did not register within {timeout:g}s")
