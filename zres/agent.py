@@ -311,7 +311,8 @@ class Agent:
         env["ZRES_BROKER"] = self.broker_address
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.worker", self.workers_address, ident.decode(),
-             str(self.slots[slot].nthreads)], env=env, stdin=subprocess.DEVNULL)
+             str(self.slots[slot].nthreads), str(os.getpid())], env=env,
+            stdin=subprocess.DEVNULL)
         worker = Worker(ident, slot, devices, proc)
         self.workers[(slot, devices)] = worker
         self.by_ident[ident] = worker

@@ -5,7 +5,7 @@ sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task g
 different device set, so a CUDA context made by one task is never reused for another
 device. Tasks run on a pool of threads; results go back to the agent in batches.
 
-    python -m zres.worker ADDRESS IDENTITY NTHREADS
+    python -m zres.worker ADDRESS IDENTITY NTHREADS AGENT_PID
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _RESULTS = "inproc://zres-worker-results"
 class WorkerProcess:
     """Receive RUN batches from the agent, run them on threads, send DONE batches back."""
 
-    def __init__(self, address: str, identity: bytes, nthreads: int) -> None:
+    def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int) -> None:
         self.ctx = zmq.Context.instance()
         self.agent = self.ctx.socket(zmq.DEALER)
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
@@ -40,7 +40,7 @@ class WorkerProcess:
         self.results.bind(_RESULTS)
         self.pool = ThreadPoolExecutor(nthreads, thread_name_prefix="zres-task")
         self.local = threading.local()
-        self.parent = os.getppid()
+        self.agent_pid = agent_pid
         self.loader = CallLoader()
 
     def run(self) -> None:
@@ -54,8 +54,10 @@ class WorkerProcess:
                 self._receive()
             if self.results in events:
                 self._send_results()
-            if os.getppid() != self.parent:
-                return  # the agent died: nobody is left to report to
+            if os.getppid() != self.agent_pid:
+                # The agent died (maybe before we started): nobody is left to report to,
+                # and a task stuck in a thread must not keep this process alive.
+                os._exit(0)
 
     def _receive(self) -> None:
         while True:
@@ -113,8 +115,8 @@ async def _await(awaitable: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    address, identity, nthreads = (argv or sys.argv[1:])[:3]
-    WorkerProcess(address, identity.encode(), int(nthreads)).run()
+    address, identity, nthreads, agent_pid = (argv or sys.argv[1:])[:4]
+    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid)).run()
 
 
 if __name__ == "__main__":
