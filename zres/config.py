@@ -130,10 +130,13 @@ def _convert(key: str, value: Any, origin: str) -> Any:
     kind = _TYPES.get(key)
     if kind is None or value is None:
         return value
+    wrong = ConfigError(f"{origin}: {key} must be a positive {kind.__name__}, got {value!r}")
+    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+        raise wrong  # TOML true is not 1, and 2.5 threads is not 2
     try:
         converted = kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{origin}: {key} must be a {kind.__name__}, got {value!r}") from None
-    if converted <= 0:
-        raise ConfigError(f"{origin}: {key} must be positive, got {value!r}")
+        raise wrong from None
+    if not converted > 0:  # refuses NaN too; inf is allowed (starvation_after=inf: never)
+        raise wrong
     return converted

@@ -126,9 +126,9 @@ def decode(frames: Sequence[Frame]) -> Message:
     if not isinstance(header, list) or len(header) != 3:
         raise ProtocolError("header is not [version, kind, body]")
     version, kind, body = header
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ProtocolError(f"unknown message kind {kind!r}")
     if not isinstance(body, dict):
         raise ProtocolError(f"{kind}: body is not a map")
@@ -148,7 +148,7 @@ def field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
 
 def split_frames(frames: list[Frame], counts: Sequence[int]) -> list[list[Frame]]:
     """Cut FRAMES into consecutive groups of COUNTS; raise if they do not add up."""
-    if any(not isinstance(c, int) or c < 0 for c in counts) or sum(counts) != len(frames):
+    if any(type(c) is not int or c < 0 for c in counts) or sum(counts) != len(frames):
         raise ProtocolError(f"frame counts {list(counts)} do not match {len(frames)} frames")
     out, pos = [], 0
     for count in counts:

@@ -47,6 +47,8 @@ def amount_to_units(name: str, value: Any) -> int:
         if isinstance(value, float) and not math.isfinite(value):
             raise ResourceSpecError(f"resource {name!r}: amount must be finite, got {value}")
         amount = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+        if not amount.is_finite():
+            raise ResourceSpecError(f"resource {name!r}: amount must be finite, got {value}")
     return _decimal_to_units(name, amount)
 
 
@@ -62,7 +64,11 @@ def _parse_number(name: str, text: str) -> Decimal:
         raise ResourceSpecError(f"resource {name!r}: amount must be finite, got {text!r}")
     if m["suffix"]:
         suffix = m["suffix"]
-        amount *= _SUFFIX[suffix[0].upper() + suffix[1:]]
+        try:
+            amount *= _SUFFIX[suffix[0].upper() + suffix[1:]]
+        except ArithmeticError:  # decimal.Overflow past the context's exponent limit
+            raise ResourceSpecError(
+                f"resource {name!r}: amount {text!r} is larger than 1e15") from None
     return amount
 
 

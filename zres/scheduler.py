@@ -229,7 +229,10 @@ class Scheduler:
         return grants
 
     def _top(self, shape: Shape, heap: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
-        while heap and heap[0][2] not in self.waiting:
+        # Entries of dequeued tasks are dropped here; the seq check also drops the stale
+        # entry of a task that was dequeued and queued again.
+        while heap and (heap[0][2] not in self.waiting
+                        or self.waiting[heap[0][2]].seq != heap[0][1]):
             heapq.heappop(heap)
         if not heap:
             del self._by_shape[shape]

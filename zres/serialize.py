@@ -2,7 +2,8 @@
 
 Used only by clients and worker processes, never by the broker. Payloads are pickle
 protocol 5 with out-of-band buffers: frame 0 is the pickle stream, every further frame is
-a large buffer (a NumPy array's memory, a bytes object) sent as its own zero-copy frame.
+a large buffer exposed through pickle.PickleBuffer (a NumPy array's memory, say) sent as its
+own zero-copy frame.
 Futures inside a task's arguments, however deeply nested, are pickled as a reference to
 their position in the task's dependency list, and replaced by their results on the worker.
 """

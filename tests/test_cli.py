@@ -1,0 +1,350 @@
+"""The ``zres`` command line, run as a user runs it: a separate process, its exit status,
+its stdout and stderr."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import zres
+from tests.conftest import wait_until
+
+# An address where nothing listens: an agent given it must fail on its arguments first.
+NOWHERE = "tcp://127.0.0.1:1"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any ZRES_* setting, plus EXTRA."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZRES_")}
+    env.update(extra)
+    return env
+
+
+def zres_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m zres ARGS`` to completion and capture its output."""
+    return subprocess.run([sys.executable, "-m", "zres", *args], capture_output=True,
+                          text=True, env=clean_env() if env is None else env, cwd=cwd,
+                          stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    """Start subprocesses with Popen; every one still running is killed at teardown."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(args: list[str], **kwargs) -> subprocess.Popen[str]:
+        kwargs.setdefault("env", clean_env())
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(args, text=True, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The command printed exactly one line on stderr, and no traceback; return it."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {result.stderr!r}"
+    return lines[0]
+
+
+# -- malformed resource specs ---------------------------------------------------------------
+
+# (spec as typed, what the one-line error must contain)
+BAD_SPECS = [
+    ("foo", "invalid resource spec 'foo': expected NAME=NUMBER"),
+    ("GPU=two", "invalid resource spec 'GPU=two': 'two' is not a number"),
+    ("GPU=-1", "invalid resource spec 'GPU=-1': amount must be >= 0"),
+    ("GPU=nan", "invalid resource spec 'GPU=nan': amount must be finite"),
+    ("GPU=1 GPU=2", "invalid resource spec 'GPU=2': GPU is given twice"),
+    ("GPU=inf", "invalid resource spec 'GPU=inf': amount must be finite"),
+    ("GPU", "invalid resource spec 'GPU': expected NAME=NUMBER"),
+    ("=1", "invalid resource spec '=1': expected NAME=NUMBER"),
+    ("GPU=", "invalid resource spec 'GPU=': expected NAME=NUMBER"),
+    ("1gpu=1", "invalid resource spec '1gpu=1': invalid resource name '1gpu'"),
+    ("GPU=1e16", "invalid resource spec 'GPU=1e16'"),
+    ("foo=1, bar=x", "invalid resource spec 'bar=x': 'x' is not a number"),
+]
+
+
+@pytest.mark.parametrize("spec, expected", BAD_SPECS, ids=[s for s, _ in BAD_SPECS])
+def test_agent_rejects_malformed_resources_flag(spec, expected, tmp_path):
+    result = zres_cli("agent", NOWHERE, "--resources", spec, cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert line.startswith("zres agent: ")
+    assert expected in line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("spec, expected", BAD_SPECS, ids=[s for s, _ in BAD_SPECS])
+def test_agent_rejects_malformed_resources_from_environment(spec, expected, tmp_path):
+    result = zres_cli("agent", NOWHERE, env=clean_env(ZRES_AGENT__RESOURCES=spec), cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert expected in line
+    assert "environment" in line, "the message should say where the bad spec came from"
+
+
+@pytest.mark.parametrize("value", ["two", "-1", "nan", "inf"])
+def test_agent_rejects_malformed_per_name_environment_variable(value, tmp_path):
+    result = zres_cli("agent", NOWHERE, env=clean_env(ZRES_AGENT__RESOURCES__GPU=value),
+                      cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert "'GPU'" in line and value in line
+
+
+def test_agent_rejects_malformed_spec_in_config_file(tmp_path):
+    (tmp_path / "zres.toml").write_text('[agent]\nresources = "GPU=two"\n')
+    result = zres_cli("agent", NOWHERE, cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert "zres.toml" in line and "'GPU=two'" in line
+
+
+def test_agent_rejects_fractional_gpu_count_quoting_the_spec(tmp_path):
+    # An agent offers whole GPU devices; "GPU=1.5" is a malformed spec for an agent, and the
+    # design promises that the offending text is quoted, on one line.
+    result = zres_cli("agent", NOWHERE, "--resources", "GPU=1.5", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert "GPU=1.5" in line, line
+
+
+def test_agent_logs_nothing_on_stdout_below_its_log_level(make_cluster, spawn, tmp_path):
+    # Logs go to stderr, filtered by --log-level; stdout stays clean for the user's tools.
+    cluster = make_cluster(agents=[])
+    proc = spawn([sys.executable, "-m", "zres", "agent", cluster.address, "--name", "quiet",
+                  "--resources", "foo=1", "--log-level", "warning", "--log-format", "json"],
+                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cluster.wait_for_agents(["quiet"], 30)
+    proc.terminate()
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert out == "", f"the agent wrote to stdout: {out!r}"
+    assert "debug" not in err
+
+
+def test_agent_without_any_broker_address_fails_with_one_line(tmp_path):
+    result = zres_cli("agent", "--resources", "GPU=1", "--no-detect", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert line.startswith("zres agent: ")
+    assert "no broker address" in line and "ZRES_BROKER" in line
+
+
+def test_agent_with_bad_numeric_flag_is_a_usage_error(tmp_path):
+    result = zres_cli("agent", NOWHERE, "--nworkers", "many", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--nworkers" in result.stderr
+
+
+def test_agent_with_zero_workers_is_rejected(tmp_path):
+    result = zres_cli("agent", NOWHERE, "--nworkers", "0", "--no-detect", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert "nworkers" in line
+
+
+# -- broker -----------------------------------------------------------------------------------
+
+def test_broker_prints_its_address_on_stdout(spawn, tmp_path):
+    proc = spawn([sys.executable, "-m", "zres", "broker", "--listen", "tcp://127.0.0.1:0"],
+                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    line = proc.stdout.readline().strip()
+    match = re.fullmatch(r"zres broker serving tcp://127\.0\.0\.1:(\d+)", line)
+    assert match, line
+    assert int(match.group(1)) > 0
+    # The address printed is one a client can use.
+    status = zres.local.request(line.rsplit(" ", 1)[1], "status", {}, timeout=10)
+    assert status["agents"] == []
+
+
+def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
+    port = free_port()
+    first = spawn([sys.executable, "-m", "zres", "broker", "--listen",
+                   f"tcp://127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                  stderr=subprocess.DEVNULL, cwd=tmp_path)
+    assert first.stdout.readline().startswith("zres broker serving")
+    result = zres_cli("broker", "--listen", f"tcp://127.0.0.1:{port}", cwd=tmp_path,
+                      timeout=30)
+    assert result.returncode != 0
+    line = assert_one_line_error(result)
+    assert line.startswith("zres broker: ")
+
+
+# -- status -----------------------------------------------------------------------------------
+
+def hold(release: str, marker: str) -> str:
+    """Announce the start by creating MARKER, then block until RELEASE exists."""
+    Path(marker).touch()
+    deadline = time.time() + 60
+    while not os.path.exists(release) and time.time() < deadline:
+        time.sleep(0.01)
+    return "released"
+
+
+def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, make_client,
+                                                                  tmp_path):
+    cluster = make_cluster(agents=[{"GPU": 2}, {"foo": 3}], nthreads=2,
+                           names=["gpu-node", "foo-node"])
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), str(tmp_path / "started")
+    try:
+        running = client.submit(hold, release, marker, resources={"GPU": 1}, name="holder")
+        wait_until(lambda: os.path.exists(marker), message="the GPU task to start")
+        with pytest.warns(zres.InfeasibleWarning):
+            huge = client.submit(hold, release, marker, resources={"GPU": 4}, name="huge")
+            wait_until(lambda: huge.infeasible, message="the infeasible warning")
+        exotic = client.submit(hold, release, marker, resources={"bar": 1}, name="exotic")
+        wait_until(lambda: exotic.infeasible, message="the second infeasible warning")
+
+        result = zres_cli("status", cluster.address, "--timeout", "10", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert cluster.address in out
+        lines = out.splitlines()
+        gpu_line = next(line for line in lines if line.strip().startswith("gpu-node"))
+        assert "running=1" in gpu_line
+        assert "CPU=1/2" in gpu_line and "GPU=1/2" in gpu_line
+        assert "gpus=0,1" in gpu_line
+        foo_line = next(line for line in lines if line.strip().startswith("foo-node"))
+        assert "running=0" in foo_line
+        assert "CPU=2/2" in foo_line and "foo=3/3" in foo_line
+        assert "queued=2" in out and "running=1" in out
+        waiting = out[out.index("waiting:"):]
+        assert "huge" in waiting and "needs GPU=4, largest agent has GPU=2" in waiting
+        assert "exotic" in waiting and "no agent offers bar" in waiting
+        assert "holder" not in waiting
+    finally:
+        Path(release).touch()
+    assert running.result(30) == "released"
+
+
+def test_status_of_an_empty_broker_says_no_agents(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[])
+    result = zres_cli("status", cluster.address, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "(none)" in result.stdout
+    assert "tasks: none" in result.stdout
+
+
+def test_status_uses_zres_broker_from_the_environment(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}], names=["env-node"])
+    result = zres_cli("status", env=clean_env(ZRES_BROKER=cluster.address), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "env-node" in result.stdout
+
+
+def test_status_without_a_broker_fails_with_one_line(tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = zres_cli("status", address, "--timeout", "0.5", cwd=tmp_path, timeout=30)
+    assert time.monotonic() - started < 20
+    assert result.returncode != 0
+    line = assert_one_line_error(result)
+    assert line.startswith("zres status: ")
+    assert address in line
+    assert result.stdout == ""
+
+
+# -- demo, help ------------------------------------------------------------------------------
+
+def test_demo_runs_and_reports_where_tasks_ran(tmp_path):
+    result = zres_cli("demo", "--inputs", "6", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    rows = re.findall(r"input +(\d+): load on (\S+) +process on (\S+) GPU (\d+)", out)
+    assert sorted(int(r[0]) for r in rows) == list(range(6)), out
+    for _, load_on, process_on, gpu in rows:
+        assert load_on in {"gpu-a", "gpu-b", "bigmem"}
+        assert process_on in {"gpu-a", "gpu-b"}, "GPU work must run on a GPU agent"
+        assert gpu in {"0", "1"}
+    total = sum(v * v for n in range(6) for v in range(n, n + 10))
+    assert f"aggregate on bigmem: 6 inputs, total {total}" in out
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_the_commands(tmp_path):
+    result = zres_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for command in ("broker", "agent", "status", "resources", "demo"):
+        assert command in result.stdout
+    for command in ("broker", "agent", "status"):
+        sub = zres_cli(command, "--help", cwd=tmp_path)
+        assert sub.returncode == 0 and "usage: zres " + command in sub.stdout
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    result = zres_cli(cwd=tmp_path)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_command_is_a_usage_error(tmp_path):
+    result = zres_cli("frobnicate", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "frobnicate" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- resources --------------------------------------------------------------------------------
+
+def test_resources_command_changes_capacity_and_rejects_bad_input(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}], names=["res-node"])
+    ok = zres_cli("resources", "res-node", "foo=3", "--broker", cluster.address, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "foo=3" in ok.stdout
+    status = cluster.status()
+    assert status["agents"][0]["slots"][0]["total"]["foo"] == 30_000
+
+    bad = zres_cli("resources", "res-node", "foo=three", "--broker", cluster.address,
+                   cwd=tmp_path)
+    assert bad.returncode == 2
+    assert "'foo=three'" in assert_one_line_error(bad)
+
+    unknown = zres_cli("resources", "no-such-node", "foo=1", "--broker", cluster.address,
+                       cwd=tmp_path)
+    assert unknown.returncode != 0
+    line = assert_one_line_error(unknown)
+    assert "no-such-node" in line and "res-node" in line
+
+
+# -- signals ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_agent_stops_cleanly_on_signal(sig, make_cluster, spawn, tmp_path):
+    cluster = make_cluster(agents=[])
+    env = clean_env(ZRES_AGENT__HEARTBEAT_INTERVAL="0.2", ZRES_AGENT__HEARTBEAT_TIMEOUT="2.0")
+    proc = spawn([sys.executable, "-m", "zres", "agent", cluster.address, "--name", "sig-node",
+                  "--resources", "foo=1", "--no-detect"], env=env, cwd=tmp_path,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster.wait_for_agents(["sig-node"], 30)
+    proc.send_signal(sig)
+    assert proc.wait(10) == 0

@@ -1,0 +1,262 @@
+"""Settings precedence: flag > environment > file > default (zres.config.load)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from zres.config import DEFAULT_ADDRESS, ConfigError, load
+from zres.resources import UNIT
+
+
+@pytest.fixture(autouse=True)
+def _empty_cwd(tmp_path, monkeypatch):
+    """Run each test in an empty directory, so no stray ./zres.toml is picked up."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# -- defaults and precedence -------------------------------------------------------------
+
+
+def test_defaults_with_nothing_set():
+    broker = load("broker", environ={})
+    assert broker["listen"] == DEFAULT_ADDRESS
+    assert broker["heartbeat_interval"] == 0.5
+    agent = load("agent", environ={})
+    assert agent["resources"] == {}
+    assert agent["nworkers"] == 1
+    assert agent["broker"] is None
+    assert load("client", environ={})["broker"] is None
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path):
+    conf = write(tmp_path / "z.toml", "[agent]\nnthreads = 2\nnworkers = 3\nname = 'file'\n")
+    env = {"ZRES_AGENT__NTHREADS": "4", "ZRES_AGENT__NWORKERS": "5"}
+    got = load("agent", {"nthreads": 8}, path=conf, environ=env)
+    assert got["nthreads"] == 8           # flag beats environment and file
+    assert got["nworkers"] == 5           # environment beats file
+    assert got["name"] == "file"          # file beats default
+    assert got["heartbeat_timeout"] == 3.0  # default
+    assert load("agent", path=conf, environ={})["nthreads"] == 2
+    assert load("agent", path=conf, environ=env)["nthreads"] == 4
+
+
+def test_flags_given_as_none_do_not_override(tmp_path):
+    conf = write(tmp_path / "z.toml", "[broker]\nlisten = 'tcp://10.0.0.1:9000'\n")
+    got = load("broker", {"listen": None}, path=conf, environ={})
+    assert got["listen"] == "tcp://10.0.0.1:9000"
+
+
+def test_env_values_are_converted_to_their_types():
+    got = load("broker", environ={"ZRES_BROKER__HEARTBEAT_INTERVAL": "0.25",
+                                  "ZRES_BROKER__STARVATION_AFTER": "10"})
+    assert got["heartbeat_interval"] == 0.25
+    assert got["starvation_after"] == 10.0 and isinstance(got["starvation_after"], float)
+    got = load("agent", environ={"ZRES_AGENT__NTHREADS": "4"})
+    assert got["nthreads"] == 4 and isinstance(got["nthreads"], int)
+
+
+def test_env_for_other_sections_is_ignored():
+    got = load("agent", environ={"ZRES_BROKER__LISTEN": "tcp://1.2.3.4:1",
+                                 "ZRES_CLIENT__BROKER_TIMEOUT": "3"})
+    assert "listen" not in got
+    assert got["nworkers"] == 1
+
+
+def test_zres_broker_is_the_broker_address_for_agents_and_clients():
+    env = {"ZRES_BROKER": "tcp://head:7070"}
+    assert load("agent", environ=env)["broker"] == "tcp://head:7070"
+    assert load("client", environ=env)["broker"] == "tcp://head:7070"
+    assert load("agent", {"broker": "tcp://other:1"}, environ=env)["broker"] == "tcp://other:1"
+
+
+# -- the config file ---------------------------------------------------------------------
+
+
+def test_file_via_path(tmp_path):
+    conf = write(tmp_path / "z.toml", "[broker]\nlisten = 'tcp://127.0.0.1:9999'\n"
+                                      "heartbeat_timeout = 7\n")
+    got = load("broker", path=conf, environ={})
+    assert got["listen"] == "tcp://127.0.0.1:9999"
+    assert got["heartbeat_timeout"] == 7.0
+
+
+def test_file_via_zres_config_env(tmp_path):
+    conf = write(tmp_path / "z.toml", "[agent]\nresources = 'GPU=2 foo=1'\n")
+    got = load("agent", environ={"ZRES_CONFIG": conf})
+    assert got["resources"] == {"GPU": 2 * UNIT, "foo": UNIT}
+
+
+def test_path_beats_zres_config(tmp_path):
+    one = write(tmp_path / "one.toml", "[agent]\nname = 'one'\n")
+    two = write(tmp_path / "two.toml", "[agent]\nname = 'two'\n")
+    assert load("agent", path=one, environ={"ZRES_CONFIG": two})["name"] == "one"
+
+
+def test_zres_toml_in_the_working_directory_is_read(_empty_cwd):
+    (_empty_cwd / "zres.toml").write_text("[agent]\nname = 'here'\n")
+    assert load("agent", environ={})["name"] == "here"
+
+
+def test_file_resources_as_a_table_keep_case(tmp_path):
+    conf = write(tmp_path / "z.toml",
+                 "[agent.resources]\nGPU = 2\ngpu0 = 1\nMEMORY = '64GiB'\n")
+    got = load("agent", path=conf, environ={})
+    assert got["resources"] == {"GPU": 2 * UNIT, "gpu0": UNIT, "MEMORY": 64 * 2**30 * UNIT}
+
+
+def test_file_without_the_section_gives_defaults(tmp_path):
+    conf = write(tmp_path / "z.toml", "[broker]\nlisten = 'tcp://127.0.0.1:1'\n")
+    assert load("agent", path=conf, environ={})["nworkers"] == 1
+
+
+def test_missing_file_is_an_error_naming_it(tmp_path):
+    missing = str(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="nope.toml"):
+        load("agent", path=missing, environ={})
+    with pytest.raises(ConfigError, match="nope.toml"):
+        load("agent", environ={"ZRES_CONFIG": missing})
+
+
+def test_invalid_toml_is_an_error_naming_the_file(tmp_path):
+    conf = write(tmp_path / "broken.toml", "[agent\nname = \n")
+    with pytest.raises(ConfigError, match="broken.toml.*not valid TOML"):
+        load("agent", path=conf, environ={})
+
+
+# -- resources from the environment ------------------------------------------------------
+
+
+def test_env_whole_spec():
+    got = load("agent", environ={"ZRES_AGENT__RESOURCES": "GPU=2 MEMORY=100e9"})
+    assert got["resources"] == {"GPU": 2 * UNIT, "MEMORY": 100 * 10**9 * UNIT}
+
+
+def test_env_per_name_keeps_case():
+    got = load("agent", environ={"ZRES_AGENT__RESOURCES__gpu0": "1",
+                                 "ZRES_AGENT__RESOURCES__Licence": "2"})
+    assert got["resources"] == {"gpu0": UNIT, "Licence": 2 * UNIT}
+
+
+def test_env_per_name_overrides_the_whole_spec():
+    env = {"ZRES_AGENT__RESOURCES": "GPU=2 MEMORY=100e9",
+           "ZRES_AGENT__RESOURCES__GPU": "1",
+           "ZRES_AGENT__RESOURCES__gpu0": "1"}
+    got = load("agent", environ=env)
+    assert got["resources"] == {"GPU": UNIT, "MEMORY": 100 * 10**9 * UNIT, "gpu0": UNIT}
+
+
+def test_env_per_name_does_not_clash_with_a_lower_case_name_of_the_same_letters():
+    env = {"ZRES_AGENT__RESOURCES__GPU": "2", "ZRES_AGENT__RESOURCES__gpu": "1"}
+    assert load("agent", environ=env)["resources"] == {"GPU": 2 * UNIT, "gpu": UNIT}
+
+
+def test_resources_merge_by_name_across_layers(tmp_path):
+    conf = write(tmp_path / "z.toml", "[agent]\nresources = 'GPU=4 foo=1 bar=1'\n")
+    env = {"ZRES_AGENT__RESOURCES": "GPU=2 foo=3"}
+    got = load("agent", {"resources": "GPU=1"}, path=conf, environ=env)
+    assert got["resources"] == {"GPU": UNIT, "foo": 3 * UNIT, "bar": UNIT}
+
+
+def test_flag_resources_override_env_per_name():
+    env = {"ZRES_AGENT__RESOURCES__GPU": "2"}
+    got = load("agent", {"resources": "GPU=1 x=1"}, environ=env)
+    assert got["resources"] == {"GPU": UNIT, "x": UNIT}
+
+
+# -- bad values --------------------------------------------------------------------------
+
+
+def test_bad_env_number_names_the_setting_and_the_environment():
+    with pytest.raises(ConfigError) as info:
+        load("agent", environ={"ZRES_AGENT__NTHREADS": "four"})
+    message = str(info.value)
+    assert "environment" in message and "nthreads" in message and "four" in message
+
+
+def test_bad_flag_names_the_command_line():
+    with pytest.raises(ConfigError, match="command line.*nworkers"):
+        load("agent", {"nworkers": 0}, environ={})
+
+
+def test_bad_file_value_names_the_file(tmp_path):
+    conf = write(tmp_path / "my.toml", "[broker]\nheartbeat_interval = -1\n")
+    with pytest.raises(ConfigError, match="my.toml.*heartbeat_interval"):
+        load("broker", path=conf, environ={})
+
+
+def test_bad_env_resource_spec_names_the_environment_and_the_part():
+    with pytest.raises(ConfigError) as info:
+        load("agent", environ={"ZRES_AGENT__RESOURCES": "GPU=2 foo"})
+    message = str(info.value)
+    assert message.startswith("environment: ")
+    assert "invalid resource spec 'foo'" in message
+    assert "\n" not in message
+
+
+def test_bad_env_per_name_resource_names_the_environment():
+    with pytest.raises(ConfigError, match="environment.*GPU.*'x'"):
+        load("agent", environ={"ZRES_AGENT__RESOURCES__GPU": "x"})
+    with pytest.raises(ConfigError, match="environment.*1x"):
+        load("agent", environ={"ZRES_AGENT__RESOURCES__1x": "1"})
+
+
+def test_bad_flag_resource_spec_names_the_command_line():
+    with pytest.raises(ConfigError, match="command line: invalid resource spec 'GPU=-1'"):
+        load("agent", {"resources": "GPU=-1"}, environ={})
+
+
+def test_bad_file_resources_name_the_file(tmp_path):
+    conf = write(tmp_path / "r.toml", "[agent.resources]\nGPU = 'lots'\n")
+    with pytest.raises(ConfigError, match="r.toml.*GPU"):
+        load("agent", path=conf, environ={})
+    conf = write(tmp_path / "s.toml", "[agent]\nresources = 3\n")
+    with pytest.raises(ConfigError, match="s.toml.*resources"):
+        load("agent", path=conf, environ={})
+
+
+def test_unknown_setting_is_an_error_naming_where_it_came_from(tmp_path):
+    with pytest.raises(ConfigError, match="environment.*agent.bogus"):
+        load("agent", environ={"ZRES_AGENT__BOGUS": "1"})
+    conf = write(tmp_path / "u.toml", "[broker]\nlisen = 'tcp://x:1'\n")
+    with pytest.raises(ConfigError, match="u.toml.*broker.lisen"):
+        load("broker", path=conf, environ={})
+
+
+def test_config_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        load("agent", {"nthreads": "many"}, environ={})
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN"])
+def test_nan_durations_are_refused(value):
+    """NaN is not positive; a NaN heartbeat interval must not be accepted."""
+    with pytest.raises(ConfigError, match="heartbeat_interval"):
+        load("broker", environ={"ZRES_BROKER__HEARTBEAT_INTERVAL": value})
+
+
+def test_infinite_starvation_after_is_allowed():
+    got = load("broker", environ={"ZRES_BROKER__STARVATION_AFTER": "inf"})
+    assert math.isinf(got["starvation_after"])
+
+
+def test_fractional_counts_in_the_file_are_refused_not_truncated(tmp_path):
+    conf = write(tmp_path / "f.toml", "[agent]\nnthreads = 2.5\n")
+    with pytest.raises(ConfigError, match="f.toml.*nthreads"):
+        load("agent", path=conf, environ={})
+
+
+def test_boolean_counts_in_the_file_are_refused(tmp_path):
+    conf = write(tmp_path / "b.toml", "[agent]\nnworkers = true\n")
+    with pytest.raises(ConfigError, match="b.toml.*nworkers"):
+        load("agent", path=conf, environ={})
