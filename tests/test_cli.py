@@ -32,8 +32,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 def zres_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``python -m zres ARGS`` to completion and capture its output."""
-    return subprocess.run([sys.executable, "-m", "zres", *args], capture_output=True,
-                          text=True, env=clean_env() if env is None else env, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "zres", *args], check=False,
+                          capture_output=True, text=True, env=clean_env() if env is None else env, cwd=cwd,
                           stdin=subprocess.DEVNULL, timeout=timeout)
 
 
@@ -211,6 +211,7 @@ def hold(release: str, marker: str) -> str:
     return "released"
 
 
+@pytest.mark.filterwarnings("ignore::zres.InfeasibleWarning")
 def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, make_client,
                                                                   tmp_path):
     cluster = make_cluster(agents=[{"GPU": 2}, {"foo": 3}], nthreads=2,
@@ -220,11 +221,10 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
     try:
         running = client.submit(hold, release, marker, resources={"GPU": 1}, name="holder")
         wait_until(lambda: os.path.exists(marker), message="the GPU task to start")
-        with pytest.warns(zres.InfeasibleWarning):
-            huge = client.submit(hold, release, marker, resources={"GPU": 4}, name="huge")
-            wait_until(lambda: huge.infeasible, message="the infeasible warning")
+        huge = client.submit(hold, release, marker, resources={"GPU": 4}, name="huge")
         exotic = client.submit(hold, release, marker, resources={"bar": 1}, name="exotic")
-        wait_until(lambda: exotic.infeasible, message="the second infeasible warning")
+        wait_until(lambda: huge.infeasible and exotic.infeasible,
+                   message="the infeasible warnings")
 
         result = zres_cli("status", cluster.address, "--timeout", "10", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
@@ -273,6 +273,28 @@ def test_status_without_a_broker_fails_with_one_line(tmp_path):
     assert line.startswith("zres status: ")
     assert address in line
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "not-an-address", "--timeout", "0.5"],
+    ["agent", "not-an-address", "--resources", "foo=1", "--no-detect"],
+    ["broker", "--listen", "not-an-address"],
+], ids=["status", "agent", "broker"])
+def test_malformed_address_fails_with_one_line(args, tmp_path):
+    result = zres_cli(*args, cwd=tmp_path, timeout=30)
+    assert result.returncode != 0
+    line = assert_one_line_error(result)
+    assert line.startswith(f"zres {args[0]}: ") and "not-an-address" in line
+
+
+def test_status_with_a_negative_timeout_does_not_wait_forever(tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    try:
+        result = zres_cli("status", address, "--timeout", "-1", cwd=tmp_path, timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail("zres status --timeout -1 was still waiting after 10s")
+    assert result.returncode != 0
+    assert_one_line_error(result)
 
 
 # -- demo, help ------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ import pytest
 import zmq
 
 import zres
+from tests.conftest import wait_until
 from zres import protocol as P
 from zres.local import request
-from tests.conftest import wait_until
 
 HB = {"ZRES_BROKER__HEARTBEAT_INTERVAL": "0.2", "ZRES_BROKER__HEARTBEAT_TIMEOUT": "2.0",
       "ZRES_AGENT__HEARTBEAT_INTERVAL": "0.2", "ZRES_AGENT__HEARTBEAT_TIMEOUT": "2.0"}
@@ -114,7 +114,11 @@ def spawn() -> Iterator[Any]:
     yield start
     for proc in reversed(procs):
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()  # an agent stops its worker processes on SIGTERM
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         proc.wait(10)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
@@ -167,7 +171,9 @@ def kill(proc: subprocess.Popen[Any]) -> None:
 
 # -- 1. agents lost mid-task ---------------------------------------------------------------------
 
-def test_agent_killed_mid_task_is_retried_on_another_agent(make_cluster, make_client, workdir):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_agent_killed_mid_task_is_retried_on_another_agent(sig, make_cluster, make_client,
+                                                           workdir):
     cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"])
     client = make_client(cluster.address)
     future = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1},
@@ -176,7 +182,8 @@ def test_agent_killed_mid_task_is_retried_on_another_agent(make_cluster, make_cl
     first = wait_until(lambda: started.exists() and started.read_text(),
                        message="the first attempt to start")
     killed_at = time.monotonic()
-    kill(cluster.agents[first])
+    cluster.agents[first].send_signal(sig)
+    cluster.agents[first].wait(10)
     other = ({"node-a", "node-b"} - {first}).pop()
     assert future.result(30) == other
     assert future.agent == other
@@ -235,6 +242,23 @@ def test_queued_task_is_not_charged_when_its_agent_dies(make_cluster, make_clien
     assert queued.result(30) == "node-b"
 
 
+def test_a_granted_task_never_waits_for_a_worker_thread(make_cluster, make_client, workdir):
+    # Tasks asking CPU=0 are granted beyond the slot's thread count. Each starts at once in
+    # a thread of its own, so "assigned" means "running": an agent loss charges only tasks
+    # that were really running, and nothing queues on the agent behind a busy thread.
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=1, names=["node-a"])
+    client = make_client(cluster.address)
+    running = client.submit(first_attempt_blocks, str(workdir),
+                            resources={"slot": 1, "CPU": 0}, retries=0)
+    wait_until(lambda: (workdir / "started").exists(), message="the first task to start")
+    beside = client.submit(where, resources={"slot": 1, "CPU": 0}, retries=0)
+    assert beside.result(30) == "node-a"
+    assert not running.done()
+    kill(cluster.agents["node-a"])
+    with pytest.raises(zres.AgentLostError):
+        running.result(30)
+
+
 def test_each_lost_running_attempt_spends_one_retry(make_cluster, make_client, workdir):
     # Two agents die one after the other under the same task; with retries=1 the second
     # loss exhausts the budget.
@@ -255,6 +279,58 @@ def test_each_lost_running_attempt_spends_one_retry(make_cluster, make_client, w
     kill(cluster.agents[other])
     with pytest.raises(zres.AgentLostError, match=other):
         future.result(30)
+
+
+def test_paused_agent_is_declared_lost_and_rejoins_when_resumed(make_cluster, make_client,
+                                                                workdir):
+    # SIGSTOP stands in for a network partition: the agent goes silent, its task is retried
+    # elsewhere; once resumed it finds the broker has forgotten it and registers again.
+    cluster = make_cluster(agents=[{"slot": 1, "a": 1}, {"slot": 1, "b": 1}],
+                           names=["node-a", "node-b"])
+    client = make_client(cluster.address)
+    future = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1},
+                           retries=1)
+    started = workdir / "started"
+    first = wait_until(lambda: started.exists() and started.read_text(),
+                       message="the first attempt to start")
+    other = ({"node-a", "node-b"} - {first}).pop()
+    paused = cluster.agents[first]
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        assert future.result(30) == other
+        assert first not in agent_names(cluster.address)
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    wait_until(lambda: first in agent_names(cluster.address), timeout=20,
+               message=f"{first} to register again")
+    mine = {"node-a": "a", "node-b": "b"}[first]
+    assert client.submit(where, resources={mine: 1}).result(30) == first
+    assert client.submit(where, resources={"slot": 1, mine: 1}).result(30) == first
+
+
+def test_two_live_agents_with_the_same_name_do_not_evict_each_other_forever(
+        make_cluster, make_client):
+    # A second agent started by mistake under a name in use must not make the two take
+    # turns evicting each other (each eviction fails the tasks running there).
+    cluster = make_cluster(agents=[{"slot": 1}], names=["twin"])
+    client = make_client(cluster.address)
+    original = cluster.agents["twin"]
+    duplicate = cluster.add_agent({"slot": 1}, name="twin", wait=False)
+    cluster.agents["twin-original"] = original  # so that the cluster stops both
+    wait_until(lambda: any(a["pid"] == duplicate.pid for a in cluster.status()["agents"])
+               or duplicate.poll() is not None, message="the duplicate to register or exit")
+    futures = [client.submit(time.sleep, 0.3, resources={"slot": 1}, retries=0)
+               for _ in range(5)]
+    errors = [f.exception(60) for f in futures]
+    assert errors == [None] * 5, f"tasks failed: {errors}"
+
+
+def test_client_without_a_broker_gives_up_with_a_clear_error():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(zres.ZresError, match="no zres broker answered"):
+        zres.Client(address, connect_timeout=0.5)
+    assert time.monotonic() - started < 10
 
 
 # -- 2. restarted agents -----------------------------------------------------------------------
@@ -308,6 +384,38 @@ def test_worker_exiting_mid_task_raises_worker_lost(make_cluster, make_client, t
     assert [f.result(30) for f in client.map(square, range(8))] == [x * x for x in range(8)]
     assert client.submit(where, resources={"slot": 1}).result(30) == "node-w"
     assert Path(log).read_text().count("\n") == 1
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def test_worker_that_died_while_idle_does_not_fail_the_next_task(make_cluster, make_client):
+    # A worker process killed between tasks (say by the OOM killer) has run nothing since:
+    # the next task must start in a fresh worker, not fail with WorkerLostError. The agent
+    # is paused while that happens, so the task reaches it before it has seen the death.
+    cluster = make_cluster(agents=[{"slot": 1}], names=["node-w"], heartbeat_timeout=10.0)
+    client = make_client(cluster.address)
+    worker = client.submit(pid).result(30)
+    agent = cluster.agents["node-w"]
+    agent.send_signal(signal.SIGSTOP)
+    try:
+        os.kill(worker, signal.SIGKILL)
+        wait_until(lambda: _is_dead(worker), message="the worker to die")
+        future = client.submit(pid, retries=0)
+        wait_until(lambda: cluster.status()["counts"].get("running") == 1,
+                   message="the broker to hand the task to the paused agent")
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    assert future.result(30) != worker
+
+
+def _is_dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
 
 
 def test_worker_lost_task_is_retried_when_retries_allow(make_cluster, make_client, tmp_path):
@@ -386,14 +494,14 @@ def test_broker_gone_for_good_fails_pending_tasks(spawn, make_client, workdir):
 
 # -- 5. garbage on the broker's port -------------------------------------------------------------
 
-def raw_socket(address: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+def raw_socket(address: str) -> zmq.Socket[bytes]:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     return sock
 
 
-def receive(sock: zmq.Socket, kind: str, timeout: float = 20.0) -> P.Message:
+def receive(sock: zmq.Socket[bytes], kind: str, timeout: float = 20.0) -> P.Message:
     """Receive until a message of KIND arrives (others are skipped)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -504,6 +612,26 @@ def test_garbage_frames_are_dropped_and_the_broker_keeps_serving(make_cluster, m
     assert cluster.broker.poll() is None
 
 
+def test_submit_rejected_midway_leaves_no_task_behind(make_cluster):
+    # A submit whose dependency list holds something that is not an id is rejected (the
+    # broker logs it); it must not leave a task that status reports as waiting forever.
+    cluster = make_cluster(agents=[{"foo": 1}], names=["steady"])
+    raw = raw_socket(cluster.address)
+    try:
+        raw.send_multipart(P.encode(P.HELLO, {"client": "raw"}))
+        receive(raw, P.WELCOME)
+        raw.send_multipart([header(1, P.SUBMIT, {"tasks": [task_item(1, deps=[[1]])]}),
+                            b"payload"])
+        raw.send_multipart([header(1, P.SUBMIT, {"tasks": [task_item(2, deps=[{}])]}),
+                            b"payload"])
+        raw.send_multipart(P.encode(P.STATUS))
+        status = receive(raw, P.STATUS_REPLY).body
+    finally:
+        raw.close(0)
+    assert cluster.broker.poll() is None
+    assert status["counts"] == {}, f"rejected submits left tasks behind: {status['counts']}"
+
+
 def test_junk_payload_fails_only_its_own_task(make_cluster, make_client):
     cluster = make_cluster(agents=[{"foo": 1}], names=["steady"])
     raw = raw_socket(cluster.address)
@@ -536,7 +664,7 @@ def test_inconsistent_gpu_registration_does_not_take_the_broker_down(make_cluste
                        "gpu_memory": [5]}]}))
         raw.poll(5000)
         client = make_client(cluster.address)
-        futures = client.map(where, range(4), resources={"GPU": 1}, retries=3)
+        futures = [client.submit(where, resources={"GPU": 1}, retries=3) for _ in range(4)]
         wait_until(lambda: cluster.broker.poll() is not None or all(f.done() for f in futures),
                    timeout=40, message="the GPU tasks to finish")
     finally:

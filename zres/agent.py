@@ -25,7 +25,8 @@ import zmq
 from . import gpu as gpu_mod
 from . import protocol as P
 from .errors import ProtocolError, ResourceSpecError
-from .resources import CPU, GPU, MEMORY, UNIT, Units, format_units, units_to_float
+from .resources import (CPU, GPU, MEMORY, UNIT, Units, format_amount, format_units,
+                        units_to_float)
 from .scheduler import GPU_MEMORY
 
 log = structlog.get_logger("zres.agent")
@@ -65,7 +66,8 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
     devices = gpu_mod.discover() if detect else []
     memory = _total_memory() // nworkers if detect else 0
     if declared.get(GPU, 0) % UNIT:
-        raise ResourceSpecError("invalid resource spec: GPU must be a whole number of devices")
+        raise ResourceSpecError(f"invalid resource spec 'GPU={format_amount(GPU, declared[GPU])}'"
+                                ": an agent's GPU must be a whole number of devices")
     slots = []
     for index in range(nworkers):
         units: Units = {CPU: threads * UNIT}
@@ -128,6 +130,7 @@ class Agent:
         self._last_register = 0.0
         self._last_reap = 0.0
         self._stopping = False
+        self.exit_code = 0
         self._done: tuple[list[Any], list[Any]] = ([], [])
         self.poller.register(self.workers_sock, zmq.POLLIN)
 
@@ -228,7 +231,12 @@ class Agent:
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.UNKNOWN:
-            if self.registered:
+            if msg.body.get("replaced"):
+                log.error("agent_replaced", agent=self.name,
+                          why="another agent registered with the same name; stopping")
+                self.exit_code = 1
+                self.stop()
+            elif self.registered:
                 log.warning("broker_forgot_us")
                 self.registered = False
                 self._last_register = 0.0
@@ -303,8 +311,10 @@ class Agent:
     # -- worker side --------------------------------------------------------------------
     def _worker(self, slot: int, devices: tuple[str, ...]) -> Worker:
         worker = self.workers.get((slot, devices))
-        if worker is not None:
+        if worker is not None and worker.proc.poll() is None:
             return worker
+        if worker is not None:  # died while idle (or about to be reaped): start afresh
+            self._reap()
         ident = uuid.uuid4().hex.encode()
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
@@ -357,7 +367,7 @@ class Agent:
             code = worker.proc.poll()
             if code is None:
                 continue
-            cause = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+            cause = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
                      else f"exited with code {code}")
             log.warning("worker_died", pid=worker.proc.pid, cause=cause,
                         tasks=len(worker.running))

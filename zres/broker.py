@@ -13,6 +13,7 @@ import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -20,7 +21,7 @@ import zmq
 
 from . import protocol as P
 from .errors import ProtocolError
-from .resources import format_units
+from .resources import GPU, UNIT, format_units
 from .scheduler import Scheduler
 from .tasks import FINISHED, Task, TaskState, set_state
 
@@ -86,10 +87,12 @@ class Broker:
         }
 
     # -- loop -----------------------------------------------------------------------
-    def run(self) -> None:
-        """Serve until stop() or SIGINT/SIGTERM."""
+    def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until stop() or SIGINT/SIGTERM; call READY once signals are handled."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self.stop())
+        if ready is not None:
+            ready()
         log.info("broker_started", address=self.address, epoch=self.epoch, pid=os.getpid())
         while not self._stopping:
             self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
@@ -111,7 +114,10 @@ class Broker:
         now = time.monotonic()
         if self._dirty:
             self._dirty = False
-            self._assign(self.sched.schedule(now))
+            try:
+                self._assign(self.sched.schedule(now))
+            except Exception:  # a bug must not take the broker down for everyone
+                log.exception("scheduling_failed")
         self._flush_results()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
@@ -169,7 +175,8 @@ class Broker:
     def _add_task(self, client: ClientRecord, item: list[Any], payload: list[Any]) -> None:
         local, units, priority, retries, deps, _, name, strict = item
         if not (isinstance(local, int) and isinstance(priority, int)
-                and isinstance(retries, int) and isinstance(deps, list) and payload):
+                and isinstance(retries, int) and isinstance(deps, list) and payload
+                and all(type(d) is int for d in deps)):
             raise ProtocolError("submit: malformed task")
         P.check_units(units, "submit")
         self._next_task += 1
@@ -273,9 +280,20 @@ class Broker:
         units = [P.check_units(s.get("units"), "register") for s in slots]
         gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
         memory = [_int_list(s.get("gpu_memory", []), "register") for s in slots]
+        for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):
+            devices = slot_units.get(GPU, 0)
+            if devices % UNIT or devices // UNIT != len(slot_gpus) or len(slot_gpus) > 4096 \
+                    or len(slot_memory) not in (0, len(slot_gpus)):
+                raise ProtocolError("register: GPU amount, device ids and device memory "
+                                    "do not agree")
         for record in list(self.agents.values()):
-            if record.ident == ident or record.name == name:
+            if record.ident == ident:
                 self._lose_agent(record, "agent re-registered")
+            elif record.name == name:
+                # The newcomer wins (a restarted agent); the old one, if alive, is told to
+                # stop rather than re-register and evict the newcomer in turn.
+                self._send(record.ident, P.UNKNOWN, {"replaced": True})
+                self._lose_agent(record, "replaced by a new agent of the same name")
         slot_ids = []
         for slot_units, slot_memory in zip(units, memory):
             self._next_slot += 1

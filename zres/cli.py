@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -20,9 +20,16 @@ class _Fail(Exception):
     """A one-line error for the user: printed as ``zres CMD: MESSAGE``, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zres", description="Resource-aware task scheduler.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="zres", description="Resource-aware task scheduler.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     broker = sub.add_parser("broker", help="run the broker (one per cluster)")
     broker.add_argument("--listen", help=f"address to bind (default {config.DEFAULT_ADDRESS})")
@@ -40,17 +47,27 @@ def _parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="show agents, resources and waiting tasks")
     status.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
-    status.add_argument("--timeout", type=float, default=10.0)
+    status.add_argument("--timeout", type=_seconds, default=10.0)
 
     res = sub.add_parser("resources", help="change an agent's capacity while it runs")
     res.add_argument("agent", help="agent name, as zres status shows it")
     res.add_argument("spec", help='new amounts, e.g. "GPU=1 foo=3" (0 removes a name)')
     res.add_argument("--broker", help="broker address (default $ZRES_BROKER)")
-    res.add_argument("--timeout", type=float, default=10.0)
+    res.add_argument("--timeout", type=_seconds, default=10.0)
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
     demo.add_argument("--inputs", type=int, default=20)
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -82,8 +99,7 @@ def _broker(args: argparse.Namespace) -> int:
     broker = Broker(settings["listen"], settings["heartbeat_interval"],
                     settings["heartbeat_timeout"], settings["client_timeout"],
                     settings["starvation_after"])
-    print(f"zres broker serving {broker.address}", flush=True)
-    broker.run()
+    broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
     return 0
 
 
@@ -94,12 +110,13 @@ def _agent(args: argparse.Namespace) -> int:
                                      "name": args.name}, path=args.config)
     if not settings["broker"]:
         raise _Fail("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
+    logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
-    logs.setup(args.log_format, args.log_level)
-    Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
-          settings["heartbeat_timeout"]).run()
-    return 0
+    agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
+                  settings["heartbeat_timeout"])
+    agent.run()
+    return agent.exit_code
 
 
 def _broker_address(given: str | None) -> str:

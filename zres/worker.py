@@ -25,6 +25,7 @@ from .context import TaskContext, set_task_context
 from .serialize import CallLoader, dumps, dumps_exception, loads
 
 _RESULTS = "inproc://zres-worker-results"
+_MAX_THREADS = 1024
 
 
 class WorkerProcess:
@@ -38,7 +39,12 @@ class WorkerProcess:
         self.agent.connect(address)
         self.results = self.ctx.socket(zmq.PULL)
         self.results.bind(_RESULTS)
-        self.pool = ThreadPoolExecutor(nthreads, thread_name_prefix="zres-task")
+        # Every task the agent sends starts at once: the broker has already checked its
+        # resources (CPU included), so a task never waits here for a thread, and "assigned"
+        # means "running" when a loss is charged to a retry budget. Threads are made on
+        # demand and reused; NTHREADS is what the slot offers as CPU.
+        self.pool = ThreadPoolExecutor(max(_MAX_THREADS, nthreads),
+                                       thread_name_prefix="zres-task")
         self.local = threading.local()
         self.agent_pid = agent_pid
         self.loader = CallLoader()
