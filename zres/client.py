@@ -171,6 +171,7 @@ class Client(cf.Executor):
     def _cancel(self, future: Future) -> None:
         self._io.pending.pop(future.id, None)
         self._io.outbox.append((P.CANCEL, future.id, ()))
+        weakref.finalize(future, self._release, future.id)
         self._io.wake()
 
     def _release(self, task_id: int) -> None:
@@ -313,31 +314,35 @@ class _IOThread:
         self.sock.send_multipart(P.encode(P.HELLO, {"client": self.client_name}))
 
     def _send_outbox(self) -> None:
+        """Send everything queued: submits in batches, then cancels and releases."""
         submits: list[Any] = []
         frames: list[Any] = []
         releases: list[int] = []
         cancels: list[int] = []
+
+        def flush_submits() -> None:
+            if submits:
+                self._send(P.SUBMIT, {"tasks": list(submits)}, list(frames))
+                submits.clear()
+                frames.clear()
+
         while self.outbox:
             kind, item, item_frames = self.outbox.popleft()
             if kind == P.SUBMIT:
                 submits.append(item)
                 frames.extend(item_frames)
                 if len(submits) >= 1000:
-                    self._send(P.SUBMIT, {"tasks": submits}, frames)
-                    submits, frames = [], []
+                    flush_submits()
             elif kind == P.RELEASE:
                 releases.append(item)
             elif kind == P.CANCEL:
-                if submits:  # keep the order: the broker must know the task first
-                    self._send(P.SUBMIT, {"tasks": submits}, frames)
-                    submits, frames = [], []
                 cancels.append(item)
-            else:
+            else:  # a request (status, why, resources): the broker must know earlier tasks
+                flush_submits()
                 body, reply = item
                 self.requests.setdefault(kind, deque()).append(reply)
                 self._send(kind, body)
-        if submits:
-            self._send(P.SUBMIT, {"tasks": submits}, frames)
+        flush_submits()
         if cancels:
             self._send(P.CANCEL, {"ids": cancels})
         if releases:
