@@ -37,7 +37,7 @@ def make_cluster() -> Iterator[Callable[..., zres.LocalCluster]]:
 
     def start(*args: Any, **kwargs: Any) -> zres.LocalCluster:
         kwargs.setdefault("heartbeat_interval", 0.2)
-        kwargs.setdefault("heartbeat_timeout", 2.0)
+        kwargs.setdefault("heartbeat_timeout", 3.0)
         cluster = zres.LocalCluster(*args, **kwargs)
         clusters.append(cluster)
         return cluster

@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import gc
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,8 @@ def test_futures_nested_in_arguments_are_replaced_by_results(make_cluster, make_
     cluster = make_cluster(agents=[{"CPU": 4}])
     client = make_client(cluster.address)
     one, two, three, four = (client.submit(inc, n) for n in range(4))
-    result = client.submit(echo, [one, (two, {"k": three})], key={"x": [four]}).result(30)
-    assert result == (([1, (2, {"k": 3})],), {"key": {"x": [4]}})
+    result = client.submit(echo, [one, (two, {"k": three})], extra={"x": [four]}).result(30)
+    assert result == (([1, (2, {"k": 3})],), {"extra": {"x": [4]}})
     chain = client.submit(inc, client.submit(inc, client.submit(inc, 1)))
     assert chain.result(30) == 4
 
@@ -308,7 +309,7 @@ def test_a_cancelled_task_is_freed_on_the_broker(make_cluster, make_client, tmp_
     blocker = client.submit(hold, release, str(tmp_path / "blocker"), resources={"foo": 1})
     wait_until(lambda: (tmp_path / "blocker").exists(), message="the blocker to start")
     queued = client.submit(hold, release, str(tmp_path / "queued"), resources={"foo": 1})
-    wait_until(lambda: "needs" in client.why(queued), message="the task to queue")
+    wait_until(lambda f=queued: "needs" in client.why(f), message="the task to queue")
     assert queued.cancel()
     Path(release).touch()
     assert blocker.result(30)
@@ -325,3 +326,30 @@ def test_a_cancelled_task_is_freed_on_the_broker(make_cluster, make_client, tmp_
         wait_until(forgotten, timeout=5, message="the broker to forget the cancelled task")
     except AssertionError:
         pytest.fail(f"the broker still holds {counts} after the cancelled future was dropped")
+
+
+# -- the client survives bad input and strict warning filters ------------------------------
+
+
+def test_warnings_turned_into_errors_do_not_break_the_client(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"CPU": 2}])
+    client = make_client(cluster.address)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", zres.InfeasibleWarning)
+        stuck = client.submit(inc, 1, resources={"nope": 1})
+        wait_until(lambda: "infeasible" in client.why(stuck, timeout=2), timeout=10,
+                   message="the broker to find the task infeasible")
+        assert client.submit(inc, 2).result(10) == 3, "the client stopped working"
+    assert not stuck.done()
+
+
+def test_a_bad_task_key_is_rejected_and_the_client_keeps_working(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"CPU": 2}])
+    client = make_client(cluster.address)
+    try:
+        future = client.submit(inc, 1, key=object())
+    except (TypeError, ValueError):
+        pass  # rejected where it was typed: fine
+    else:
+        assert future.result(5) == 2
+    assert client.submit(inc, 2).result(10) == 3, "the client stopped working"

@@ -219,10 +219,10 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
     client = make_client(cluster.address)
     release, marker = str(tmp_path / "release"), str(tmp_path / "started")
     try:
-        running = client.submit(hold, release, marker, resources={"GPU": 1}, name="holder")
+        running = client.submit(hold, release, marker, resources={"GPU": 1}, key="holder")
         wait_until(lambda: os.path.exists(marker), message="the GPU task to start")
-        huge = client.submit(hold, release, marker, resources={"GPU": 4}, name="huge")
-        exotic = client.submit(hold, release, marker, resources={"bar": 1}, name="exotic")
+        huge = client.submit(hold, release, marker, resources={"GPU": 4}, key="huge")
+        exotic = client.submit(hold, release, marker, resources={"bar": 1}, key="exotic")
         wait_until(lambda: huge.infeasible and exotic.infeasible,
                    message="the infeasible warnings")
 

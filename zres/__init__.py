@@ -12,10 +12,25 @@ from typing import Any
 
 from .client import Client, InfeasibleWarning, default_client
 from .context import TaskContext, annotate, get_task_context
-from .errors import (AgentLostError, BrokerLostError, InfeasibleError, ProtocolError,
-                     RemoteError, ResourceSpecError, WorkerLostError, ZresError)
-from .futures import (ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future, as_completed,
-                      gather, wait)
+from .errors import (
+    AgentLostError,
+    BrokerLostError,
+    InfeasibleError,
+    ProtocolError,
+    RemoteError,
+    ResourceSpecError,
+    WorkerLostError,
+    ZresError,
+)
+from .futures import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    Future,
+    as_completed,
+    gather,
+    wait,
+)
 from .local import LocalCluster
 
 __version__ = "0.1.0"

@@ -25,8 +25,7 @@ import zmq
 from . import gpu as gpu_mod
 from . import protocol as P
 from .errors import ProtocolError, ResourceSpecError
-from .resources import (CPU, GPU, MEMORY, UNIT, Units, format_amount, format_units,
-                        units_to_float)
+from .resources import CPU, GPU, MEMORY, UNIT, Units, format_amount, format_units, units_to_float
 from .scheduler import GPU_MEMORY
 
 log = structlog.get_logger("zres.agent")
@@ -110,7 +109,7 @@ class Agent:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.slots = slots
         self.broker_address = broker
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.poller = zmq.Poller()
         self.broker = self._connect()
         self._tmp = tempfile.mkdtemp(prefix="zres-agent-")

@@ -12,8 +12,8 @@ import random
 import signal
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -504,7 +504,7 @@ class Broker:
                                       "running": len(s.running), "gpus": g}
                                      for s, g in zip(slots, agent.gpus)]})
         counts: dict[str, int] = defaultdict(int)
-        blocked = []
+        blocked: list[dict[str, Any]] = []
         for task in self.tasks.values():
             counts[task.state.value] += 1
             if task.state is TaskState.QUEUED:

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 import zmq
 
 from . import config, logs
-from .errors import ZresError
 from . import protocol as P
+from .errors import ZresError
 from .resources import format_amount, format_units, parse_spec
 
 EXIT_USAGE = 2
@@ -78,7 +78,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the zres command line; exit with its status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_usage(sys.stderr)
+        sys.exit(EXIT_USAGE)
+    args = parser.parse_args(argv)
     try:
         code = _COMMANDS[args.command](args)
     except (_Fail, ValueError) as exc:  # bad input: resource specs, config, flags

@@ -76,26 +76,30 @@ class Client(cf.Executor):
             _clients.append(self)
 
     # -- submitting ---------------------------------------------------------------------
-    def submit(self, fn: Callable[..., Any], /, *args: Any, resources: Mapping[str, Any] |
-               None = None, retries: int | None = None, priority: int | None = None,
-               infeasible: str | None = None, name: str | None = None,
+    def submit(self, fn: Callable[..., Any], /, *args: Any,  # type: ignore[override]
+               resources: Mapping[str, Any] | None = None, retries: int | None = None,
+               priority: int | None = None, infeasible: str | None = None,
+               key: str | None = None,
                **kwargs: Any) -> Future:
-        """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES."""
-        opts = self._options(resources, retries, priority, infeasible)
+        """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
+
+        KEY names the task in status and errors (default: the function's name and id).
+        """
+        opts = self._options(resources, retries, priority, infeasible, key)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
         frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
-        future = self._make_future(fn, name, frames, deps, opts)
+        future = self._make_future(fn, key, frames, deps, opts)
         self._io.wake()
         return future
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],  # type: ignore[override]
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
-            name: str | None = None, **kwargs: Any) -> list[Future]:
+            key: str | None = None, **kwargs: Any) -> list[Future]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does)."""
-        opts = self._options(resources, retries, priority, infeasible)
+        opts = self._options(resources, retries, priority, infeasible, key)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -103,12 +107,13 @@ class Client(cf.Executor):
         for args in zip(*iterables):
             deps, index = list(fn_deps), dict(fn_index)
             frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
-            futures.append(self._make_future(fn, name, frames, deps, opts))
+            futures.append(self._make_future(fn, key, frames, deps, opts))
         self._io.wake()
         return futures
 
     def _options(self, resources: Mapping[str, Any] | None, retries: int | None,
-                 priority: int | None, infeasible: str | None) -> dict[str, Any]:
+                 priority: int | None, infeasible: str | None,
+                 key: str | None) -> dict[str, Any]:
         if self._closed:
             raise ZresError("this client is closed")
         ann = current_annotations()
@@ -122,6 +127,8 @@ class Client(cf.Executor):
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         _check_infeasible(infeasible)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {type(key).__name__}")
         return {"units": task_request(resources), "retries": retries, "priority": priority,
                 "strict": infeasible == "error"}
 
@@ -236,7 +243,7 @@ class _IOThread:
     def __init__(self, client: Client, address: str, broker_timeout: float | None) -> None:
         self.client_ref = weakref.ref(client)
         self.client_name = client.name
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -255,12 +262,13 @@ class _IOThread:
         os.set_blocking(self._wake_r, False)
         self._awake = False
         self._stop = False
+        self.dead = False  # the thread has ended: nothing more is sent or received
         self._last_heard = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
-        if not self._awake:
+        if not self._awake and not self.dead:
             self._awake = True
             os.write(self._wake_w, b"x")
 
@@ -303,9 +311,11 @@ class _IOThread:
                     if now - self._last_heard > self.broker_timeout and self.pending:
                         self._lose_all(f"no word from the broker for {self.broker_timeout:g}s")
             self.sock.send_multipart(P.encode(P.BYE))
-        except Exception:
+        except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
+            self._lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
         finally:
+            self.dead = True
             self.sock.close(linger=200)
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -358,26 +368,27 @@ class _IOThread:
             except zmq.Again:
                 return
             try:
-                msg = P.decode(frames)
+                self._handle(P.decode(frames))
             except errors.ProtocolError as exc:
                 log.warning("bad_message", error=str(exc))
-                continue
-            self._last_heard = time.monotonic()
-            if msg.kind == P.RESULTS:
-                self._on_results(msg)
-            elif msg.kind == P.WELCOME:
-                self._on_welcome(msg)
-            elif msg.kind == P.HEARTBEAT:
-                if self.epoch is not None and msg.body.get("epoch") != self.epoch:
-                    self._hello()
-            elif msg.kind == P.UNKNOWN:
+
+    def _handle(self, msg: P.Message) -> None:
+        self._last_heard = time.monotonic()
+        if msg.kind == P.RESULTS:
+            self._on_results(msg)
+        elif msg.kind == P.WELCOME:
+            self._on_welcome(msg)
+        elif msg.kind == P.HEARTBEAT:
+            if self.epoch is not None and msg.body.get("epoch") != self.epoch:
                 self._hello()
-            elif msg.kind == P.WARN:
-                self._on_warn(msg)
-            elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY):
-                queue = self.requests.get(msg.kind.removesuffix("_reply"))
-                if queue:
-                    queue.popleft().set_result(msg.body)
+        elif msg.kind == P.UNKNOWN:
+            self._hello()
+        elif msg.kind == P.WARN:
+            self._on_warn(msg)
+        elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY):
+            queue = self.requests.get(msg.kind.removesuffix("_reply"))
+            if queue:
+                queue.popleft().set_result(msg.body)
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
@@ -387,13 +398,13 @@ class _IOThread:
         self.epoch = epoch
         self.connected.set()
 
-    def _lose_all(self, why: str) -> None:
+    def _lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> None:
         pending, self.pending = self.pending, {}
         for future in pending.values():
-            _set(future, exception=BrokerLostError(f"task {future.name}: {why}"))
+            _set(future, exception=error(f"task {future.name}: {why}"))
         for queue in self.requests.values():
             while queue:
-                queue.popleft().set_exception(BrokerLostError(why))
+                queue.popleft().set_exception(error(why))
 
     def _on_results(self, msg: P.Message) -> None:
         items = msg.body["results"]
@@ -424,8 +435,11 @@ class _IOThread:
         name = future.name if future is not None else "a task"
         if future is not None:
             future.infeasible = reason
-        warnings.warn(f"zres: {name} cannot run on any connected agent: {reason}",
-                      InfeasibleWarning, stacklevel=1)
+        try:
+            warnings.warn(f"zres: {name} cannot run on any connected agent: {reason}",
+                          InfeasibleWarning, stacklevel=1)
+        except Exception:  # warnings made errors: nobody can catch them in this thread
+            log.warning("task_infeasible", task=name, reason=reason)
 
 
 class _Flag(threading.Event):

@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .errors import ZresError
@@ -24,8 +25,8 @@ class TaskContext:
 
 _task: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
     "zres_task", default=None)
-_annotations: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar(
-    "zres_annotations", default={})
+_annotations: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "zres_annotations", default=MappingProxyType({}))
 
 
 def get_task_context() -> TaskContext:
@@ -66,5 +67,5 @@ def annotate(**defaults: Any) -> Iterator[None]:
         _annotations.reset(token)
 
 
-def current_annotations() -> dict[str, Any]:
+def current_annotations() -> Mapping[str, Any]:
     return _annotations.get()

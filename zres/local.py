@@ -136,7 +136,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
     """Send one request (status, resources) to a broker over a short-lived socket."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:

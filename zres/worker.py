@@ -32,7 +32,7 @@ class WorkerProcess:
     """Receive RUN batches from the agent, run them on threads, send DONE batches back."""
 
     def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.agent = self.ctx.socket(zmq.DEALER)
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
         self.agent.setsockopt(zmq.LINGER, 2000)
