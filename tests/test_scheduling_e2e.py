@@ -231,3 +231,20 @@ def test_precedence_flag_over_env_over_file(make_cluster, make_client, tmp_path)
     finally:
         agent.kill()
         agent.wait()
+
+
+def total(values: list[tuple[str, list[str]]]) -> int:
+    return len(values)
+
+
+def test_why_names_the_dependencies_a_task_waits_for(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"CPU": 2}])
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    first = client.submit(hold_until, release, str(tmp_path / "a"), key="first-input")
+    done = client.submit(hold_until, str(tmp_path), str(tmp_path / "b"), key="ready-input")
+    done.result(30)
+    combined = client.submit(total, [first, done], key="combine")
+    assert client.why(combined) == "waiting for 1 of 2 dependencies: first-input"
+    Path(release).touch()
+    assert combined.result(30) == 2

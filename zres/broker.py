@@ -483,7 +483,11 @@ class Broker:
         if task is None:
             return "unknown task (finished and released, or lost in a broker restart)"
         if task.state is TaskState.WAITING:
-            return f"waiting for {task.missing} dependencies"
+            names = [self.tasks[d].name for d in task.deps
+                     if d in self.tasks and self.tasks[d].state not in FINISHED]
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                             else "")
+            return f"waiting for {task.missing} of {len(task.deps)} dependencies: {shown}"
         if task.state is TaskState.QUEUED:
             return self.sched.why(task.id)
         if task.state is TaskState.RUNNING:
