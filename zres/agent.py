@@ -74,9 +74,14 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
             units[MEMORY] = memory * UNIT
         mine = devices[index::nworkers]
         if GPU in declared:
+            # Each slot gets devices of its own, never the same physical GPU twice.
             count = declared[GPU] // UNIT
-            mine = devices[:count] if len(devices) >= count else []
-            ids = [d.id for d in mine] or [str(i) for i in range(count)]
+            if devices and len(devices) < count * nworkers:
+                raise ResourceSpecError(
+                    f"invalid resource spec 'GPU={count}': {nworkers} worker(s) of {count} "
+                    f"GPU(s) need {count * nworkers} devices, this node has {len(devices)}")
+            mine = devices[index * count:(index + 1) * count]
+            ids = [d.id for d in mine] or [str(index * count + i) for i in range(count)]
         else:
             ids = [d.id for d in mine]
         if ids:
@@ -254,7 +259,7 @@ class Agent:
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
-        if self.task_worker:
+        if self.task_worker and not (msg.body.get("kept") and epoch == self.epoch):
             # The broker that welcomes us (a new one, or the old one that gave us up for
             # lost and retried our tasks) counts none of them as running: stop them, or
             # their resources would be granted twice.
@@ -304,6 +309,7 @@ class Agent:
             kept = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
             if len(kept) != len(worker.backlog):
                 worker.backlog = kept
+                worker.running.discard(task_id)
                 self._report(task_id, P.FAILED, [], {"type": "CancelledError",
                                                       "message": "cancelled"})
 
@@ -314,9 +320,16 @@ class Agent:
             return worker
         if worker is not None:  # died while idle (or about to be reaped): start afresh
             self._reap()
+        # An idle process that used these devices may still hold their memory (a CUDA
+        # context, an allocator's cache): stop it before another process uses them.
+        for other in list(self.workers.values()):
+            if other.slot == slot and set(other.gpus) & set(devices) and not other.running:
+                _kill(other.proc)
+                self._forget(other)
         ident = uuid.uuid4().hex.encode()
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
         env["ZRES_BROKER"] = self.broker_address
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.worker", self.workers_address, ident.decode(),

@@ -46,6 +46,7 @@ class AgentRecord:
     last_seen: float
     slots: list[int]                 # scheduler slot ids, in the agent's slot order
     gpus: list[list[str]]            # device ids per slot
+    spec: list[Any]                  # the registration as received, to spot repeats
 
 
 class Broker:
@@ -110,7 +111,7 @@ class Broker:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                self._dispatch(frames, now)
+                self._dispatch(frames, time.monotonic())
         now = time.monotonic()
         if self._dirty:
             self._dirty = False
@@ -118,10 +119,15 @@ class Broker:
                 self._assign(self.sched.schedule(now))
             except Exception:  # a bug must not take the broker down for everyone
                 log.exception("scheduling_failed")
-        self._flush_results()
+            # A reservation given up during the pass frees room the pass had already passed.
+            self._dirty = self.sched.needs_pass()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            self._heartbeats(now)
+            try:
+                self._heartbeats(now)
+            except Exception:
+                log.exception("heartbeat_failed")
+        self._flush_results()
 
     def _dispatch(self, frames: list[Any], now: float) -> None:
         ident = frames[0].bytes
@@ -151,10 +157,13 @@ class Broker:
 
     def _on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
         name = str(msg.body.get("client", ident.hex()))
-        if ident not in self.clients:
+        new = ident not in self.clients
+        if new:
             self.clients[ident] = ClientRecord(ident, name, now)
             log.info("client_joined", client=name)
-        self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval})
+        # "new" tells a client we had dropped (silent too long) that its tasks are gone.
+        self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval,
+                                      "new": new})
 
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self.clients.pop(ident, None)
@@ -251,6 +260,7 @@ class Broker:
     def _cancel(self, task: Task) -> None:
         if task.state is TaskState.QUEUED:
             self.sched.dequeue(task.id)
+            self._dirty = True  # it may have held a reservation
         elif task.state is TaskState.RUNNING:
             # The worker cannot stop a running Python call; its resources come back when
             # it returns, and the result is dropped then.
@@ -273,34 +283,51 @@ class Broker:
 
     # -- agents ---------------------------------------------------------------------
     def _on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
+        # Check every field before touching any state: a bad frame changes nothing.
         name = P.field(msg, "name", str)
         slots = P.field(msg, "slots", list)
+        host, pid = msg.body.get("host", ""), msg.body.get("pid", 0)
         if not slots or not all(isinstance(s, dict) for s in slots):
             raise ProtocolError("register: slots must be a non-empty array of maps")
+        if not isinstance(host, str) or type(pid) is not int:
+            raise ProtocolError("register: host must be a string and pid an int")
         units = [P.check_units(s.get("units"), "register") for s in slots]
         gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
         memory = [_int_list(s.get("gpu_memory", []), "register") for s in slots]
         for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):
-            devices = slot_units.get(GPU, 0)
-            if devices % UNIT or devices // UNIT != len(slot_gpus) or len(slot_gpus) > 4096 \
+            usable = slot_units.get(GPU, 0)
+            # GPU is how many devices may take work; gpus lists every device the agent has.
+            if usable % UNIT or usable // UNIT > len(slot_gpus) or len(slot_gpus) > 4096 \
                     or len(slot_memory) not in (0, len(slot_gpus)):
                 raise ProtocolError("register: GPU amount, device ids and device memory "
                                     "do not agree")
+        spec = [units, gpus, memory]
+        known = self.agents.get(ident)
+        if known is not None and known.name == name and known.spec == spec:
+            # A repeated registration (it crossed our welcome): keep what runs there.
+            known.last_seen = now
+            self._send(ident, P.WELCOME, {"epoch": self.epoch, "agent": name,
+                                          "heartbeat": self.hb_interval, "kept": True})
+            return
+        replaced = False
         for record in list(self.agents.values()):
             if record.ident == ident:
-                self._lose_agent(record, "agent re-registered")
+                self._lose_agent(record, "agent re-registered", recheck=False)
+                replaced = True
             elif record.name == name:
                 # The newcomer wins (a restarted agent); the old one, if alive, is told to
                 # stop rather than re-register and evict the newcomer in turn.
                 self._send(record.ident, P.UNKNOWN, {"replaced": True})
-                self._lose_agent(record, "replaced by a new agent of the same name")
+                self._lose_agent(record, "replaced by a new agent of the same name",
+                                 recheck=False)
+                replaced = True
         slot_ids = []
-        for slot_units, slot_memory in zip(units, memory):
+        for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):
             self._next_slot += 1
-            self.sched.add_slot(self._next_slot, name, slot_units, slot_memory)
+            self.sched.add_slot(self._next_slot, name, slot_units, slot_memory,
+                                devices=len(slot_gpus))
             slot_ids.append(self._next_slot)
-        record = AgentRecord(ident, name, str(msg.body.get("host", "")),
-                             int(msg.body.get("pid", 0)), now, slot_ids, gpus)
+        record = AgentRecord(ident, name, host, pid, now, slot_ids, gpus, spec)
         self.agents[ident] = record
         for slot_id in slot_ids:
             self.slot_owner[slot_id] = record
@@ -308,6 +335,8 @@ class Broker:
         self._send(ident, P.WELCOME, {"epoch": self.epoch, "agent": name,
                                       "heartbeat": self.hb_interval})
         self._dirty = True
+        if replaced:
+            self._recheck_feasibility()
 
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
         name = P.field(msg, "agent", str)
@@ -316,21 +345,27 @@ class Broker:
         if agent is None:
             known = ", ".join(sorted(a.name for a in self.agents.values())) or "none"
             self._send(ident, P.RESOURCES_REPLY,
-                       {"error": f"no agent named {name!r} (agents: {known})"})
+                       {"error": f"no agent named {name!r} (agents: {known})",
+                        "req": msg.body.get("req")})
             return
         new = [{n: a for n, a in {**self.sched.slots[s].total, **changes}.items() if a}
                for s in agent.slots]
-        try:
+        try:  # all slots or none
             for slot_id, units in zip(agent.slots, new):
-                self.sched.set_capacity(slot_id, units)
+                self.sched.check_capacity(slot_id, units)
         except ValueError as exc:
-            self._send(ident, P.RESOURCES_REPLY, {"error": f"agent {name}: {exc}"})
+            self._send(ident, P.RESOURCES_REPLY, {"error": f"agent {name}: {exc}",
+                                                  "req": msg.body.get("req")})
             return
+        for slot_id, units in zip(agent.slots, new):
+            self.sched.set_capacity(slot_id, units)
         log.info("agent_resources_changed", agent=name,
                  slots=[format_units(self.sched.slots[s].total) for s in agent.slots])
-        self._send(agent.ident, P.RESOURCES, {"slots": new})
-        self._send(ident, P.RESOURCES_REPLY,
+        self._send(agent.ident, P.RESOURCES,
                    {"slots": [self.sched.slots[s].total for s in agent.slots]})
+        self._send(ident, P.RESOURCES_REPLY,
+                   {"slots": [self.sched.slots[s].total for s in agent.slots],
+                    "req": msg.body.get("req")})
         self._dirty = True
         self._recheck_feasibility()
 
@@ -386,7 +421,7 @@ class Broker:
         self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
         self._dirty = True
 
-    def _lose_agent(self, agent: AgentRecord, why: str) -> None:
+    def _lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True) -> None:
         del self.agents[agent.ident]
         log.warning("agent_lost", agent=agent.name, why=why)
         for slot_id in agent.slots:
@@ -401,7 +436,8 @@ class Broker:
                     self._fail(task, "AgentLostError",
                                f"agent {agent.name} was lost ({why}) while running task "
                                f"{task.name}, and it had no retries left")
-        self._recheck_feasibility()
+        if recheck:
+            self._recheck_feasibility()
 
     def _recheck_feasibility(self) -> None:
         for task_id in list(self.sched.waiting):
@@ -411,6 +447,7 @@ class Broker:
                 task.warned = ""
             elif task.strict:
                 self.sched.dequeue(task.id)
+                self._dirty = True
                 self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
             else:
                 self._warn_infeasible(task, reason)
@@ -420,6 +457,21 @@ class Broker:
         self._finish(task, P.FAILED, [], {"type": error, "message": message})
 
     def _finish(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
+        """Record TASK's outcome, send it to its client, and pass a failure on to dependents.
+
+        A worklist, not recursion: a failure at the head of a chain of 100,000 tasks fails
+        them all without overflowing the stack.
+        """
+        work = [task]
+        while work:
+            current = work.pop()
+            ready = self._record(current, outcome, frames, info)
+            if outcome != P.OK:
+                work.extend(ready)
+
+    def _record(self, task: Task, outcome: str, frames: list[Any],
+                info: dict[str, Any]) -> list[Task]:
+        """Finish one task; return the waiting dependents a failure must also fail."""
         set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
         task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
         client = self.clients.get(task.client)
@@ -427,16 +479,17 @@ class Broker:
             items, out = self._results.setdefault(client.ident, ([], []))
             items.append([task.local_id, outcome, len(frames), info])
             out.extend(frames)
+        failed: list[Task] = []
         for dependent_id in task.dependents:
             dependent = self.tasks.get(dependent_id)
             if dependent is None or dependent.state is not TaskState.WAITING:
                 continue
-            if outcome == P.OK:
+            if outcome != P.OK:
+                failed.append(dependent)
+            else:
                 dependent.missing -= 1
                 if dependent.missing == 0:
                     self._make_ready(dependent)
-            else:
-                self._finish(dependent, outcome, frames, info)
         task.dependents = []
         # The dependencies' results are no longer needed by this task.
         for dep_id in task.deps:
@@ -445,6 +498,7 @@ class Broker:
         task.deps = []
         if task.holders <= 0:
             self.tasks.pop(task.id, None)
+        return failed
 
     def _flush_results(self) -> None:
         for ident, (items, frames) in self._results.items():
@@ -477,9 +531,10 @@ class Broker:
             return
         local = P.field(msg, "id", int)
         task = self.tasks.get(client.ids.get(local, -1))
-        self._send(ident, P.WHY_REPLY, {"id": local, "reason": self._why(task)})
+        self._send(ident, P.WHY_REPLY, {"id": local, "reason": self._why(task),
+                                        "req": msg.body.get("req")})
 
-    def _why(self, task: Task | None) -> str:
+    def _why(self, task: Task | None, count_ahead: bool = True) -> str:
         if task is None:
             return "unknown task (finished and released, or lost in a broker restart)"
         if task.state is TaskState.WAITING:
@@ -489,14 +544,14 @@ class Broker:
                                              else "")
             return f"waiting for {task.missing} of {len(task.deps)} dependencies: {shown}"
         if task.state is TaskState.QUEUED:
-            return self.sched.why(task.id)
+            return self.sched.why(task.id, count_ahead)
         if task.state is TaskState.RUNNING:
             return f"running on {task.agent}"
         return task.state.value
 
     def _on_status(self, ident: bytes, msg: P.Message, now: float) -> None:
         # Like resources, answered to any peer: zres status uses a throw-away socket.
-        self._send(ident, P.STATUS_REPLY, self.status())
+        self._send(ident, P.STATUS_REPLY, {**self.status(), "req": msg.body.get("req")})
 
     def status(self) -> dict[str, Any]:
         """Describe agents, task counts and every task that cannot run, as plain data."""
@@ -513,9 +568,9 @@ class Broker:
             counts[task.state.value] += 1
             if task.state is TaskState.QUEUED:
                 reason = self.sched.infeasible_reason(task.units)
-                if reason is not None or len(blocked) < 200:
-                    blocked.append({"id": task.id, "name": task.name,
-                                    "units": task.units, "reason": self._why(task)})
+                if len(blocked) < 200 or (reason is not None and len(blocked) < 1000):
+                    blocked.append({"id": task.id, "name": task.name, "units": task.units,
+                                    "reason": self._why(task, count_ahead=False)})
         return {"epoch": self.epoch, "address": self.address, "agents": agents,
                 "clients": len(self.clients), "counts": dict(counts), "waiting": blocked}
 

@@ -114,8 +114,7 @@ class Client(cf.Executor):
     def _options(self, resources: Mapping[str, Any] | None, retries: int | None,
                  priority: int | None, infeasible: str | None,
                  key: str | None) -> dict[str, Any]:
-        if self._closed:
-            raise ZresError("this client is closed")
+        self._check_open()
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
         retries = ann.get("retries", 0) if retries is None else retries
@@ -140,11 +139,19 @@ class Client(cf.Executor):
         task_id = next(self._ids)
         label = name or f"{getattr(fn, '__name__', 'task')}-{task_id}"
         future = Future(self, task_id, label)
-        self._io.pending[task_id] = future
         item = [task_id, opts["units"], opts["priority"], opts["retries"],
                 [d.id for d in deps], len(frames), label, opts["strict"]]
-        self._io.outbox.append((P.SUBMIT, item, frames))
+        with self._io.lock:  # against close() and a broker loss failing what is pending
+            self._check_open()
+            self._io.pending[task_id] = future
+            self._io.outbox.append((P.SUBMIT, item, frames))
         return future
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ZresError("this client is closed")
+        if self._io.dead:
+            raise ZresError("this client's connection thread has stopped; make a new Client")
 
     # -- other requests -------------------------------------------------------------------
     def gather(self, futures: Any, timeout: float | None = None) -> Any:
@@ -189,16 +196,15 @@ class Client(cf.Executor):
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         """Disconnect; tasks still pending fail; stop the local cluster if this client owns one."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._io.lock:
+            if self._closed:
+                return
+            self._closed = True
         with _clients_lock:
             if self in _clients:
                 _clients.remove(self)
         self._io.stop()
-        for future in list(self._io.pending.values()):
-            _set(future, exception=ZresError("the client was closed before the task finished"))
-        self._io.pending.clear()
+        self._io.lose_all("the client was closed before the task finished", ZresError)
         if self.cluster is not None:
             self.cluster.close()
 
@@ -252,7 +258,8 @@ class _IOThread:
         self.sock.connect(address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
-        self.requests: dict[str, deque[cf.Future]] = {}  # type: ignore[type-arg]
+        self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
+        self._request_ids = itertools.count(1)
         self.connected = _Flag()
         self.epoch: int | None = None
         self.hb_interval = 0.5
@@ -263,6 +270,7 @@ class _IOThread:
         self._awake = False
         self._stop = False
         self.dead = False  # the thread has ended: nothing more is sent or received
+        self.lock = threading.Lock()  # guards swapping `pending` against inserts
         self._last_heard = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
         self._thread.start()
@@ -309,11 +317,16 @@ class _IOThread:
                     last_beat = now
                     self.sock.send_multipart(P.encode(P.HEARTBEAT))
                     if now - self._last_heard > self.broker_timeout and self.pending:
-                        self._lose_all(f"no word from the broker for {self.broker_timeout:g}s")
+                        lost = self.lose_all(
+                            f"no word from the broker for {self.broker_timeout:g}s")
+                        # Should the same broker come back, it must not run them for nobody.
+                        for task_id in lost:
+                            self.outbox.append((P.CANCEL, task_id, ()))
+                            self.outbox.append((P.RELEASE, task_id, ()))
             self.sock.send_multipart(P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
-            self._lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
+            self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
         finally:
             self.dead = True
             self.sock.close(linger=200)
@@ -350,8 +363,9 @@ class _IOThread:
             else:  # a request (status, why, resources): the broker must know earlier tasks
                 flush_submits()
                 body, reply = item
-                self.requests.setdefault(kind, deque()).append(reply)
-                self._send(kind, body)
+                req = next(self._request_ids)
+                self.requests[req] = reply
+                self._send(kind, {**body, "req": req})
         flush_submits()
         if cancels:
             self._send(P.CANCEL, {"ids": cancels})
@@ -386,25 +400,31 @@ class _IOThread:
         elif msg.kind == P.WARN:
             self._on_warn(msg)
         elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY):
-            queue = self.requests.get(msg.kind.removesuffix("_reply"))
-            if queue:
-                queue.popleft().set_result(msg.body)
+            reply = self.requests.pop(msg.body.get("req", -1), None)
+            if reply is not None:
+                reply.set_result(msg.body)
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
         self.hb_interval = float(msg.body.get("heartbeat", 0.5))
         if self.epoch is not None and epoch != self.epoch:
-            self._lose_all("the broker restarted and lost the task")
+            self.lose_all("the broker restarted and lost the task")
+        elif self.epoch is not None and msg.body.get("new"):
+            self.lose_all("the broker had dropped this client (silent too long) and "
+                          "cancelled its tasks")
         self.epoch = epoch
         self.connected.set()
 
-    def _lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> None:
-        pending, self.pending = self.pending, {}
+    def lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> list[int]:
+        """Fail every pending future and request with ERROR(WHY); return the task ids."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
         for future in pending.values():
             _set(future, exception=error(f"task {future.name}: {why}"))
-        for queue in self.requests.values():
-            while queue:
-                queue.popleft().set_exception(error(why))
+        requests, self.requests = self.requests, {}
+        for reply in requests.values():
+            reply.set_exception(error(why))
+        return list(pending)
 
     def _on_results(self, msg: P.Message) -> None:
         items = msg.body["results"]

@@ -104,17 +104,25 @@ class Scheduler:
         self._gained: set[int] = set()
         self._could_fit: dict[Shape, set[int]] = {}    # slots whose capacity fits a shape
         self._reservation_epoch = 0                     # bumps when a reservation ends
+        self._stale: dict[Shape, int] = {}              # cancelled entries left in a heap
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
-                 gpu_memory: list[int] | None = None) -> None:
-        """Register a slot with capacity UNITS; GPU_MEMORY may be given per device."""
-        devices = units.get(GPU, 0) // UNIT
-        memory = list(gpu_memory) if gpu_memory else _split(units.get(GPU_MEMORY, 0), devices)
+                 gpu_memory: list[int] | None = None, devices: int | None = None) -> None:
+        """Register a slot with capacity UNITS.
+
+        GPU in UNITS is how many devices take work; DEVICES (default the same) is how many
+        the agent has, so a lowered GPU count can be raised again. GPU_MEMORY may be given
+        per device; a declared GPU_MEMORY total is split evenly over the devices.
+        """
+        usable = units.get(GPU, 0) // UNIT
+        devices = usable if devices is None else devices
+        memory = list(gpu_memory) if gpu_memory else _split(units.get(GPU_MEMORY, 0), usable,
+                                                            devices)
         total = dict(units)
-        if memory and sum(memory):
-            total[GPU_MEMORY] = sum(memory)
-        slot = Slot(slot_id, agent, total, {}, [UNIT] * devices, memory, list(memory), devices)
+        if sum(memory):
+            total[GPU_MEMORY] = sum(memory[:usable])
+        slot = Slot(slot_id, agent, total, {}, [UNIT] * devices, memory, list(memory), usable)
         self.slots[slot_id] = slot
         for name, amount in total.items():
             self._set_free(slot, name, amount)
@@ -133,18 +141,23 @@ class Scheduler:
         self._topology_changed()
         return sorted(slot.running)
 
-    def set_capacity(self, slot_id: int, units: Units) -> None:
-        """Change a slot's capacity; work in use above the new amounts finishes normally."""
+    def check_capacity(self, slot_id: int, units: Units) -> None:
+        """Raise ValueError if set_capacity(SLOT_ID, UNITS) would be refused."""
         slot = self.slots[slot_id]
         if units.get(GPU, 0) % UNIT:
             raise ValueError("GPU must be a whole number of devices")
-        devices = units.get(GPU, 0) // UNIT
-        if devices > len(slot.gpu_free):
+        if units.get(GPU, 0) // UNIT > len(slot.gpu_free):
             raise ValueError(f"it has only {len(slot.gpu_free)} GPU device(s)")
-        new = dict(units)
-        if GPU_MEMORY in new and new[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
+        if GPU_MEMORY in units and units[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
             raise ValueError("GPU_MEMORY comes from the devices and cannot be changed")
-        if GPU_MEMORY in slot.total:
+
+    def set_capacity(self, slot_id: int, units: Units) -> None:
+        """Change a slot's capacity; work in use above the new amounts finishes normally."""
+        self.check_capacity(slot_id, units)
+        slot = self.slots[slot_id]
+        devices = units.get(GPU, 0) // UNIT
+        new = dict(units)
+        if sum(slot.gpu_mem_total):
             new[GPU_MEMORY] = sum(slot.gpu_mem_total[:devices])
         for name in set(slot.total) | set(new):
             delta = new.get(name, 0) - slot.total.get(name, 0)
@@ -159,6 +172,16 @@ class Scheduler:
         self._infeasible_cache.clear()
         self._could_fit.clear()
         self._reservation_epoch += 1
+        for slot in self.slots.values():  # a slot that can no longer fit its reserver
+            task = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
+            if task is None or not _could_ever_fit(slot, task.units):
+                if task is not None:
+                    self._unreserve(task)
+                slot.reserved_by = None
+
+    def needs_pass(self) -> bool:
+        """Return whether a slot gained room since the last pass (run schedule again)."""
+        return bool(self._gained)
 
     def _fitting(self, task: Waiting) -> set[int]:
         """Ids of the slots whose total capacity could ever run TASK's shape."""
@@ -179,9 +202,22 @@ class Scheduler:
     def dequeue(self, task_id: int) -> bool:
         """Forget a waiting task (cancelled); return whether it was waiting."""
         task = self.waiting.pop(task_id, None)  # its heap entry is skipped lazily
-        if task is not None:
-            self._unreserve(task)
-        return task is not None
+        if task is None:
+            return False
+        self._unreserve(task)
+        heap = self._by_shape.get(task.shape)
+        if heap is None:
+            return True
+        stale = self._stale.get(task.shape, 0) + 1
+        if len(heap) > 64 and stale * 2 > len(heap):
+            # Mostly cancelled entries behind a head that stays blocked: rebuild, O(live).
+            live = [e for e in heap if e[2] in self.waiting and self.waiting[e[2]].seq == e[1]]
+            heapq.heapify(live)
+            self._by_shape[task.shape] = live
+            self._stale.pop(task.shape, None)
+        else:
+            self._stale[task.shape] = stale
+        return True
 
     def release(self, task_id: int) -> None:
         """Return a running task's resources to its slot."""
@@ -214,9 +250,11 @@ class Scheduler:
             _, _, shape = heapq.heappop(heads)
             heap = self._by_shape[shape]
             task = self.waiting[heap[0][2]]
-            grant = self._place(task, fences, gained if shape in self._blocked else None)
+            grant, fenced = self._place(task, fences,
+                                        gained if shape in self._blocked else None)
             if grant is None:
-                self._blocked.add(shape)
+                if not fenced:  # a fence binds only tasks after its owner: not a later head
+                    self._blocked.add(shape)
                 self._fence(task, fences, now)
                 continue  # the whole shape is blocked this pass; others may still fit
             heapq.heappop(heap)
@@ -235,19 +273,25 @@ class Scheduler:
                         or self.waiting[heap[0][2]].seq != heap[0][1]):
             heapq.heappop(heap)
         if not heap:
+            # Forget the shape entirely, so shapes seen once do not pile up in the caches.
             del self._by_shape[shape]
             self._blocked.discard(shape)
+            self._stale.pop(shape, None)
+            self._infeasible_cache.pop(shape, None)
+            self._could_fit.pop(shape, None)
             return None
         return heap[0]
 
     def _place(self, task: Waiting, fences: dict[int, Units],
-               only: list[Slot] | None = None) -> Grant | None:
+               only: list[Slot] | None = None) -> tuple[Grant | None, bool]:
+        """Grant TASK the best fitting slot; also say whether a fence turned one away."""
         best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
-        best, found = None, 0
+        best, found, fenced = None, 0, False
         for slot in self._candidates(task.units) if only is None else only:
             fence = fences.get(slot.id)
             if fence is not None and not all(
                     slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
+                fenced = True
                 continue
             if not fits(slot.free, task.units):
                 continue
@@ -261,7 +305,7 @@ class Scheduler:
             if found >= _CANDIDATES:
                 break
         if best is None:
-            return None
+            return None, fenced
         _, slot, (gpus, shares, memory) = best
         taken = dict(task.units)
         if gpus:
@@ -276,7 +320,7 @@ class Scheduler:
         slot.running.add(task.id)
         grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory)
         self.running[task.id] = grant
-        return grant
+        return grant, fenced
 
     def _candidates(self, units: Units) -> Iterable[Slot]:
         """Slots that may fit UNITS, scarcest resource first, least free first."""
@@ -382,8 +426,12 @@ class Scheduler:
                     "device, no agent has a device that large")
         return f"no single agent offers {format_units(units)} together"
 
-    def why(self, task_id: int) -> str:
-        """Say why a waiting task is not running yet."""
+    def why(self, task_id: int, count_ahead: bool = True) -> str:
+        """Say why a waiting task is not running yet.
+
+        COUNT_AHEAD walks the task's shape queue (O(waiting)): fine for one question,
+        left out when describing many tasks at once.
+        """
         task = self.waiting.get(task_id)
         if task is None:
             return "running" if task_id in self.running else "not waiting"
@@ -392,9 +440,11 @@ class Scheduler:
         reason = self.infeasible_reason(task.units)
         if reason is not None:
             return f"infeasible: {reason}"
-        ahead = sum(1 for _, seq, tid in self._by_shape.get(task.shape, ())
-                    if tid in self.waiting and (-self.waiting[tid].priority, seq)
-                    < (-task.priority, task.seq))
+        ahead = sum(
+            1 for _, seq, tid in self._by_shape.get(task.shape, ())
+            if tid in self.waiting and self.waiting[tid].seq == seq
+            and (-self.waiting[tid].priority, seq) < (-task.priority, task.seq)
+        ) if count_ahead else 0
         short = []
         for slot in sorted(self.slots.values(), key=lambda s: s.id):
             if not _could_ever_fit(slot, task.units):
@@ -455,11 +505,10 @@ def _could_ever_fit(slot: Slot, units: Units) -> bool:
     return pick_devices(fresh, units) is not None
 
 
-def _split(total: int, devices: int) -> list[int]:
-    if not devices:
-        return []
-    share = total // devices
-    return [share] * devices
+def _split(total: int, usable: int, devices: int) -> list[int]:
+    if not usable:
+        return [0] * devices
+    return [total // usable] * devices
 
 
 def _unused_kinds(slot: Slot, units: Units) -> int:

@@ -25,12 +25,15 @@ Frame = Any
 _OOB_MIN = 64 * 1024
 
 
-def _buffer_callback(frames: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
+def _buffer_callback(frames: list[Any], snapshot: bool = False
+                     ) -> Callable[[pickle.PickleBuffer], bool]:
+    """Collect large buffers as frames. SNAPSHOT copies writable ones: a task's arguments
+    must not change if the caller writes to its array after submit() returns."""
     def keep(buf: pickle.PickleBuffer) -> bool:
         raw = buf.raw()
         if raw.nbytes < _OOB_MIN:
             return True  # serialise in band
-        frames.append(raw)
+        frames.append(bytes(raw) if snapshot and not raw.readonly else raw)
         return False
     return keep
 
@@ -40,7 +43,7 @@ class _TaskPickler(cloudpickle.Pickler):
 
     def __init__(self, file: io.BytesIO, dep_type: type, frames: list[Any] | None,
                  deps: list[Any], index: dict[int, int]) -> None:
-        callback = _buffer_callback(frames) if frames is not None else None
+        callback = _buffer_callback(frames, snapshot=True) if frames is not None else None
         super().__init__(file, protocol=5, buffer_callback=callback)
         self.dep_type = dep_type
         self.deps = deps
