@@ -464,9 +464,6 @@ class Scheduler:
             text += f"; queued behind {ahead} tasks of the same shape"
         return text
 
-    def snapshot(self) -> Iterable[Slot]:
-        return (self.slots[k] for k in sorted(self.slots))
-
 
 def pick_devices(slot: Slot, units: Mapping[str, int]) -> tuple[list[int], list[int],
                                                                   list[int]] | None:
