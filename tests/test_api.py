@@ -10,7 +10,6 @@ import asyncio
 import concurrent.futures as cf
 import gc
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 import zres
 from tests.conftest import wait_until
+from tests.tasks import announce_and_wait
 
 
 class Boom(Exception):
@@ -63,11 +63,7 @@ async def async_double(x: int) -> int:
 
 def hold(release: str, marker: str, timeout: float = 30.0) -> bool:
     """Create MARKER, then run until RELEASE exists."""
-    Path(marker).touch()
-    deadline = time.time() + timeout
-    while not os.path.exists(release) and time.time() < deadline:
-        time.sleep(0.01)
-    return os.path.exists(release)
+    return announce_and_wait(release, marker, timeout)
 
 
 def record(path: str, label: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 
 import zres
 from tests.conftest import wait_until
+from tests.tasks import hold
 
 # An address where nothing listens: an agent given it must fail on its arguments first.
 NOWHERE = "tcp://127.0.0.1:1"
@@ -33,7 +34,8 @@ def zres_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``python -m zres ARGS`` to completion and capture its output."""
     return subprocess.run([sys.executable, "-m", "zres", *args], check=False,
-                          capture_output=True, text=True, env=clean_env() if env is None else env, cwd=cwd,
+                          capture_output=True, text=True,
+                          env=clean_env() if env is None else env, cwd=cwd,
                           stdin=subprocess.DEVNULL, timeout=timeout)
 
 
@@ -202,13 +204,6 @@ def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
 
 # -- status -----------------------------------------------------------------------------------
 
-def hold(release: str, marker: str) -> str:
-    """Announce the start by creating MARKER, then block until RELEASE exists."""
-    Path(marker).touch()
-    deadline = time.time() + 60
-    while not os.path.exists(release) and time.time() < deadline:
-        time.sleep(0.01)
-    return "released"
 
 
 @pytest.mark.filterwarnings("ignore::zres.InfeasibleWarning")

@@ -17,6 +17,7 @@ import pytest
 
 import zres
 from tests.conftest import wait_until
+from tests.tasks import announce_and_wait
 
 # -- task functions -----------------------------------------------------------------------
 
@@ -69,11 +70,8 @@ def rendezvous(folder: str, me: str, others: int, timeout: float = 10.0) -> dict
 
 def hold(release: str, marker: str, timeout: float = 30.0) -> dict[str, Any]:
     """Create MARKER, then run until RELEASE exists; report the devices seen."""
-    Path(marker).touch()
-    deadline = time.time() + timeout
-    while not os.path.exists(release) and time.time() < deadline:
-        time.sleep(0.01)
-    return {"released": os.path.exists(release), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    released = announce_and_wait(release, marker, timeout)
+    return {"released": released, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "gpu_ids": list(zres.get_task_context().gpu_ids)}
 
 

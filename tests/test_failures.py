@@ -22,6 +22,7 @@ import zmq
 
 import zres
 from tests.conftest import wait_until
+from tests.tasks import hold, wait_for_file
 from zres import protocol as P
 from zres.local import request
 
@@ -46,19 +47,8 @@ def first_attempt_blocks(workdir: str) -> str:
         return agent
     finally:
         os.unlink(tmp)
-    deadline = time.time() + 60
-    while not os.path.exists(os.path.join(workdir, "release")) and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_file(os.path.join(workdir, "release"))
     return agent
-
-
-def hold(release: str, marker: str) -> str:
-    """Announce the start by creating MARKER, then block until RELEASE exists."""
-    Path(marker).touch()
-    deadline = time.time() + 60
-    while not os.path.exists(release) and time.time() < deadline:
-        time.sleep(0.01)
-    return "released"
 
 
 def where() -> str:
@@ -438,7 +428,7 @@ def test_worker_lost_retries_are_limited(make_cluster, make_client, tmp_path):
     assert client.submit(square, 7).result(30) == 49
 
 
-# -- 4. broker restart ------------------------------------------------------------------------------
+# -- 4. broker restart ----------------------------------------------------------------------
 
 def test_broker_restart_fails_pending_tasks_and_everyone_reconnects(spawn, make_client,
                                                                     workdir):

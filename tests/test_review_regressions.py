@@ -9,6 +9,7 @@ import pytest
 
 import zres
 from tests.conftest import wait_until
+from tests.tasks import wait_for_file
 from zres.agent import plan_slots
 from zres.resources import UNIT, ResourceSpecError, parse_spec, task_request
 from zres.scheduler import Scheduler
@@ -20,11 +21,7 @@ def units(**amounts: float) -> dict[str, int]:
 
 
 def fail_when(path: str) -> None:
-    import os
-    import time
-    deadline = time.time() + 60
-    while not os.path.exists(path) and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_file(path)
     raise KeyError("head of the chain")
 
 

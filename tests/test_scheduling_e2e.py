@@ -13,6 +13,7 @@ import pytest
 
 import zres
 from tests.conftest import wait_until
+from tests.tasks import announce_and_wait
 
 STREAM_SECONDS = float(os.environ.get("ZRES_TEST_STREAM_SECONDS", 40))
 FAKE_GPUS = json.dumps([{"name": "Fake A100", "memory": 40e9},
@@ -29,10 +30,7 @@ def interval(seconds: float) -> tuple[float, float, str, list[str]]:
 
 def hold_until(path: str, marker: str) -> tuple[str, list[str]]:
     """Announce the start by creating MARKER, then block until PATH exists."""
-    Path(marker).touch()
-    deadline = time.time() + 30
-    while not os.path.exists(path) and time.time() < deadline:
-        time.sleep(0.01)
+    announce_and_wait(path, marker, timeout=30)
     return os.environ["CUDA_VISIBLE_DEVICES"], zres.get_task_context().gpu_ids
 
 

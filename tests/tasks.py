@@ -1,0 +1,32 @@
+"""Building blocks for task functions in the end-to-end tests.
+
+Tests observe order through files, never through sleeps: a task announces that it started
+by creating a marker, and blocks until the test creates a release file. These run inside
+worker processes (the tests package travels by value, see conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def wait_for_file(path: str, timeout: float = 60.0) -> bool:
+    """Block until PATH exists or TIMEOUT passes; return whether it exists."""
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.01)
+    return os.path.exists(path)
+
+
+def announce_and_wait(release: str, marker: str, timeout: float = 60.0) -> bool:
+    """Create MARKER, then block until RELEASE exists; return whether it was released."""
+    Path(marker).touch()
+    return wait_for_file(release, timeout)
+
+
+def hold(release: str, marker: str) -> str:
+    """Announce the start by creating MARKER, then block until RELEASE exists."""
+    announce_and_wait(release, marker)
+    return "released"
