@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import queue
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,7 +24,6 @@ from . import protocol as P
 from .context import TaskContext, set_task_context
 from .serialize import CallLoader, dumps, dumps_exception, loads
 
-_RESULTS = "inproc://zres-worker-results"
 _MAX_THREADS = 1024
 
 
@@ -37,15 +36,17 @@ class WorkerProcess:
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
         self.agent.setsockopt(zmq.LINGER, 2000)
         self.agent.connect(address)
-        self.results = self.ctx.socket(zmq.PULL)
-        self.results.bind(_RESULTS)
+        # Task threads hand results to the main thread (the only one that may use the
+        # socket) as Python objects, and wake it through a pipe: nothing is encoded twice.
+        self.results: queue.SimpleQueue[tuple[int, str, list[Any]]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
         # Every task the agent sends starts at once: the broker has already checked its
         # resources (CPU included), so a task never waits here for a thread, and "assigned"
         # means "running" when a loss is charged to a retry budget. Threads are made on
         # demand and reused; NTHREADS is what the slot offers as CPU.
         self.pool = ThreadPoolExecutor(max(_MAX_THREADS, nthreads),
                                        thread_name_prefix="zres-task")
-        self.local = threading.local()
         self.agent_pid = agent_pid
         self.loader = CallLoader()
 
@@ -53,12 +54,12 @@ class WorkerProcess:
         self.agent.send_multipart(P.encode(P.READY, {"pid": os.getpid()}))
         poller = zmq.Poller()
         poller.register(self.agent, zmq.POLLIN)
-        poller.register(self.results, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while True:
             events = dict(poller.poll(1000))
             if self.agent in events:
                 self._receive()
-            if self.results in events:
+            if self._wake_r in events:
                 self._send_results()
             if os.getppid() != self.agent_pid:
                 # The agent died (maybe before we started): nobody is left to report to,
@@ -95,23 +96,24 @@ class WorkerProcess:
         finally:
             set_task_context(None)
             del token
-        sock = getattr(self.local, "push", None)
-        if sock is None:
-            sock = self.local.push = self.ctx.socket(zmq.PUSH)
-            sock.connect(_RESULTS)
-        sock.send_multipart([P.encode(P.DONE, {"results": [[task_id, outcome, len(frames),
-                                                              {}]]})[0], *frames], copy=False)
+        self.results.put((task_id, outcome, frames))
+        os.write(self._wake_w, b"x")
 
     def _send_results(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
         items: list[Any] = []
         frames: list[Any] = []
         while True:
             try:
-                msg = P.decode(self.results.recv_multipart(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
+                task_id, outcome, task_frames = self.results.get_nowait()
+            except queue.Empty:
                 break
-            items.extend(msg.body["results"])
-            frames.extend(msg.frames)
+            items.append([task_id, outcome, len(task_frames), {}])
+            frames.extend(task_frames)
         if items:
             self.agent.send_multipart(P.encode(P.DONE, {"results": items}, frames), copy=False)
 
