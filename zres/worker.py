@@ -83,7 +83,7 @@ class WorkerProcess:
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> None:
-        token = set_task_context(TaskContext(task_id, context["agent"], context["resources"],
+        set_task_context(TaskContext(task_id, context["agent"], context["resources"],
                                              list(context["gpus"]), context.get("attempt", 0)))
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
@@ -95,7 +95,6 @@ class WorkerProcess:
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
-            del token
         self.results.put((task_id, outcome, frames))
         os.write(self._wake_w, b"x")
 
