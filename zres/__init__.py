@@ -13,6 +13,7 @@ from typing import Any
 from .client import Client, InfeasibleWarning, default_client
 from .context import TaskContext, annotate, get_task_context
 from .errors import (
+    ActorDiedError,
     AgentLostError,
     BrokerLostError,
     InfeasibleError,
@@ -31,11 +32,13 @@ from .futures import (
     gather,
     wait,
 )
+from .handles import ActorHandle, ActorMethod
 from .local import LocalCluster
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActorDiedError", "ActorHandle", "ActorMethod", "actor", "get_actor", "kill",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
     "Client", "Future", "InfeasibleError", "InfeasibleWarning", "LocalCluster", "ProtocolError",
     "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
@@ -51,3 +54,18 @@ def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
 def map(fn: Callable[..., Any], *iterables: Iterable[Any], **kwargs: Any) -> list[Future]:  # noqa: A001
     """Map FN over ITERABLES on the default client, batched on the wire."""
     return default_client().map(fn, *iterables, **kwargs)
+
+
+def actor(cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
+    """Start an actor on the default client; see Client.actor."""
+    return default_client().actor(cls, *args, **kwargs)
+
+
+def get_actor(name: str, timeout: float = 10.0) -> ActorHandle:
+    """Return a handle to the live actor called NAME, from any client."""
+    return default_client().get_actor(name, timeout)
+
+
+def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
+    """End ACTOR now and free its resources; later calls fail with ActorDiedError."""
+    actor.client().kill(actor, timeout)

@@ -41,7 +41,7 @@ class SlotSpec:
 
 @dataclass(slots=True)
 class Worker:
-    """One worker process: a slot and a fixed device set."""
+    """One worker process: a slot and a fixed device set, or one actor."""
 
     ident: bytes
     slot: int
@@ -50,6 +50,29 @@ class Worker:
     ready: bool = False
     backlog: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
     running: set[int] = field(default_factory=set)
+    actor: ActorProcess | None = None
+
+
+@dataclass(slots=True)
+class ActorProcess:
+    """What an agent knows of the actor a worker process hosts.
+
+    The process starts calls in the order sent, at most ``concurrency`` at once, and
+    reports each result before it starts the call that takes its place; so when the
+    process dies, the calls that had started are at most the oldest ``concurrency``
+    unfinished ones, and the rest can run on the next instance.
+    """
+
+    id: str
+    placement: int               # the broker's id for this construction
+    concurrency: int
+    context: dict[str, Any]
+    sent: dict[int, None] = field(default_factory=dict)   # unfinished, in the order sent
+
+    def started(self) -> list[int]:
+        if self.placement in self.sent:
+            return [self.placement]
+        return list(self.sent)[:self.concurrency]
 
 
 def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
@@ -127,6 +150,7 @@ class Agent:
         self.workers: dict[tuple[int, tuple[str, ...]], Worker] = {}
         self.by_ident: dict[bytes, Worker] = {}
         self.task_worker: dict[int, Worker] = {}
+        self.actors: dict[str, Worker] = {}
         self.epoch: int | None = None
         self.registered = False
         self._last_heard = time.monotonic()
@@ -172,9 +196,10 @@ class Agent:
         self._stopping = True
 
     def shutdown(self) -> None:
-        for worker in self.workers.values():
+        for worker in [*self.workers.values(), *self.actors.values()]:
             _kill(worker.proc)
         self.workers.clear()
+        self.actors.clear()
         self.broker.close(0)
         self.workers_sock.close(0)
         try:
@@ -217,6 +242,8 @@ class Agent:
                 handle(frames)
             except ProtocolError as exc:
                 log.warning("bad_message", error=str(exc))
+            except Exception:  # a bug must not take the node's running work down
+                log.exception("message_failed")
 
     # -- broker side ------------------------------------------------------------------
     def _register(self, now: float) -> None:
@@ -250,6 +277,15 @@ class Agent:
                 self._last_register = 0.0
         elif msg.kind == P.CANCEL:
             self._on_cancel(msg)
+        elif msg.kind == P.CALL:
+            self._on_call(msg)
+        elif msg.kind == P.KILL_ACTOR:
+            for actor_id in P.field(msg, "ids", list):
+                worker = self.actors.pop(str(actor_id), None)
+                if worker is not None:
+                    log.info("actor_killed", actor=actor_id, pid=worker.proc.pid)
+                    _kill(worker.proc)
+                    self.by_ident.pop(worker.ident, None)
         elif msg.kind == P.RESOURCES:
             # Remember the new capacity, so a later re-registration offers it too.
             for spec, units in zip(self.slots, P.field(msg, "slots", list)):
@@ -259,7 +295,8 @@ class Agent:
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
-        if self.task_worker and not (msg.body.get("kept") and epoch == self.epoch):
+        if (self.task_worker or self.actors) and not (msg.body.get("kept")
+                                                      and epoch == self.epoch):
             # The broker that welcomes us (a new one, or the old one that gave us up for
             # lost and retried our tasks) counts none of them as running: stop them, or
             # their resources would be granted twice.
@@ -275,19 +312,28 @@ class Agent:
                             tasks=len(worker.running) + len(worker.backlog))
                 _kill(worker.proc)
                 self._forget(worker)
+        for worker in self.actors.values():
+            log.warning("actor_stopped", pid=worker.proc.pid, why=why)
+            _kill(worker.proc)
+            self.by_ident.pop(worker.ident, None)
+        self.actors.clear()
         self._done = ([], [])
 
     def _on_assign(self, msg: P.Message) -> None:
         items = P.field(msg, "tasks", list)
         groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
         batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
-        for (task_id, slot, units, gpus, nframes, dep_counts), frames in zip(items, groups):
+        for (task_id, slot, units, gpus, nframes, dep_counts, *actor), frames in zip(
+                items, groups):
             spec = self.slots[slot]
             devices = tuple(spec.gpus[pos] for pos in gpus)
-            worker = self._worker(slot, devices)
             context = {"agent": self.name, "resources": units_to_float(units),
                        "gpus": list(devices)}
             item = [task_id, nframes, dep_counts, context]
+            if actor:
+                self._start_actor(actor[0], slot, devices, item, frames)
+                continue
+            worker = self._worker(slot, devices)
             self.task_worker[task_id] = worker
             worker.running.add(task_id)
             if worker.ready:
@@ -313,6 +359,74 @@ class Agent:
                 self._report(task_id, P.FAILED, [], {"type": "CancelledError",
                                                       "message": "cancelled"})
 
+    # -- actors ---------------------------------------------------------------------------
+    def _start_actor(self, spec: Any, slot: int, devices: tuple[str, ...], item: list[Any],
+                     frames: list[Any]) -> None:
+        """Start a process of its own for an actor; it constructs the instance first."""
+        if not isinstance(spec, dict) or not isinstance(spec.get("actor"), str):
+            raise ProtocolError("assign: malformed actor")
+        actor_id = spec["actor"]
+        old = self.actors.pop(actor_id, None)
+        if old is not None:  # a restart placed here before we saw the old one end
+            _kill(old.proc)
+            self.by_ident.pop(old.ident, None)
+        concurrency = max(1, int(spec.get("concurrency", 1)))
+        worker = self._start_process(slot, devices, concurrency, actor=True)
+        context = {**item[3], "create": True}
+        worker.actor = ActorProcess(actor_id, item[0], concurrency, item[3])
+        worker.actor.sent[item[0]] = None
+        worker.backlog.append(([[item[0], item[1], item[2], context]], frames))
+        self.actors[actor_id] = worker
+        log.info("actor_starting", actor=actor_id, pid=worker.proc.pid,
+                 gpus=",".join(devices) or "-")
+
+    def _on_call(self, msg: P.Message) -> None:
+        items = P.field(msg, "calls", list)
+        groups = P.split_frames(msg.frames, [i[2] + sum(i[3]) for i in items])
+        batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        for (call_id, actor_id, nframes, dep_counts), frames in zip(items, groups):
+            worker = self.actors.get(actor_id)
+            if worker is None or worker.actor is None:
+                continue  # it ended; the broker requeues or fails the call
+            worker.actor.sent[call_id] = None
+            item = [call_id, nframes, dep_counts, worker.actor.context]
+            if worker.ready:
+                batch = batches[worker.ident]
+                batch[0].append(item)
+                batch[1].extend(frames)
+            else:
+                worker.backlog.append(([item], frames))
+        for ident, (run_items, run_frames) in batches.items():
+            self._send_run(ident, run_items, run_frames)
+
+    def _actor_done(self, worker: Worker, items: list[Any], results: list[list[Any]]) -> None:
+        actor = worker.actor
+        assert actor is not None
+        for item, result in zip(items, results):
+            actor.sent.pop(item[0], None)
+            if item[0] == actor.placement and item[1] != P.OK:
+                # __init__ raised: the instance never existed; the broker fails its calls.
+                log.warning("actor_init_failed", actor=actor.id)
+                self.actors.pop(actor.id, None)
+                self.by_ident.pop(worker.ident, None)
+                _kill(worker.proc)
+            self._report(item[0], item[1], result, item[3])
+
+    def _reap_actors(self) -> None:
+        for worker in list(self.actors.values()):
+            code = worker.proc.poll()
+            if code is None or worker.actor is None:
+                continue
+            cause = _exit_cause(code)
+            log.warning("actor_process_died", actor=worker.actor.id, pid=worker.proc.pid,
+                        cause=cause)
+            self._flush_done()  # results it sent before dying go first
+            self.broker.send_multipart(P.encode(P.ACTOR_EXIT, {
+                "actor": worker.actor.id, "placement": worker.actor.placement, "cause": cause,
+                "running": worker.actor.started()}))
+            del self.actors[worker.actor.id]
+            self.by_ident.pop(worker.ident, None)
+
     # -- worker side --------------------------------------------------------------------
     def _worker(self, slot: int, devices: tuple[str, ...]) -> Worker:
         worker = self.workers.get((slot, devices))
@@ -320,12 +434,19 @@ class Agent:
             return worker
         if worker is not None:  # died while idle (or about to be reaped): start afresh
             self._reap()
+        worker = self._start_process(slot, devices, self.slots[slot].nthreads)
+        self.workers[(slot, devices)] = worker
+        return worker
+
+    def _start_process(self, slot: int, devices: tuple[str, ...], nthreads: int,
+                       actor: bool = False) -> Worker:
         # An idle process that used these devices may still hold their memory (a CUDA
         # context, an allocator's cache): stop it before another process uses them.
-        for other in list(self.workers.values()):
-            if other.slot == slot and set(other.gpus) & set(devices) and not other.running:
-                _kill(other.proc)
-                self._forget(other)
+        if devices:
+            for other in list(self.workers.values()):
+                if other.slot == slot and set(other.gpus) & set(devices) and not other.running:
+                    _kill(other.proc)
+                    self._forget(other)
         ident = uuid.uuid4().hex.encode()
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
@@ -333,12 +454,12 @@ class Agent:
         env["ZRES_BROKER"] = self.broker_address
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.worker", self.workers_address, ident.decode(),
-             str(self.slots[slot].nthreads), str(os.getpid())], env=env,
+             str(nthreads), str(os.getpid()), *(["actor"] if actor else [])], env=env,
             stdin=subprocess.DEVNULL)
         worker = Worker(ident, slot, devices, proc)
-        self.workers[(slot, devices)] = worker
         self.by_ident[ident] = worker
-        log.info("worker_started", pid=proc.pid, slot=slot, gpus=",".join(devices) or "-")
+        log.info("worker_started", pid=proc.pid, slot=slot, gpus=",".join(devices) or "-",
+                 actor=actor)
         return worker
 
     def _send_run(self, ident: bytes, items: list[Any], frames: list[Any]) -> None:
@@ -350,6 +471,17 @@ class Agent:
         if worker is None:
             return
         msg = P.decode(frames[1:])
+        if worker.actor is not None:
+            if msg.kind == P.READY:
+                worker.ready = True
+                for items, task_frames in worker.backlog:
+                    self._send_run(worker.ident, items, task_frames)
+                worker.backlog = []
+            elif msg.kind == P.DONE:
+                items = msg.body["results"]
+                self._actor_done(worker, items,
+                                 P.split_frames(msg.frames, [i[2] for i in items]))
+            return
         if msg.kind == P.READY:
             worker.ready = True
             for items, task_frames in worker.backlog:
@@ -375,12 +507,12 @@ class Agent:
             self._done = ([], [])
 
     def _reap(self) -> None:
+        self._reap_actors()
         for worker in list(self.workers.values()):
             code = worker.proc.poll()
             if code is None:
                 continue
-            cause = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
-                     else f"exited with code {code}")
+            cause = _exit_cause(code)
             log.warning("worker_died", pid=worker.proc.pid, cause=cause,
                         tasks=len(worker.running))
             for task_id in sorted(worker.running):
@@ -394,6 +526,11 @@ class Agent:
         self.by_ident.pop(worker.ident, None)
         for task_id in worker.running:
             self.task_worker.pop(task_id, None)
+
+
+def _exit_cause(code: int) -> str:
+    return (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+            else f"exited with code {code}")
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

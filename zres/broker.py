@@ -20,6 +20,7 @@ import structlog
 import zmq
 
 from . import protocol as P
+from .broker_actors import ActorRouting, ActorState, check_actor_spec
 from .errors import ProtocolError
 from .resources import GPU, UNIT, format_units
 from .scheduler import Scheduler
@@ -35,6 +36,7 @@ class ClientRecord:
     name: str
     last_seen: float
     ids: dict[int, int] = field(default_factory=dict)  # local id -> task id
+    actors: set[str] = field(default_factory=set)      # the actors it made
 
 
 @dataclass(slots=True)
@@ -77,6 +79,7 @@ class Broker:
         self._last_beat = 0.0
         self._stopping = False
         self._results: dict[bytes, tuple[list[Any], list[Any]]] = {}
+        self.act = ActorRouting(self)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self._handlers = {
@@ -84,7 +87,8 @@ class Broker:
             P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
             P.REGISTER: self._on_register, P.DONE: self._on_done,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
-            P.RESOURCES: self._on_resources,
+            P.RESOURCES: self._on_resources, P.KILL: self.act.on_kill,
+            P.LOOKUP: self.act.on_lookup, P.ACTOR_EXIT: self.act.on_exit,
         }
 
     # -- loop -----------------------------------------------------------------------
@@ -127,6 +131,7 @@ class Broker:
                 self._heartbeats(now)
             except Exception:
                 log.exception("heartbeat_failed")
+        self.act.pump_all()
         self._flush_results()
 
     def _dispatch(self, frames: list[Any], now: float) -> None:
@@ -175,24 +180,33 @@ class Broker:
         if client is None:
             return
         items = P.field(msg, "tasks", list)
-        if not all(isinstance(i, list) and len(i) == 8 for i in items):
-            raise ProtocolError("submit: each task must be an 8-item array")
+        if not all(isinstance(i, list) and len(i) in (8, 9) for i in items):
+            raise ProtocolError("submit: each task must be an 8- or 9-item array")
         payloads = P.split_frames(msg.frames, [i[5] for i in items])
         for item, payload in zip(items, payloads):
             self._add_task(client, item, payload)
 
     def _add_task(self, client: ClientRecord, item: list[Any], payload: list[Any]) -> None:
-        local, units, priority, retries, deps, _, name, strict = item
+        local, units, priority, retries, deps, _, name, strict, *rest = item
+        extra = rest[0] if rest else {}
         if not (isinstance(local, int) and isinstance(priority, int)
                 and isinstance(retries, int) and isinstance(deps, list) and payload
-                and all(type(d) is int for d in deps)):
+                and all(type(d) is int for d in deps) and isinstance(extra, dict)):
             raise ProtocolError("submit: malformed task")
         P.check_units(units, "submit")
+        spec = check_actor_spec(extra["actor"]) if "actor" in extra else None
+        call = extra.get("call")
+        if call is not None and not isinstance(call, str):
+            raise ProtocolError("submit: call must name an actor id")
         self._next_task += 1
         task = Task(self._next_task, client.ident, local, units, priority, max(retries, 0),
                     str(name), bool(strict), payload, [])
         self.tasks[task.id] = task
         client.ids[local] = task.id
+        if spec is not None and not self.act.add_actor(client, task, spec):
+            return
+        if call is not None and not self.act.add_call(client, task, call):
+            return
         failed_dep: Task | None = None
         for dep_local in deps:
             dep = self.tasks.get(client.ids.get(dep_local, -1))
@@ -213,6 +227,9 @@ class Broker:
             self._make_ready(task)
 
     def _make_ready(self, task: Task) -> None:
+        if task.actor:
+            self.act.call_ready(task)
+            return
         reason = self.sched.infeasible_reason(task.units)
         if reason is not None and task.strict:
             self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
@@ -258,7 +275,13 @@ class Broker:
                 self._cancel(task)
 
     def _cancel(self, task: Task) -> None:
-        if task.state is TaskState.QUEUED:
+        actor = self.act.actors.get(task.creates) if task.creates else None
+        if actor is not None:
+            self.act.kill(actor, "its construction was cancelled")
+            return
+        if task.actor:  # a call: failing it is enough (one running finishes unobserved)
+            pass
+        elif task.state is TaskState.QUEUED:
             self.sched.dequeue(task.id)
             self._dirty = True  # it may have held a reservation
         elif task.state is TaskState.RUNNING:
@@ -272,9 +295,11 @@ class Broker:
 
     def _drop_client(self, client: ClientRecord, event: str) -> None:
         log.info(event, client=client.name)
+        self.act.drop_owned_by(client)
         for task_id in list(client.ids.values()):
             task = self.tasks.get(task_id)
-            if task is not None and task.state not in FINISHED:
+            if task is not None and task.state not in FINISHED \
+                    and task.creates not in self.act.actors:  # a named actor lives on
                 self._cancel(task)
         for task_id in list(client.ids.values()):
             if task_id in self.tasks:
@@ -372,8 +397,17 @@ class Broker:
     def _assign(self, grants: list[Any]) -> None:
         batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         for grant in grants:
-            task = self.tasks[grant.task]
             agent = self.slot_owner[grant.slot]
+            actor = self.act.placements.get(grant.task)
+            if actor is not None:
+                self.act.place(actor, agent.ident, agent.name)
+                items, frames = batches[agent.ident]
+                frames.extend(actor.spawn)
+                items.append([grant.task, agent.slots.index(grant.slot), grant.units,
+                              grant.gpus, actor.spawn_counts[0], actor.spawn_counts[1],
+                              {"actor": actor.id, "concurrency": actor.concurrency}])
+                continue
+            task = self.tasks[grant.task]
             set_state(task, TaskState.RUNNING)
             task.agent = agent.name
             items, frames = batches[agent.ident]
@@ -399,6 +433,19 @@ class Broker:
             raise ProtocolError("done: each result must be a 4-item array")
         for (task_id, outcome, _, info), frames in zip(
                 items, P.split_frames(msg.frames, [i[2] for i in items])):
+            info = info if isinstance(info, dict) else {}
+            actor = self.act.placements.get(task_id)
+            if actor is not None:
+                if actor.agent == ident and actor.state is ActorState.STARTING:
+                    self.act.started(actor, str(outcome), frames, info)
+                continue
+            actor = self.act.call_actor.pop(task_id, None)
+            if actor is not None:
+                actor.inflight.pop(task_id, None)
+                task = self.tasks.get(task_id)
+                if task is not None and task.state is TaskState.RUNNING:
+                    self._finish(task, str(outcome), frames, {**info, "agent": agent.name})
+                continue
             grant = self.sched.running.get(task_id)
             if grant is None or self.slot_owner.get(grant.slot) is not agent:
                 continue  # stale: cancelled, or retried elsewhere after a loss
@@ -407,7 +454,6 @@ class Broker:
             task = self.tasks.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
                 continue
-            info = info if isinstance(info, dict) else {}
             if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
                 self._retry(task, info.get("message", "worker lost"))
             else:
@@ -427,6 +473,10 @@ class Broker:
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
             for task_id in self.sched.remove_slot(slot_id):
+                actor = self.act.placements.get(task_id)
+                if actor is not None:
+                    self.act.lost(actor, f"its agent {agent.name} was lost ({why})", None)
+                    continue
                 task = self.tasks.get(task_id)
                 if task is None or task.state is not TaskState.RUNNING:
                     continue
@@ -441,7 +491,9 @@ class Broker:
 
     def _recheck_feasibility(self) -> None:
         for task_id in list(self.sched.waiting):
-            task = self.tasks[task_id]
+            task = self.tasks.get(task_id)
+            if task is None:
+                continue  # an actor's restart: it waits for a fitting agent to join
             reason = self.sched.infeasible_reason(task.units)
             if reason is None:
                 task.warned = ""
@@ -474,6 +526,11 @@ class Broker:
         """Finish one task; return the waiting dependents a failure must also fail."""
         set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
         task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
+        actor = self.act.actors.get(task.creates) if task.creates else None
+        if actor is not None and outcome != P.OK and actor.state is ActorState.PENDING:
+            # It never started (a failed argument, infeasible): calls fail the same way.
+            actor.error = (outcome, frames, info)
+            self.act.dead(actor, str(info.get("message", "its construction failed")))
         client = self.clients.get(task.client)
         if client is not None and client.ids.get(task.local_id) == task.id:
             items, out = self._results.setdefault(client.ident, ([], []))
@@ -543,6 +600,10 @@ class Broker:
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
                                              else "")
             return f"waiting for {task.missing} of {len(task.deps)} dependencies: {shown}"
+        if task.state is TaskState.QUEUED and task.actor:
+            actor = self.act.actors.get(task.actor)
+            state = actor.state.value if actor is not None else "dead"
+            return f"queued for actor {task.actor[:8]} ({state}) behind the caller's earlier calls"
         if task.state is TaskState.QUEUED:
             return self.sched.why(task.id, count_ahead)
         if task.state is TaskState.RUNNING:
@@ -572,7 +633,8 @@ class Broker:
                     blocked.append({"id": task.id, "name": task.name, "units": task.units,
                                     "reason": self._why(task, count_ahead=False)})
         return {"epoch": self.epoch, "address": self.address, "agents": agents,
-                "clients": len(self.clients), "counts": dict(counts), "waiting": blocked}
+                "clients": len(self.clients), "counts": dict(counts), "waiting": blocked,
+                "actors": self.act.status()}
 
 
 def _int_list(value: Any, what: str) -> list[int]:

@@ -163,6 +163,15 @@ def render_status(status: dict[str, Any]) -> str:
     counts = status["counts"]
     lines += ["", "tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                                or "none")]
+    if status.get("actors"):
+        lines += ["", "actors:"]
+        for actor in status["actors"]:
+            label = f"{actor['cls']}({actor['name'] or actor['id'][:8]})"
+            where = f" on {actor['agent']}" if actor["agent"] else ""
+            why = f": {actor['reason']}" if actor.get("reason") else ""
+            lines.append(f"  {label:<24} {actor['state']}{where}  {format_units(actor['units'])}"
+                         f"  calls: {actor['running']} sent, {actor['queued']} queued"
+                         f"  restarts left: {actor['restarts_left']}{why}")
     if status["waiting"]:
         lines += ["", "waiting:"]
         lines += [f"  {t['name']} (id {t['id']}): {t['reason']}" for t in status["waiting"]]

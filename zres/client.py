@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import inspect
 import itertools
 import os
+import pickle
 import threading
 import time
 import uuid
@@ -29,6 +31,7 @@ from . import protocol as P
 from .context import current_annotations
 from .errors import BrokerLostError, InfeasibleError, ZresError
 from .futures import Future
+from .handles import ActorHandle
 from .resources import mapping_to_units, task_request, units_to_float
 from .serialize import CallPickler, loads, loads_exception
 
@@ -131,20 +134,88 @@ class Client(cf.Executor):
         return {"units": task_request(resources), "retries": retries, "priority": priority,
                 "strict": infeasible == "error"}
 
-    def _make_future(self, fn: Callable[..., Any], name: str | None, frames: list[Any],
-                     deps: list[Future], opts: dict[str, Any]) -> Future:
+    def _make_future(self, fn: Any, name: str | None, frames: list[Any],
+                     deps: list[Future], opts: dict[str, Any],
+                     extra: dict[str, Any] | None = None) -> Future:
         for dep in deps:
             if dep.client is not self:
                 raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
         task_id = next(self._ids)
-        label = name or f"{getattr(fn, '__name__', 'task')}-{task_id}"
+        label = name or f"{getattr(fn, '__name__', fn)}-{task_id}"
         future = Future(self, task_id, label)
         item = [task_id, opts["units"], opts["priority"], opts["retries"],
                 [d.id for d in deps], len(frames), label, opts["strict"]]
+        if extra:
+            item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending
             self._check_open()
             self._io.pending[task_id] = future
             self._io.outbox.append((P.SUBMIT, item, frames))
+        return future
+
+    # -- actors ---------------------------------------------------------------------------
+    def actor(self, cls: type, /, *args: Any, resources: Mapping[str, Any] | None = None,
+              max_concurrency: int = 1, restarts: int = 0, name: str | None = None,
+              priority: int | None = None, infeasible: str | None = None,
+              **kwargs: Any) -> ActorHandle:
+        """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
+
+        The actor holds RESOURCES until it ends. Its methods run in its own process, calls
+        from one client in the order made, up to MAX_CONCURRENCY at once (threads; coroutine
+        methods on its event loop). If its process or agent dies it is started again, up
+        to RESTARTS times (-1: no limit). A NAMEd actor can be found with ``get_actor`` and
+        outlives this client; an unnamed one ends when this client disconnects.
+        """
+        if not inspect.isclass(cls):
+            raise TypeError(f"actor() needs a class, not {type(cls).__name__}")
+        for label, value, low in (("max_concurrency", max_concurrency, 1),
+                                  ("restarts", restarts, -1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{label} must be an int >= {low}, got {value!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        opts = self._options(resources, 0, priority, infeasible, None)
+        actor_id = uuid.uuid4().hex
+        methods = sorted(m for m in dir(cls)
+                         if not m.startswith("__") and callable(getattr(cls, m, None)))
+        deps: list[Any] = []
+        index: dict[int, int] = {}
+        frames = self._pickler.call(self._pickler.function(cls, deps, index), args, kwargs,
+                                    deps, index)
+        spec = {"id": actor_id, "name": name or "", "cls": cls.__qualname__,
+                "methods": methods, "restarts": restarts, "concurrency": max_concurrency}
+        ready = self._make_future(cls, f"{cls.__qualname__}.__init__-{name or actor_id[:8]}",
+                                  frames, deps, opts, {"actor": spec})
+        self._io.wake()
+        if name is not None:
+            # Sent after the construction, so the broker answers with the name's owner.
+            owner = self._io.request(P.LOOKUP, {"name": name}, 30.0).get("actor") or {}
+            if owner.get("id", actor_id) != actor_id:
+                raise ValueError(f"an actor named {name!r} already exists")
+        return ActorHandle(actor_id, cls.__qualname__, methods, name or "", self, ready)
+
+    def get_actor(self, name: str, timeout: float = 10.0) -> ActorHandle:
+        """Return a handle to the live actor called NAME; ValueError if there is none."""
+        found = self._io.request(P.LOOKUP, {"name": name}, timeout).get("actor")
+        if not found:
+            raise ValueError(f"no live actor named {name!r}")
+        return ActorHandle(found["id"], found["cls"], found["methods"], found["name"], self)
+
+    def kill(self, actor: ActorHandle, timeout: float = 10.0) -> None:
+        """End ACTOR now: its resources are free when this returns; later calls fail
+        with ActorDiedError."""
+        if not isinstance(actor, ActorHandle):
+            raise TypeError(f"kill() needs an ActorHandle, not {type(actor).__name__}")
+        self._io.request(P.KILL, {"actor": actor._zres_id}, timeout)
+
+    def _call(self, actor: ActorHandle, method: str, args: tuple[Any, ...],
+              kwargs: dict[str, Any], retries: int, key: str | None) -> Future:
+        opts = self._options({}, retries, 0, "warn", key)
+        deps: list[Any] = []
+        frames = self._pickler.call(pickle.dumps(method, protocol=5), args, kwargs, deps, {})
+        label = key or f"{actor._zres_cls}.{method}"
+        future = self._make_future(label, key, frames, deps, opts, {"call": actor._zres_id})
+        self._io.wake()
         return future
 
     def _check_open(self) -> None:
@@ -239,6 +310,7 @@ def _set(future: Future, result: Any = None, exception: BaseException | None = N
 _ERRORS: dict[str, type[BaseException]] = {
     "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
     "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
+    "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
     "CancelledError": cf.CancelledError, "ZresError": ZresError,
 }
 
@@ -360,8 +432,11 @@ class _IOThread:
                 releases.append(item)
             elif kind == P.CANCEL:
                 cancels.append(item)
-            else:  # a request (status, why, resources): the broker must know earlier tasks
+            else:  # a request: the broker must see what was queued before it first
                 flush_submits()
+                if cancels:
+                    self._send(P.CANCEL, {"ids": cancels})
+                    cancels = []
                 body, reply = item
                 req = next(self._request_ids)
                 self.requests[req] = reply
@@ -399,7 +474,8 @@ class _IOThread:
             self._hello()
         elif msg.kind == P.WARN:
             self._on_warn(msg)
-        elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY):
+        elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY, P.KILL_REPLY,
+                          P.LOOKUP_REPLY):
             reply = self.requests.pop(msg.body.get("req", -1), None)
             if reply is not None:
                 reply.set_result(msg.body)

@@ -23,6 +23,11 @@ class BrokerLostError(ZresError):
     """The broker restarted or stayed unreachable, losing the task."""
 
 
+class ActorDiedError(ZresError):
+    """An actor ended (killed, its process or agent lost, its owner gone) before the call ran
+    or while it ran; the message names the cause."""
+
+
 class InfeasibleError(ZresError):
     """No agent in the cluster could ever satisfy the task's resource request."""
 

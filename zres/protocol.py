@@ -15,7 +15,13 @@ Bodies, by kind (ids are ints; ``units`` maps resource name -> int in 1/10,000th
 
 client -> broker
     hello      {client: name, epoch?: broker epoch last seen}
-    submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict]]}
+    submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict,
+                         extra?]]}
+               extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency}}
+               makes the task an actor's construction (its result: the instance is up);
+               {call: actor id} makes it a method call (payload: method name, arguments)
+    kill       {actor: id}                       end an actor now -> kill_reply
+    lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...}}
     release    {ids: [id...]}                    the client dropped these futures
     cancel     {ids: [id...]}
     status     {}                                -> status_reply
@@ -27,15 +33,20 @@ broker -> client
     welcome    {epoch, heartbeat: seconds}
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
-    status_reply {...}, why_reply {id, reason}
+    status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
     resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
 agent -> broker
     register   {name, slots: [{units, gpus: [device id...]}], host, pid}
     done       {results: [[id, outcome, nframes, info]]}
+    actor_exit {actor, placement, cause, running: [call ids the process had started]}
 broker -> agent
     welcome    {epoch, agent, heartbeat}
-    assign     {tasks: [[id, slot, units, gpus, nframes, deps: [nframes...]]]}
+    assign     {tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], actor?]]}
+               actor {actor: id, concurrency}: start a process of its own that constructs
+               the actor and then serves its calls; its resources stay held until it ends
+    call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
+    kill_actor {ids: [actor id...]}
     cancel     {ids: [id...]}
     resources  {slots: [units...]}              the new capacity, for re-registering
     unknown    {}
@@ -44,6 +55,7 @@ any peer <-> broker
 
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]]}
+               context.create marks an actor's construction (actor processes only)
 worker process -> agent
     done       as agent -> broker
     ready      {pid}
@@ -87,10 +99,18 @@ READY = "ready"
 BYE = "bye"
 RESOURCES = "resources"
 RESOURCES_REPLY = "resources_reply"
+KILL = "kill"
+KILL_REPLY = "kill_reply"
+LOOKUP = "lookup"
+LOOKUP_REPLY = "lookup_reply"
+CALL = "call"
+KILL_ACTOR = "kill_actor"
+ACTOR_EXIT = "actor_exit"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
-                   RUN, READY, BYE, RESOURCES, RESOURCES_REPLY})
+                   RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
+                   LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT})
 
 # Task outcomes.
 OK = "ok"

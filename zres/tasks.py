@@ -54,6 +54,8 @@ class Task:
     info: dict[str, Any] = field(default_factory=dict)
     agent: str = ""
     warned: str = ""         # the infeasibility reason last reported, if any
+    actor: str = ""          # for a method call: the actor it goes to
+    creates: str = ""        # for an actor's construction: the actor it makes
 
 
 def set_state(task: Task, new: TaskState) -> None:

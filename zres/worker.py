@@ -5,7 +5,11 @@ sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task g
 different device set, so a CUDA context made by one task is never reused for another
 device. Tasks run on a pool of threads; results go back to the agent in batches.
 
-    python -m zres.worker ADDRESS IDENTITY NTHREADS AGENT_PID
+An actor gets a process of its own (``actor`` as the last argument): its first task
+constructs the instance, and every later one calls a method on it, on NTHREADS threads
+(the actor's ``max_concurrency``); coroutines run on the actor's own event loop.
+
+    python -m zres.worker ADDRESS IDENTITY NTHREADS AGENT_PID [actor]
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import inspect
 import os
 import queue
 import sys
+import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,7 +36,8 @@ _MAX_THREADS = 1024
 class WorkerProcess:
     """Receive RUN batches from the agent, run them on threads, send DONE batches back."""
 
-    def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int) -> None:
+    def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int,
+                 actor: bool = False) -> None:
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.agent = self.ctx.socket(zmq.DEALER)
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
@@ -45,8 +52,10 @@ class WorkerProcess:
         # resources (CPU included), so a task never waits here for a thread, and "assigned"
         # means "running" when a loss is charged to a retry budget. Threads are made on
         # demand and reused; NTHREADS is what the slot offers as CPU.
-        self.pool = ThreadPoolExecutor(max(_MAX_THREADS, nthreads),
+        # An actor's calls are paced by the agent, never more than NTHREADS at once.
+        self.pool = ThreadPoolExecutor(nthreads if actor else max(_MAX_THREADS, nthreads),
                                        thread_name_prefix="zres-task")
+        self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
 
@@ -78,8 +87,20 @@ class WorkerProcess:
             items = msg.body["tasks"]
             groups = P.split_frames(msg.frames, [i[1] + sum(i[2]) for i in items])
             for (task_id, nframes, dep_counts, context), frames_ in zip(items, groups):
-                self.pool.submit(self._run_task, task_id, frames_[:nframes],
-                                 P.split_frames(frames_[nframes:], dep_counts), context)
+                call = (task_id, frames_[:nframes], P.split_frames(frames_[nframes:], dep_counts),
+                        context)
+                if self.actor is not None:
+                    self.actor.waiting.append(call)
+                else:
+                    self.pool.submit(self._run_task, *call)
+            self._start_actor_calls()
+
+    def _start_actor_calls(self) -> None:
+        """Start an actor's calls in the order received, while it has a free place."""
+        actor = self.actor
+        while actor is not None and actor.waiting and actor.free > 0:
+            actor.free -= 1
+            self.pool.submit(self._run_task, *actor.waiting.popleft())
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> None:
@@ -87,9 +108,12 @@ class WorkerProcess:
                                              list(context["gpus"]), context.get("attempt", 0)))
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                value = asyncio.run(_await(value))
+            if self.actor is not None:
+                value = self.actor.run(fn, args, kwargs, bool(context.get("create")))
+            else:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = asyncio.run(_await(value))
             outcome, frames = P.OK, dumps(value)
         except BaseException as exc:  # report everything, SystemExit included
             outcome, frames = P.RAISED, dumps_exception(exc)
@@ -113,8 +137,58 @@ class WorkerProcess:
                 break
             items.append([task_id, outcome, len(task_frames), {}])
             frames.extend(task_frames)
+            if self.actor is not None:
+                self.actor.finished(outcome)
         if items:
             self.agent.send_multipart(P.encode(P.DONE, {"results": items}, frames), copy=False)
+        # Only now: the agent must hear of a result before the call taking its place starts.
+        self._start_actor_calls()
+
+
+class ActorHost:
+    """Hold one actor instance; run its construction and method calls.
+
+    The construction runs alone; then up to CONCURRENCY calls at once, started in the
+    order they arrived (``waiting``), each only after the previous result was sent.
+    """
+
+    READY = "__zres_ready__"  # a call that only waits for the instance to be up
+
+    def __init__(self, concurrency: int) -> None:
+        self.instance: Any = None
+        self.concurrency = concurrency
+        self.waiting: deque[tuple[Any, ...]] = deque()
+        self.free = 1               # the construction's place
+        self.constructed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def finished(self, outcome: str) -> None:
+        if self.constructed:
+            self.free += 1
+        elif outcome == P.OK:
+            self.constructed, self.free = True, self.concurrency
+        # else __init__ raised: nothing more runs here; the agent ends this process
+
+    def run(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], create: bool) -> Any:
+        if create:
+            self.instance = fn(*args, **kwargs)
+            return None
+        if fn == self.READY:
+            return None
+        value = getattr(self.instance, fn)(*args, **kwargs)
+        if inspect.isawaitable(value):
+            # The actor's one event loop: its coroutines share state safely with each other.
+            value = asyncio.run_coroutine_threadsafe(_await(value), self.loop()).result()
+        return value
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="zres-actor-loop",
+                                 daemon=True).start()
+            return self._loop
 
 
 async def _await(awaitable: Any) -> Any:
@@ -122,8 +196,9 @@ async def _await(awaitable: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    address, identity, nthreads, agent_pid = (argv or sys.argv[1:])[:4]
-    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid)).run()
+    address, identity, nthreads, agent_pid, *mode = argv or sys.argv[1:]
+    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid),
+                  actor=mode == ["actor"]).run()
 
 
 if __name__ == "__main__":
