@@ -1,4 +1,4 @@
-"""No-op task throughput and submit-to-result latency on a local cluster.
+"""No-op task throughput, submit-to-result latency and actor calls on a local cluster.
 
     python bench/throughput.py [--tasks 10000] [--latency 1000] [--json out.json]
 
@@ -47,6 +47,32 @@ def latency(client: zres.Client, n: int) -> tuple[float, float]:
     return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3
 
 
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+
+def actor_calls(client: zres.Client, n: int) -> tuple[float, float, float]:
+    """Return the median and p99 call round trip (ms) and pipelined calls per second."""
+    counter = client.actor(Counter)
+    counter.ready().result()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        counter.add(1).result()
+        samples.append(time.perf_counter() - start)
+    samples.sort()
+    start = time.perf_counter()
+    zres.wait([counter.add(1) for _ in range(n * 5)])
+    rate = n * 5 / (time.perf_counter() - start)
+    client.kill(counter)
+    return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3, rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -63,6 +89,9 @@ def main() -> None:
         }
         median, p99 = latency(client, args.latency)
         figures |= {"latency_median_ms": median, "latency_p99_ms": p99}
+        median, p99, rate = actor_calls(client, args.latency)
+        figures |= {"actor_call_median_ms": median, "actor_call_p99_ms": p99,
+                    "actor_calls_per_s": rate}
     for name, value in figures.items():
         print(f"{name:>22}: {value:,.1f}" if value > 10 else f"{name:>22}: {value:.3f}")
     if args.json:
