@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .client import Client, InfeasibleWarning, default_client
+from .commands import CommandResult
 from .context import TaskContext, annotate, get_task_context
 from .errors import (
     ActorDiedError,
     AgentLostError,
     BrokerLostError,
+    CommandFailed,
     InfeasibleError,
     ProtocolError,
     RemoteError,
@@ -39,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActorDiedError", "ActorHandle", "ActorMethod", "actor", "get_actor", "kill",
+    "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
     "Client", "Future", "InfeasibleError", "InfeasibleWarning", "LocalCluster", "ProtocolError",
     "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
@@ -69,3 +72,8 @@ def get_actor(name: str, timeout: float = 10.0) -> ActorHandle:
 def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
     """End ACTOR now and free its resources; later calls fail with ActorDiedError."""
     actor.client().kill(actor, timeout)
+
+
+def submit_command(argv: Any, **kwargs: Any) -> Future:
+    """Queue a shell command as a job on the default client; see Client.submit_command."""
+    return default_client().submit_command(argv, **kwargs)

@@ -22,10 +22,21 @@ from typing import Any
 import structlog
 import zmq
 
+from . import commands
 from . import gpu as gpu_mod
 from . import protocol as P
 from .errors import ProtocolError, ResourceSpecError
-from .resources import CPU, GPU, MEMORY, UNIT, Units, format_amount, format_units, units_to_float
+from .resources import (
+    CPU,
+    GPU,
+    MEMORY,
+    UNIT,
+    Units,
+    format_amount,
+    format_units,
+    token_devices,
+    units_to_float,
+)
 from .scheduler import GPU_MEMORY
 
 log = structlog.get_logger("zres.agent")
@@ -85,7 +96,13 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
     if nworkers < 1:
         raise ResourceSpecError("nworkers must be at least 1")
     threads = nthreads or max(1, (os.cpu_count() or 1) // nworkers)
-    devices = gpu_mod.discover() if detect else []
+    tokens = [name for name in declared if token_devices({name: 1})]
+    if tokens and GPU in declared:
+        raise ResourceSpecError(f"invalid resource spec: declare GPU=k or per-device tokens "
+                                f"({', '.join(tokens)}), not both")
+    # Per-device tokens stand for the devices: offering detected GPUs too would offer
+    # each device twice.
+    devices = gpu_mod.discover() if detect and not tokens else []
     memory = _total_memory() // nworkers if detect else 0
     if declared.get(GPU, 0) % UNIT:
         raise ResourceSpecError(f"invalid resource spec 'GPU={format_amount(GPU, declared[GPU])}'"
@@ -133,8 +150,11 @@ class Agent:
     """Connect to the broker, register slots, run assigned tasks in worker processes."""
 
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
-                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0) -> None:
+                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0,
+                 job_logs: str | None = None) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.job_logs = job_logs or commands.default_log_dir()
+        os.makedirs(self.job_logs, exist_ok=True)
         self.slots = slots
         self.broker_address = broker
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
@@ -279,6 +299,8 @@ class Agent:
             self._on_cancel(msg)
         elif msg.kind == P.CALL:
             self._on_call(msg)
+        elif msg.kind == P.LOGS:
+            self._on_logs(msg)
         elif msg.kind == P.KILL_ACTOR:
             for actor_id in P.field(msg, "ids", list):
                 worker = self.actors.pop(str(actor_id), None)
@@ -326,7 +348,7 @@ class Agent:
         for (task_id, slot, units, gpus, nframes, dep_counts, *actor), frames in zip(
                 items, groups):
             spec = self.slots[slot]
-            devices = tuple(spec.gpus[pos] for pos in gpus)
+            devices = tuple(spec.gpus[pos] for pos in gpus) or token_devices(units)
             context = {"agent": self.name, "resources": units_to_float(units),
                        "gpus": list(devices)}
             item = [task_id, nframes, dep_counts, context]
@@ -346,18 +368,31 @@ class Agent:
             self._send_run(ident, run_items, frames)
 
     def _on_cancel(self, msg: P.Message) -> None:
-        # A running Python call cannot be interrupted safely; a task still in a starting
-        # worker's backlog is dropped. Either way the broker has already failed it.
+        # A task still in a starting worker's backlog is dropped; a running command job's
+        # process group is stopped by its worker; a running Python call cannot be
+        # interrupted safely. Either way the broker has already failed it.
         for task_id in P.field(msg, "ids", list):
             worker = self.task_worker.get(task_id)
             if worker is None:
                 continue
+            if worker.ready:
+                self.workers_sock.send_multipart([worker.ident, *P.encode(P.CANCEL,
+                                                                          {"ids": [task_id]})])
             kept = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
             if len(kept) != len(worker.backlog):
                 worker.backlog = kept
                 worker.running.discard(task_id)
                 self._report(task_id, P.FAILED, [], {"type": "CancelledError",
                                                       "message": "cancelled"})
+
+    def _on_logs(self, msg: P.Message) -> None:
+        job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
+        body: dict[str, Any] = {"token": msg.body.get("token"), "job": job}
+        try:
+            body["data"] = commands.read_log(self.job_logs, job, max(offset, 0))
+        except OSError as exc:
+            body["error"] = f"agent {self.name} has no log for job {job}: {exc.strerror or exc}"
+        self.broker.send_multipart(P.encode(P.LOGS_REPLY, body))
 
     # -- actors ---------------------------------------------------------------------------
     def _start_actor(self, spec: Any, slot: int, devices: tuple[str, ...], item: list[Any],
@@ -452,6 +487,7 @@ class Agent:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
         env["ZRES_BROKER"] = self.broker_address
+        env["ZRES_JOB_LOGS"] = self.job_logs
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.worker", self.workers_address, ident.decode(),
              str(nthreads), str(os.getpid()), *(["actor"] if actor else [])], env=env,
@@ -534,9 +570,14 @@ def _exit_cause(code: int) -> str:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a worker process: SIGTERM (it takes its command jobs along), then SIGKILL."""
     if proc.poll() is None:
-        proc.kill()
+        proc.terminate()
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
-            pass
+            proc.kill()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass

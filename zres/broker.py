@@ -22,7 +22,8 @@ import zmq
 from . import protocol as P
 from .broker_actors import ActorRouting, ActorState, check_actor_spec
 from .errors import ProtocolError
-from .resources import GPU, UNIT, format_units
+from .jobs import JobRouting
+from .resources import GPU, UNIT, format_units, token_devices
 from .scheduler import Scheduler
 from .tasks import FINISHED, Task, TaskState, set_state
 
@@ -80,6 +81,7 @@ class Broker:
         self._stopping = False
         self._results: dict[bytes, tuple[list[Any], list[Any]]] = {}
         self.act = ActorRouting(self)
+        self.jobs = JobRouting(self)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self._handlers = {
@@ -89,6 +91,8 @@ class Broker:
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
             P.RESOURCES: self._on_resources, P.KILL: self.act.on_kill,
             P.LOOKUP: self.act.on_lookup, P.ACTOR_EXIT: self.act.on_exit,
+            P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
+            P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
         }
 
     # -- loop -----------------------------------------------------------------------
@@ -203,6 +207,8 @@ class Broker:
                     str(name), bool(strict), payload, [])
         self.tasks[task.id] = task
         client.ids[local] = task.id
+        if "job" in extra:
+            self.jobs.add(task, extra["job"])
         if spec is not None and not self.act.add_actor(client, task, spec):
             return
         if call is not None and not self.act.add_call(client, task, call):
@@ -298,8 +304,9 @@ class Broker:
         self.act.drop_owned_by(client)
         for task_id in list(client.ids.values()):
             task = self.tasks.get(task_id)
+            # A named actor and a detached job live on.
             if task is not None and task.state not in FINISHED \
-                    and task.creates not in self.act.actors:  # a named actor lives on
+                    and task.creates not in self.act.actors and not self.jobs.detached(task):
                 self._cancel(task)
         for task_id in list(client.ids.values()):
             if task_id in self.tasks:
@@ -410,6 +417,11 @@ class Broker:
             task = self.tasks[grant.task]
             set_state(task, TaskState.RUNNING)
             task.agent = agent.name
+            slot_index = agent.slots.index(grant.slot)
+            if task.id in self.jobs.active:
+                self.jobs.started(task, agent.name,
+                                  [agent.gpus[slot_index][p] for p in grant.gpus]
+                                  or list(token_devices(grant.units)))
             items, frames = batches[agent.ident]
             dep_counts = []
             frames.extend(task.payload)
@@ -417,7 +429,7 @@ class Broker:
                 result = self.tasks[dep_id].result
                 dep_counts.append(len(result))
                 frames.extend(result)
-            items.append([task.id, agent.slots.index(grant.slot), grant.units, grant.gpus,
+            items.append([task.id, slot_index, grant.units, grant.gpus,
                           len(task.payload), dep_counts])
         for ident, (items, frames) in batches.items():
             self._send(ident, P.ASSIGN, {"tasks": items}, frames)
@@ -464,6 +476,7 @@ class Broker:
         task.retries -= 1
         log.info("task_retried", task=task.name, id=task.id, why=why, retries_left=task.retries)
         set_state(task, TaskState.QUEUED)
+        self.jobs.requeued(task)
         self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
         self._dirty = True
 
@@ -526,6 +539,7 @@ class Broker:
         """Finish one task; return the waiting dependents a failure must also fail."""
         set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
         task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
+        self.jobs.finished(task, outcome, info)
         actor = self.act.actors.get(task.creates) if task.creates else None
         if actor is not None and outcome != P.OK and actor.state is ActorState.PENDING:
             # It never started (a failed argument, infeasible): calls fail the same way.

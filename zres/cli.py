@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import zmq
 
-from . import config, logs
+from . import config, jobs_cli, logs
 from . import protocol as P
 from .errors import ZresError
 from .resources import format_amount, format_units, parse_spec
@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--nworkers", type=int, help="worker processes (slots), default 1")
     agent.add_argument("--nthreads", type=int, help="threads per worker (default: cores)")
     agent.add_argument("--name", help="agent name (default host-pid)")
+    agent.add_argument("--job-logs", help="where command jobs' logs are kept "
+                       "(default: zres-jobs-UID in the temporary directory)")
     agent.add_argument("--no-detect", action="store_true",
                        help="offer only CPU=threads and --resources, no detected MEMORY/GPU")
     _common(agent)
@@ -57,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
     demo.add_argument("--inputs", type=int, default=20)
+    jobs_cli.add_parsers(sub, _seconds)
     return parser
 
 
@@ -111,14 +114,15 @@ def _agent(args: argparse.Namespace) -> int:
     from .agent import Agent, plan_slots
     settings = config.load("agent", {"broker": args.address, "resources": args.resources,
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
-                                     "name": args.name}, path=args.config)
+                                     "name": args.name, "job_logs": args.job_logs},
+                           path=args.config)
     if not settings["broker"]:
         raise _Fail("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
     agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
-                  settings["heartbeat_timeout"])
+                  settings["heartbeat_timeout"], settings["job_logs"])
     agent.run()
     return agent.exit_code
 
@@ -183,5 +187,6 @@ def _demo(args: argparse.Namespace) -> int:
     return run(args.inputs)
 
 
-_COMMANDS = {"broker": _broker, "agent": _agent, "status": _status, "resources": _resources,
+_COMMANDS = {**jobs_cli.COMMANDS,
+             "broker": _broker, "agent": _agent, "status": _status, "resources": _resources,
              "demo": _demo}

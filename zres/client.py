@@ -14,6 +14,7 @@ import inspect
 import itertools
 import os
 import pickle
+import shlex
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ import zmq
 
 from . import errors
 from . import protocol as P
+from .commands import run_command
 from .context import current_annotations
 from .errors import BrokerLostError, InfeasibleError, ZresError
 from .futures import Future
@@ -152,6 +154,48 @@ class Client(cf.Executor):
             self._io.pending[task_id] = future
             self._io.outbox.append((P.SUBMIT, item, frames))
         return future
+
+    # -- command jobs -----------------------------------------------------------------------
+    def submit_command(self, argv: str | Iterable[str], *,
+                       resources: Mapping[str, Any] | None = None,
+                       env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None
+                       = None, name: str | None = None, retries: int | None = None,
+                       priority: int | None = None, infeasible: str | None = None,
+                       detached: bool = False) -> Future:
+        """Queue a shell command as a job; return a future of its ``CommandResult``.
+
+        It runs on an agent with RESOURCES free, in a process group of its own, with
+        CUDA_VISIBLE_DEVICES set to the granted devices and ZRES_JOB_ID, ZRES_GPU_IDS in
+        its environment; its output goes to a log on that agent (``zres logs``). A
+        non-zero exit fails the future with ``CommandFailed``. A string ARGV is split as a
+        shell would (no shell runs it). A DETACHED job outlives this client.
+        """
+        args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+        if not args or not all(isinstance(a, str) for a in args):
+            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+        extra_env = dict(env or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
+            raise TypeError("env must map strings to strings")
+        opts = self._options(resources, retries, priority, infeasible, name)
+        deps: list[Any] = []
+        index: dict[int, int] = {}
+        frames = self._pickler.call(self._pickler.function(run_command, deps, index),
+                                    (args, extra_env, None if cwd is None else os.fspath(cwd)),
+                                    {}, deps, index)
+        label = name or os.path.basename(args[0])
+        future = self._make_future(run_command, f"{label}", frames, deps, opts,
+                                   {"job": {"argv": args, "detached": bool(detached)}})
+        self._io.wake()
+        return future
+
+    def job_ids(self, futures: Iterable[Future], timeout: float = 10.0) -> list[int | None]:
+        """Return the broker's job id of each command-job future (None if unknown)."""
+        ids = [f.id for f in futures]
+        return list(self._io.request(P.JOBS, {"ids": ids, "jobs": []}, timeout)["ids"])
+
+    def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
+        """Return the job table: queued and running jobs, finished ones too with ALL."""
+        return list(self._io.request(P.JOBS, {"all": all}, timeout)["jobs"])
 
     # -- actors ---------------------------------------------------------------------------
     def actor(self, cls: type, /, *args: Any, resources: Mapping[str, Any] | None = None,
@@ -311,6 +355,7 @@ _ERRORS: dict[str, type[BaseException]] = {
     "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
     "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
     "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
+    "CommandFailed": errors.CommandFailed,
     "CancelledError": cf.CancelledError, "ZresError": ZresError,
 }
 
@@ -475,7 +520,7 @@ class _IOThread:
         elif msg.kind == P.WARN:
             self._on_warn(msg)
         elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY, P.KILL_REPLY,
-                          P.LOOKUP_REPLY):
+                          P.LOOKUP_REPLY, P.JOBS_REPLY):
             reply = self.requests.pop(msg.body.get("req", -1), None)
             if reply is not None:
                 reply.set_result(msg.body)

@@ -30,7 +30,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
                "client_timeout": 30.0, "starvation_after": 5.0},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
-              "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0},
+              "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
+              "job_logs": None},
     "client": {"broker": None, "broker_timeout": 30.0},
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,

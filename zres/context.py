@@ -21,6 +21,9 @@ class TaskContext:
     resources: dict[str, float]
     gpu_ids: list[str] = field(default_factory=list)
     attempt: int = 0
+    # What the task tells the broker besides its result (a command's exit code, say):
+    # plain msgpack-able values only, sent with the result and never unpickled.
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 _task: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(

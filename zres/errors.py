@@ -28,6 +28,20 @@ class ActorDiedError(ZresError):
     or while it ran; the message names the cause."""
 
 
+class CommandFailed(ZresError):
+    """A command job exited non-zero (or could not start): its exit code and log's tail."""
+
+    def __init__(self, message: str, exit_code: int | None = None, log: str = "",
+                 tail: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log = log
+        self.tail = tail
+
+    def __reduce__(self) -> tuple[type, tuple[str, int | None, str, str]]:
+        return (type(self), (str(self), self.exit_code, self.log, self.tail))
+
+
 class InfeasibleError(ZresError):
     """No agent in the cluster could ever satisfy the task's resource request."""
 

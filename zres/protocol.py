@@ -20,6 +20,11 @@ client -> broker
                extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency}}
                makes the task an actor's construction (its result: the instance is up);
                {call: actor id} makes it a method call (payload: method name, arguments)
+               {job: {argv, detached}} makes it a command job (payload: run_command);
+               a detached job outlives the client that submitted it
+    jobs       {all?: bool, ids?: [id...]}       -> jobs_reply {jobs: [...], ids?: [job id]}
+    job_cancel {job}                             any client may cancel any job
+    logs       {job, offset}                     -> logs_reply {data, finished, error?}
     kill       {actor: id}                       end an actor now -> kill_reply
     lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...}}
     release    {ids: [id...]}                    the client dropped these futures
@@ -34,12 +39,14 @@ broker -> client
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
+    job_cancel_reply {error?}
     resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
 agent -> broker
     register   {name, slots: [{units, gpus: [device id...]}], host, pid}
     done       {results: [[id, outcome, nframes, info]]}
     actor_exit {actor, placement, cause, running: [call ids the process had started]}
+    logs_reply {token, data, error?}            a job's log, for the broker to pass on
 broker -> agent
     welcome    {epoch, agent, heartbeat}
     assign     {tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], actor?]]}
@@ -47,6 +54,7 @@ broker -> agent
                the actor and then serves its calls; its resources stay held until it ends
     call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
     kill_actor {ids: [actor id...]}
+    logs       {token, job, offset}             read a job's log file
     cancel     {ids: [id...]}
     resources  {slots: [units...]}              the new capacity, for re-registering
     unknown    {}
@@ -56,6 +64,7 @@ any peer <-> broker
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]]}
                context.create marks an actor's construction (actor processes only)
+    cancel     {ids: [id...]}                   stop these command jobs' process groups
 worker process -> agent
     done       as agent -> broker
     ready      {pid}
@@ -106,11 +115,18 @@ LOOKUP_REPLY = "lookup_reply"
 CALL = "call"
 KILL_ACTOR = "kill_actor"
 ACTOR_EXIT = "actor_exit"
+JOBS = "jobs"
+JOBS_REPLY = "jobs_reply"
+JOB_CANCEL = "job_cancel"
+JOB_CANCEL_REPLY = "job_cancel_reply"
+LOGS = "logs"
+LOGS_REPLY = "logs_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
-                   LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT})
+                   LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
+                   JOB_CANCEL_REPLY, LOGS, LOGS_REPLY})
 
 # Task outcomes.
 OK = "ok"

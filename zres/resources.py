@@ -178,3 +178,14 @@ def format_units(units: Mapping[str, int]) -> str:
 def units_to_float(units: Mapping[str, int]) -> dict[str, float]:
     """Return plain floats, for showing a grant to user code."""
     return {name: u / UNIT for name, u in units.items()}
+
+
+def token_devices(units: Mapping[str, int]) -> tuple[str, ...]:
+    """Return the devices named by per-device tokens gpu0, gpu1, ... (as in Guild's queues).
+
+    An agent offering ``gpu0=1 gpu1=1`` offers device 0 and device 1 one job at a time; a
+    grant of gpuN puts device N in the job's CUDA_VISIBLE_DEVICES.
+    """
+    found = sorted(int(name[3:]) for name in units
+                   if name.startswith("gpu") and name[3:].isdigit() and units[name] > 0)
+    return tuple(str(n) for n in found)

@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import os
 import queue
+import signal
 import sys
 import threading
 from collections import deque
@@ -26,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from . import commands
 from . import protocol as P
 from .context import TaskContext, set_task_context
 from .serialize import CallLoader, dumps, dumps_exception, loads
@@ -45,7 +47,8 @@ class WorkerProcess:
         self.agent.connect(address)
         # Task threads hand results to the main thread (the only one that may use the
         # socket) as Python objects, and wake it through a pipe: nothing is encoded twice.
-        self.results: queue.SimpleQueue[tuple[int, str, list[Any]]] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[tuple[int, str, list[Any], dict[str, Any]]] = \
+            queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         # Every task the agent sends starts at once: the broker has already checked its
@@ -60,6 +63,8 @@ class WorkerProcess:
         self.loader = CallLoader()
 
     def run(self) -> None:
+        # Stopped by the agent: take running command jobs' process groups along.
+        signal.signal(signal.SIGTERM, _stop)
         self.agent.send_multipart(P.encode(P.READY, {"pid": os.getpid()}))
         poller = zmq.Poller()
         poller.register(self.agent, zmq.POLLIN)
@@ -73,6 +78,7 @@ class WorkerProcess:
             if os.getppid() != self.agent_pid:
                 # The agent died (maybe before we started): nobody is left to report to,
                 # and a task stuck in a thread must not keep this process alive.
+                commands.terminate_all()
                 os._exit(0)
 
     def _receive(self) -> None:
@@ -82,6 +88,10 @@ class WorkerProcess:
             except zmq.Again:
                 return
             msg = P.decode(frames)
+            if msg.kind == P.CANCEL:
+                for task_id in msg.body.get("ids", []):
+                    commands.terminate(task_id)  # a Python call cannot be stopped safely
+                continue
             if msg.kind != P.RUN:
                 continue
             items = msg.body["tasks"]
@@ -104,8 +114,9 @@ class WorkerProcess:
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> None:
-        set_task_context(TaskContext(task_id, context["agent"], context["resources"],
-                                             list(context["gpus"]), context.get("attempt", 0)))
+        task = TaskContext(task_id, context["agent"], context["resources"],
+                           list(context["gpus"]), context.get("attempt", 0))
+        set_task_context(task)
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
             if self.actor is not None:
@@ -119,7 +130,7 @@ class WorkerProcess:
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
-        self.results.put((task_id, outcome, frames))
+        self.results.put((task_id, outcome, frames, task.report))
         os.write(self._wake_w, b"x")
 
     def _send_results(self) -> None:
@@ -132,10 +143,10 @@ class WorkerProcess:
         frames: list[Any] = []
         while True:
             try:
-                task_id, outcome, task_frames = self.results.get_nowait()
+                task_id, outcome, task_frames, report = self.results.get_nowait()
             except queue.Empty:
                 break
-            items.append([task_id, outcome, len(task_frames), {}])
+            items.append([task_id, outcome, len(task_frames), report])
             frames.extend(task_frames)
             if self.actor is not None:
                 self.actor.finished(outcome)
@@ -189,6 +200,11 @@ class ActorHost:
                 threading.Thread(target=self._loop.run_forever, name="zres-actor-loop",
                                  daemon=True).start()
             return self._loop
+
+
+def _stop(*_: Any) -> None:
+    commands.terminate_all()
+    os._exit(1)
 
 
 async def _await(awaitable: Any) -> Any:

@@ -1,0 +1,133 @@
+"""Command jobs: shell commands queued with resources, run by a worker as a task.
+
+A command job is an ordinary task whose function is ``run_command``: it waits for its
+resources like any task, then its worker (started with CUDA_VISIBLE_DEVICES set to the
+granted devices) runs the command in a process group of its own, with its output in a
+log file on the agent (``$ZRES_JOB_LOGS/<job id>.log``) that outlives the job. The exit
+code goes to the broker in the task's report, so ``zres jobs`` shows it without unpickling
+anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .context import get_task_context
+from .errors import CommandFailed
+
+GRACE = 5.0          # seconds between SIGTERM and SIGKILL when a job is cancelled
+_TAIL_LINES = 20
+
+_running: dict[int, subprocess.Popen[bytes]] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What a finished command job left: its id, exit code, where its log is."""
+
+    job_id: int
+    exit_code: int
+    log: str
+    agent: str
+
+
+def default_log_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"zres-jobs-{os.getuid()}")
+
+
+def log_path(log_dir: str, job_id: int) -> str:
+    return os.path.join(log_dir, f"{int(job_id)}.log")
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> CommandResult:
+    """Run ARGV as this task's job; raise CommandFailed on a non-zero exit."""
+    ctx = get_task_context()
+    log_dir = os.environ.get("ZRES_JOB_LOGS") or default_log_dir()
+    os.makedirs(log_dir, exist_ok=True)
+    path = log_path(log_dir, ctx.task_id)
+    gpus = ",".join(ctx.gpu_ids)
+    full_env = {**os.environ, **env, "ZRES_JOB_ID": str(ctx.task_id), "ZRES_GPU_IDS": gpus,
+                "CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    ctx.report["log"] = path
+    with open(path, "wb") as log:
+        try:
+            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
+                                    start_new_session=True)  # its own process group
+        except OSError as exc:
+            log.write(f"zres: cannot start {argv[0]!r}: {exc}\n".encode())
+            ctx.report["error"] = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            raise CommandFailed(f"job {ctx.task_id}: cannot start {argv[0]!r}: {exc}",
+                                None, path, "") from None
+        with _lock:
+            _running[ctx.task_id] = proc
+        try:
+            code = proc.wait()
+        finally:
+            with _lock:
+                _running.pop(ctx.task_id, None)
+    ctx.report["exit_code"] = code
+    if code != 0:
+        tail = _tail(path)
+        how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+               else f"exited with code {code}")
+        raise CommandFailed(f"job {ctx.task_id} ({' '.join(argv)}) {how}; the log's last "
+                            f"lines:\n{tail}", code, path, tail)
+    return CommandResult(ctx.task_id, code, path, ctx.agent)
+
+
+def terminate(job_id: int, grace: float = GRACE) -> bool:
+    """SIGTERM JOB_ID's process group, then SIGKILL it after GRACE seconds if still there."""
+    with _lock:
+        proc = _running.get(job_id)
+    if proc is None:
+        return False
+    _signal_group(proc, signal.SIGTERM)
+    timer = threading.Timer(grace, _kill_if_alive, (proc,))
+    timer.daemon = True
+    timer.start()
+    return True
+
+
+def terminate_all() -> None:
+    """SIGKILL every running job's process group (the worker is going away)."""
+    with _lock:
+        procs = list(_running.values())
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+
+
+def _kill_if_alive(proc: subprocess.Popen[bytes]) -> None:
+    # Even when the leader has exited, children it left in the group are killed.
+    _signal_group(proc, signal.SIGKILL)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str, lines: int = _TAIL_LINES, limit: int = 64 * 1024) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - limit))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def read_log(log_dir: str, job_id: int, offset: int, limit: int = 256 * 1024) -> bytes:
+    """Return up to LIMIT bytes of JOB_ID's log from OFFSET; FileNotFoundError if none."""
+    with open(log_path(log_dir, job_id), "rb") as fh:
+        fh.seek(offset)
+        return fh.read(limit)
