@@ -174,7 +174,9 @@ def wait(args: argparse.Namespace) -> int:
 
 def run_queue(args: argparse.Namespace) -> int:
     if args.once:
-        return _wait_for(args, [j["id"] for j in _request(args, P.JOBS, {})["jobs"]], None)
+        wanted = [j["id"] for j in _request(args, P.JOBS, {})["jobs"]]
+        print(f"waiting for {len(wanted)} job(s): {' '.join(map(str, wanted))}", flush=True)
+        return _wait_for(args, wanted, None)
     seen: dict[int, str] = {}
     while True:  # watch forever (until Ctrl-C), saying what changes
         for job in _request(args, P.JOBS, {"all": True})["jobs"]:

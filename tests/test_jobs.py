@@ -1,0 +1,250 @@
+"""Command jobs end to end: ``zres submit / jobs / logs / cancel / wait`` run as a user runs
+them (separate processes, exit statuses, output), and ``zres.submit_command`` from Python,
+against real broker and agent processes. Jobs block on files the test creates, never on
+the test's sleeps."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import zres
+from tests.conftest import wait_until
+from tests.test_cli import clean_env, zres_cli
+
+# A job that writes what it was given, then waits until the file RELEASE exists.
+HOLD = ('echo "$ZRES_JOB_NAME cuda=$CUDA_VISIBLE_DEVICES gpus=$ZRES_GPU_IDS '
+        'job=$ZRES_JOB_ID" > "$OUT"; while [ ! -e "$RELEASE" ]; do sleep 0.02; done')
+
+
+@pytest.fixture
+def cli(make_cluster):
+    """Start a cluster; return (cluster, run) where run(*args) runs the zres command."""
+    def start(agents, **kwargs):
+        cluster = make_cluster(agents=agents, **kwargs)
+        env = clean_env(ZRES_BROKER=cluster.address)
+
+        def run(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
+            result = zres_cli(*args, env=env)
+            if check is not None:
+                assert result.returncode == check, (args, result.stdout, result.stderr)
+            return result
+        return cluster, run
+    return start
+
+
+def hold_job(run, tmp_path: Path, name: str, spec: str = "") -> int:
+    """Submit a HOLD job called NAME; return its id."""
+    args = ["submit", "--name", name, "--env", f"ZRES_JOB_NAME={name}",
+            "--env", f"OUT={tmp_path / name}.out", "--env", f"RELEASE={tmp_path / name}.go"]
+    if spec:
+        args += ["-r", spec]
+    return int(run(*args, "--", "sh", "-c", HOLD).stdout)
+
+
+def job_table(run, all_jobs: bool = True) -> dict[int, list[str]]:
+    """Parse ``zres jobs``: id -> the row's cells."""
+    out = run("jobs", *(["--all"] if all_jobs else [])).stdout.splitlines()
+    rows = [re.split(r"\s{2,}", line) for line in out[1:] if line[:1].isdigit()]
+    return {int(row[0]): row for row in rows}
+
+
+def started(tmp_path: Path, name: str) -> str:
+    path = tmp_path / f"{name}.out"
+    return path.read_text().strip() if path.exists() else ""
+
+
+# -- placement ------------------------------------------------------------------------------
+
+
+def test_guilds_four_runs_on_per_device_tokens(cli, tmp_path):
+    cluster, run = cli([{"gpu0": 1, "gpu1": 1}], nthreads=4)
+    aaa = hold_job(run, tmp_path, "aaa", "gpu0=1 gpu1=1")
+    bbb = hold_job(run, tmp_path, "bbb", "gpu0=1")
+    ccc = hold_job(run, tmp_path, "ccc", "gpu1=1")
+    ddd = hold_job(run, tmp_path, "ddd")
+    wait_until(lambda: started(tmp_path, "aaa") and started(tmp_path, "ddd"),
+               message="aaa and ddd running side by side")
+    table = job_table(run)
+    assert table[aaa][2] == "running" and table[ddd][2] == "running"
+    assert table[bbb][2] == "queued" and table[ccc][2] == "queued"
+    assert "gpu0" in run("jobs").stdout.split(f"job {bbb} waits:")[1].splitlines()[0]
+    for name in ("aaa", "ddd"):
+        (tmp_path / f"{name}.go").touch()
+    wait_until(lambda: started(tmp_path, "bbb") and started(tmp_path, "ccc"),
+               message="bbb and ccc once aaa freed both devices")
+    for name in ("bbb", "ccc"):
+        (tmp_path / f"{name}.go").touch()
+    assert run("wait", str(aaa), str(bbb), str(ccc), str(ddd)).returncode == 0
+    assert started(tmp_path, "aaa") == f"aaa cuda=0,1 gpus=0,1 job={aaa}"
+    assert started(tmp_path, "bbb") == f"bbb cuda=0 gpus=0 job={bbb}"
+    assert started(tmp_path, "ccc") == f"ccc cuda=1 gpus=1 job={ccc}"
+    assert started(tmp_path, "ddd") == f"ddd cuda= gpus= job={ddd}"
+    table = job_table(run)
+    assert [table[j][2] for j in (aaa, bbb, ccc, ddd)] == ["done"] * 4
+    assert table[aaa][5] == "0,1" and table[bbb][5] == "0" and table[aaa][8] == "0"
+
+
+@pytest.mark.parametrize("capacity, parallel", [(7, False), (12, True)])
+def test_two_jobs_needing_foo5_run_serially_on_7_and_together_on_12(cli, tmp_path, capacity,
+                                                                     parallel):
+    cluster, run = cli([{"foo": capacity}], nthreads=4)
+    first = hold_job(run, tmp_path, "first", "foo=5")
+    second = hold_job(run, tmp_path, "second", "foo=5")
+    wait_until(lambda: started(tmp_path, "first"), message="the first job")
+    if parallel:
+        wait_until(lambda: started(tmp_path, "second"), message="both at once")
+    else:
+        wait_until(lambda: job_table(run)[second][2] == "queued"
+                   and "foo" in run("jobs").stdout, message="the second job queued for foo")
+        assert not started(tmp_path, "second")
+    (tmp_path / "first.go").touch()
+    wait_until(lambda: started(tmp_path, "second"), message="the second job")
+    (tmp_path / "second.go").touch()
+    assert run("wait", str(first), str(second)).returncode == 0
+
+
+def test_job_needing_three_resources_runs_where_all_three_are(cli, tmp_path):
+    cluster, run = cli([{"foo": 1, "bar": 1}, {"foo": 1, "bar": 1, "baz": 1}], nthreads=2)
+    job = int(run("submit", "-r", "foo=1 bar=1 baz=1", "--", "true").stdout)
+    assert run("wait", str(job)).returncode == 0
+    assert job_table(run)[job][4] == "agent-1"
+
+
+def test_jobs_submitted_before_any_agent_joins_run_when_one_does(cli, tmp_path):
+    cluster, run = cli([])
+    jobs = [int(run("submit", "--", "sh", "-c", f"echo {i}").stdout) for i in range(3)]
+    assert {job_table(run)[j][2] for j in jobs} == {"queued"}, "waiting, not infeasible"
+    cluster.add_agent({"CPU": 2}, name="late")
+    assert run("wait", *map(str, jobs)).returncode == 0
+    assert [run("logs", str(j)).stdout for j in jobs] == ["0\n", "1\n", "2\n"]
+
+
+# -- what cannot run, and bad input --------------------------------------------------------
+
+
+def test_missing_resource_is_reported_not_waited_for(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    result = run("submit", "-r", "nope=1", "--name", "lonely", "--", "true")
+    job = int(result.stdout)
+    assert "no agent offers nope" in result.stderr
+    listing = run("jobs").stdout
+    assert "infeasible" in listing and "no agent offers nope" in listing
+    waited = run("wait", str(job), check=1)
+    assert f"job {job} (lonely): infeasible: no agent offers nope" in waited.stderr
+    refused = run("submit", "-r", "nope=1", "--infeasible", "error", "--", "true", check=1)
+    assert "refused" in refused.stderr and "nope" in refused.stderr
+    assert refused.stdout == ""
+
+
+@pytest.mark.parametrize("spec, quoted", [("GPU=-1", "GPU=-1"), ("foo", "foo"),
+                                          ("GPU=two", "GPU=two"), ("=3", "=3")])
+def test_malformed_spec_is_refused_before_anything_is_queued(cli, spec, quoted):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    result = run("submit", "-r", spec, "--", "true", check=2)
+    assert quoted in result.stderr and result.stdout == ""
+    assert job_table(run) == {}
+
+
+def test_submit_without_a_command_or_with_a_bad_env_is_refused(cli):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    assert "no command" in run("submit", "-r", "foo=1", check=2).stderr
+    assert "KEY=VALUE" in run("submit", "--env", "JUSTKEY", "--", "true", check=2).stderr
+
+
+# -- running jobs: logs, cancel, exit codes ---------------------------------------------------
+
+
+def test_logs_are_followed_while_the_job_runs_and_kept_after(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    go = tmp_path / "go"
+    script = f'echo first; while [ ! -e "{go}" ]; do sleep 0.02; done; echo second'
+    job = int(run("submit", "--", "sh", "-c", script).stdout)
+    follower = subprocess.Popen([sys.executable, "-m", "zres", "logs", str(job), "--follow"],
+                                stdout=subprocess.PIPE, text=True,
+                                env=clean_env(ZRES_BROKER=cluster.address))
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "first\n", "the log streamed while it ran"
+        assert job_table(run)[job][2] == "running"
+        go.touch()
+        rest, _ = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert rest == "second\n" and follower.returncode == 0
+    assert run("logs", str(job)).stdout == "first\nsecond\n", "kept after the job ended"
+    assert "no job 999" in run("logs", "999", check=1).stderr
+
+
+def test_cancel_kills_the_whole_process_tree_and_frees_resources(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    pids = tmp_path / "pids"
+    script = f'sleep 300 & echo "$$ $!" > "{pids}"; wait'
+    job = int(run("submit", "-r", "foo=1", "--", "sh", "-c", script).stdout)
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2,
+               message="the job and its child")
+    shell, child = map(int, pids.read_text().split())
+    after = int(run("submit", "-r", "foo=1", "--", "true").stdout)
+    assert run("cancel", str(job)).stdout.strip() == f"cancelled {job}"
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie the agent's worker has not reaped yet counts as gone.
+        stat = Path(f"/proc/{pid}/stat")
+        return stat.exists() and stat.read_text().split(") ")[1].startswith("Z")
+
+    wait_until(lambda: gone(shell) and gone(child), message="the job's processes to end")
+    assert run("wait", str(after)).returncode == 0, "the freed foo went to the next job"
+    assert job_table(run)[job][2] == "cancelled"
+    assert "already finished" in run("cancel", str(job), check=1).stderr
+
+
+def test_exit_codes_reach_the_caller(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    ok = client.submit_command(["sh", "-c", "echo hello $ZRES_JOB_ID"], resources={"foo": 1})
+    bad = client.submit_command("sh -c 'echo oops; exit 7'", name="bad")
+    missing = client.submit_command(["/no/such/program"])
+    result = ok.result(30)
+    assert isinstance(result, zres.CommandResult) and result.exit_code == 0
+    assert Path(result.log).read_text() == f"hello {result.job_id}\n"
+    assert result.agent == "agent-0"
+    with pytest.raises(zres.CommandFailed, match="exited with code 7") as failed:
+        bad.result(30)
+    assert failed.value.exit_code == 7 and "oops" in failed.value.tail
+    with pytest.raises(zres.CommandFailed, match="cannot start"):
+        missing.result(30)
+    env = clean_env(ZRES_BROKER=cluster.address)
+    (bad_id,) = client.job_ids([bad])
+    waited = zres_cli("wait", str(bad_id), str(result.job_id), env=env)
+    assert waited.returncode == 1 and f"job {bad_id} (bad): exit code 7" in waited.stderr
+
+
+def test_run_queue_once_returns_when_every_job_has_finished(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    go = tmp_path / "go"
+    jobs = [int(run("submit", "-r", "foo=1", "--", "sh", "-c",
+                    f'while [ ! -e "{go}" ]; do sleep 0.02; done; exit {i}').stdout)
+            for i in range(3)]
+    queue = subprocess.Popen([sys.executable, "-m", "zres", "run-queue", "--once"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env(ZRES_BROKER=cluster.address))
+    try:
+        assert queue.stdout is not None
+        assert queue.stdout.readline().split(": ")[1].split() == [str(j) for j in jobs]
+        go.touch()
+        _, errors = queue.communicate(timeout=60)
+    finally:
+        queue.kill()
+    assert queue.returncode == 1
+    table = job_table(run)
+    assert [table[j][2] for j in jobs] == ["done", "failed", "failed"]
+    assert f"job {jobs[1]}" in errors and "exit code 1" in errors
