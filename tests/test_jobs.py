@@ -248,3 +248,15 @@ def test_run_queue_once_returns_when_every_job_has_finished(cli, tmp_path):
     table = job_table(run)
     assert [table[j][2] for j in jobs] == ["done", "failed", "failed"]
     assert f"job {jobs[1]}" in errors and "exit code 1" in errors
+
+
+def test_submit_file_queues_one_job_per_line(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    commands = tmp_path / "jobs.txt"
+    commands.write_text("sh -c 'echo one'\n\n# a comment\nsh -c 'echo two'  # trailing\n")
+    ids = [int(i) for i in run("submit", "-r", "foo=1", "--file", str(commands)).stdout.split()]
+    assert len(ids) == 2
+    assert run("wait", *map(str, ids)).returncode == 0
+    assert [run("logs", str(i)).stdout for i in ids] == ["one\n", "two\n"]
+    commands.write_text("sh -c 'unbalanced\n")
+    assert "jobs.txt:1" in run("submit", "--file", str(commands), check=2).stderr

@@ -39,6 +39,8 @@ def add_parsers(sub: Any, seconds: Any) -> None:
                         help="run again elsewhere if its agent is lost (default 0)")
     submit.add_argument("--infeasible", choices=["warn", "error"], default="warn",
                         help="error: refuse a job no agent could ever run")
+    submit.add_argument("--file", help="queue one job per line of this file ('-': stdin), "
+                        "each with these options; prints one id per line")
     submit.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
                         help="-- then the command and its arguments")
     _broker_option(submit)
@@ -81,7 +83,12 @@ def _request(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[
 
 def submit(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    if not command:
+    commands = [command] if command else []
+    if args.file:
+        if command:
+            raise ValueError("give a command or --file, not both")
+        commands = _read_commands(args.file)
+    if not commands:
         raise ValueError("no command given: zres submit [options] -- COMMAND [ARGS...]")
     resources = parse_spec(args.resources) if args.resources.strip() else {}
     env = {}
@@ -94,19 +101,36 @@ def submit(args: argparse.Namespace) -> int:
     from .resources import units_to_float
     with Client(_address(args), connect_timeout=10.0) as client, warnings.catch_warnings():
         warnings.simplefilter("ignore", InfeasibleWarning)  # said below, without a traceback
-        future = client.submit_command(command, resources=units_to_float(resources), env=env,
-                                       cwd=args.cwd, name=args.name, retries=args.retries,
-                                       priority=args.priority, infeasible=args.infeasible,
-                                       detached=True)
-        (job_id,) = client.job_ids([future])
-        (job,) = _request(args, P.JOBS, {"jobs": [job_id]})["jobs"]
-    if job["state"] == "infeasible" and job.get("error"):  # --infeasible error refused it
-        raise ZresError(f"refused: {job['error']}")
-    print(job_id)
-    if job["state"] == "infeasible":
-        print(f"zres submit: job {job_id} is queued, but no agent can run it now: "
-              f"{job.get('reason')}", file=sys.stderr)
+        futures = [client.submit_command(argv, resources=units_to_float(resources), env=env,
+                                         cwd=args.cwd, name=args.name, retries=args.retries,
+                                         priority=args.priority, infeasible=args.infeasible,
+                                         detached=True) for argv in commands]
+        ids = client.job_ids(futures)
+        table = _request(args, P.JOBS, {"jobs": ids})["jobs"]
+    refused = [j for j in table if j["state"] == "infeasible" and j.get("error")]
+    if refused:  # --infeasible error refused them (all alike: same resources)
+        raise ZresError(f"refused: {refused[0]['error']}")
+    for job in table:
+        print(job["id"])
+        if job["state"] == "infeasible":
+            print(f"zres submit: job {job['id']} is queued, but no agent can run it now: "
+                  f"{job.get('reason')}", file=sys.stderr)
     return 0
+
+
+def _read_commands(path: str) -> list[list[str]]:
+    """One command per non-blank line, split as a shell would; # starts a comment."""
+    import shlex
+    text = sys.stdin.read() if path == "-" else open(path).read()
+    commands = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            argv = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}: {line!r}") from None
+        if argv:
+            commands.append(argv)
+    return commands
 
 
 def jobs(args: argparse.Namespace) -> int:
