@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,14 @@ class SlotSpec:
     gpus: list[str]        # device ids for CUDA_VISIBLE_DEVICES, one per whole GPU
     nthreads: int
     gpu_memory: list[int] = field(default_factory=list)   # units per device, if detected
+    # What runs here now (the broker's grants, as taken) and grants waiting for room, in
+    # the order granted: the broker applies the same start rule to the same events.
+    used: dict[str, int] = field(default_factory=dict)
+    queue: deque[tuple[int, Units, tuple[str, ...], list[Any], list[Any]]] = field(
+        default_factory=deque)
+
+    def fits(self, taken: Units) -> bool:
+        return all(self.units.get(n, 0) - self.used.get(n, 0) >= a for n, a in taken.items())
 
 
 @dataclass(slots=True)
@@ -170,6 +178,8 @@ class Agent:
         self.workers: dict[tuple[int, tuple[str, ...]], Worker] = {}
         self.by_ident: dict[bytes, Worker] = {}
         self.task_worker: dict[int, Worker] = {}
+        self.held: dict[int, tuple[int, Units]] = {}   # task or actor placement -> slot, taken
+        self._runs: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         self.actors: dict[str, Worker] = {}
         self.epoch: int | None = None
         self.registered = False
@@ -236,6 +246,7 @@ class Agent:
             self._drain(self.broker, self._from_broker)
         if self.workers_sock in events:
             self._drain(self.workers_sock, self._from_worker)
+        self._flush_runs()
         now = time.monotonic()
         if now - self._last_reap >= 0.1:
             self._last_reap = now
@@ -308,10 +319,12 @@ class Agent:
                     log.info("actor_killed", actor=actor_id, pid=worker.proc.pid)
                     _kill(worker.proc)
                     self.by_ident.pop(worker.ident, None)
+                    self._free(worker.actor.placement if worker.actor else -1)
         elif msg.kind == P.RESOURCES:
             # Remember the new capacity, so a later re-registration offers it too.
-            for spec, units in zip(self.slots, P.field(msg, "slots", list)):
+            for index, (spec, units) in enumerate(zip(self.slots, P.field(msg, "slots", list))):
                 spec.units = P.check_units(units, "resources")
+                self._start_queued(index)
             log.info("agent_resources_changed", slots=[format_units(s.units)
                                                        for s in self.slots])
 
@@ -339,42 +352,92 @@ class Agent:
             _kill(worker.proc)
             self.by_ident.pop(worker.ident, None)
         self.actors.clear()
+        for spec in self.slots:
+            spec.used.clear()
+            spec.queue.clear()
+        self.held.clear()
+        self._runs.clear()
         self._done = ([], [])
 
     def _on_assign(self, msg: P.Message) -> None:
         items = P.field(msg, "tasks", list)
         groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
-        batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
-        for (task_id, slot, units, gpus, nframes, dep_counts, *actor), frames in zip(
+        for (task_id, slot, units, gpus, nframes, dep_counts, *extra), frames in zip(
                 items, groups):
             spec = self.slots[slot]
+            opts = extra[0] if extra and isinstance(extra[0], dict) else {}
             devices = tuple(spec.gpus[pos] for pos in gpus) or token_devices(units)
             context = {"agent": self.name, "resources": units_to_float(units),
                        "gpus": list(devices)}
             item = [task_id, nframes, dep_counts, context]
-            if actor:
-                self._start_actor(actor[0], slot, devices, item, frames)
-                continue
-            worker = self._worker(slot, devices)
-            self.task_worker[task_id] = worker
-            worker.running.add(task_id)
-            if worker.ready:
-                batch = batches[worker.ident]
-                batch[0].append(item)
-                batch[1].extend(frames)
-            else:
-                worker.backlog.append(([item], frames))
-        for ident, (run_items, frames) in batches.items():
-            self._send_run(ident, run_items, frames)
+            taken = P.check_units(opts.get("taken", units), "assign")
+            if "actor" in opts:
+                self._hold(slot, task_id, taken)
+                self._start_actor(opts, slot, devices, item, frames)
+            elif opts.get("queued"):
+                spec.queue.append((task_id, taken, devices, item, frames))
+                self._start_queued(slot)
+            else:  # the broker started it: it fits here by the same accounting
+                self._hold(slot, task_id, taken)
+                self._run(slot, devices, item, frames)
+
+    def _hold(self, slot: int, task_id: int, taken: Units) -> None:
+        used = self.slots[slot].used
+        for name, amount in taken.items():
+            used[name] = used.get(name, 0) + amount
+        self.held[task_id] = (slot, taken)
+
+    def _free(self, task_id: int) -> None:
+        """TASK_ID has ended here: return what it took and start what now fits."""
+        held = self.held.pop(task_id, None)
+        if held is None:
+            return
+        slot, taken = held
+        used = self.slots[slot].used
+        for name, amount in taken.items():
+            used[name] -= amount
+        self._start_queued(slot)
+
+    def _start_queued(self, slot: int) -> None:
+        """Start SLOT's queued grants in order while the head fits (the broker's rule)."""
+        spec = self.slots[slot]
+        while spec.queue and spec.fits(spec.queue[0][1]):
+            task_id, taken, devices, item, frames = spec.queue.popleft()
+            self._hold(slot, task_id, taken)
+            self._run(slot, devices, item, frames)
+
+    def _run(self, slot: int, devices: tuple[str, ...], item: list[Any],
+             frames: list[Any]) -> None:
+        worker = self._worker(slot, devices)
+        self.task_worker[item[0]] = worker
+        worker.running.add(item[0])
+        if worker.ready:
+            batch = self._runs[worker.ident]
+            batch[0].append(item)
+            batch[1].extend(frames)
+        else:
+            worker.backlog.append(([item], frames))
+
+    def _flush_runs(self) -> None:
+        for ident, (items, frames) in self._runs.items():
+            self._send_run(ident, items, frames)
+        self._runs.clear()
 
     def _on_cancel(self, msg: P.Message) -> None:
         # A task still in a starting worker's backlog is dropped; a running command job's
         # process group is stopped by its worker; a running Python call cannot be
         # interrupted safely. Either way the broker has already failed it.
         for task_id in P.field(msg, "ids", list):
+            for spec in self.slots:
+                if any(entry[0] == task_id for entry in spec.queue):  # granted, not started
+                    spec.queue = deque(e for e in spec.queue if e[0] != task_id)
+                    self._report(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                          "message": "cancelled"})
+                    self._start_queued(self.slots.index(spec))
             worker = self.task_worker.get(task_id)
             if worker is None:
                 continue
+            self._flush_runs()  # the cancel must reach the worker after the task
             if worker.ready:
                 self.workers_sock.send_multipart([worker.ident, *P.encode(P.CANCEL,
                                                                           {"ids": [task_id]})])
@@ -384,6 +447,7 @@ class Agent:
                 worker.running.discard(task_id)
                 self._report(task_id, P.FAILED, [], {"type": "CancelledError",
                                                       "message": "cancelled"})
+                self._free(task_id)
 
     def _on_logs(self, msg: P.Message) -> None:
         job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
@@ -395,10 +459,10 @@ class Agent:
         self.broker.send_multipart(P.encode(P.LOGS_REPLY, body))
 
     # -- actors ---------------------------------------------------------------------------
-    def _start_actor(self, spec: Any, slot: int, devices: tuple[str, ...], item: list[Any],
-                     frames: list[Any]) -> None:
+    def _start_actor(self, spec: dict[str, Any], slot: int, devices: tuple[str, ...],
+                     item: list[Any], frames: list[Any]) -> None:
         """Start a process of its own for an actor; it constructs the instance first."""
-        if not isinstance(spec, dict) or not isinstance(spec.get("actor"), str):
+        if not isinstance(spec.get("actor"), str):
             raise ProtocolError("assign: malformed actor")
         actor_id = spec["actor"]
         old = self.actors.pop(actor_id, None)
@@ -445,6 +509,7 @@ class Agent:
                 self.actors.pop(actor.id, None)
                 self.by_ident.pop(worker.ident, None)
                 _kill(worker.proc)
+                self._free(actor.placement)
             self._report(item[0], item[1], result, item[3])
 
     def _reap_actors(self) -> None:
@@ -461,6 +526,7 @@ class Agent:
                 "running": worker.actor.started()}))
             del self.actors[worker.actor.id]
             self.by_ident.pop(worker.ident, None)
+            self._free(worker.actor.placement)
 
     # -- worker side --------------------------------------------------------------------
     def _worker(self, slot: int, devices: tuple[str, ...]) -> Worker:
@@ -468,7 +534,10 @@ class Agent:
         if worker is not None and worker.proc.poll() is None:
             return worker
         if worker is not None:  # died while idle (or about to be reaped): start afresh
-            self._reap()
+            self._reap()  # may itself start this slot's queued grants on a new process
+            worker = self.workers.get((slot, devices))
+            if worker is not None and worker.proc.poll() is None:
+                return worker
         worker = self._start_process(slot, devices, self.slots[slot].nthreads)
         self.workers[(slot, devices)] = worker
         return worker
@@ -527,6 +596,7 @@ class Agent:
             items = msg.body["results"]
             for item, result in zip(items, P.split_frames(msg.frames, [i[2] for i in items])):
                 worker.running.discard(item[0])
+                self._free(item[0])
                 if self.task_worker.pop(item[0], None) is not None:
                     self._report(item[0], item[1], result, item[3])
 
@@ -556,6 +626,8 @@ class Agent:
                     "type": "WorkerLostError",
                     "message": f"the worker process running the task {cause}"})
             self._forget(worker)
+            for task_id in sorted(worker.running):
+                self._free(task_id)
 
     def _forget(self, worker: Worker) -> None:
         self.workers.pop((worker.slot, worker.gpus), None)

@@ -57,7 +57,8 @@ class Broker:
 
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
-                 starvation_after: float = 5.0, context: zmq.Context | None = None) -> None:
+                 starvation_after: float = 5.0, context: zmq.Context | None = None,
+                 prefetch: int = 4) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -69,7 +70,8 @@ class Broker:
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
         self.client_timeout = client_timeout
-        self.sched = Scheduler(starvation_after)
+        # PREFETCH: grants a slot may hold queued beyond what runs there (0: none).
+        self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
         self.tasks: dict[int, Task] = {}
         self.clients: dict[bytes, ClientRecord] = {}
         self.agents: dict[bytes, AgentRecord] = {}
@@ -241,7 +243,8 @@ class Broker:
             self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
             return
         set_state(task, TaskState.QUEUED)
-        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
+        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
+                           queueable=not task.creates)
         self._dirty = True
         if reason is not None:
             self._warn_infeasible(task, reason)
@@ -390,7 +393,7 @@ class Broker:
                                                   "req": msg.body.get("req")})
             return
         for slot_id, units in zip(agent.slots, new):
-            self.sched.set_capacity(slot_id, units)
+            self._started(self.sched.set_capacity(slot_id, units))
         log.info("agent_resources_changed", agent=name,
                  slots=[format_units(self.sched.slots[s].total) for s in agent.slots])
         self._send(agent.ident, P.RESOURCES,
@@ -412,13 +415,14 @@ class Broker:
                 frames.extend(actor.spawn)
                 items.append([grant.task, agent.slots.index(grant.slot), grant.units,
                               grant.gpus, actor.spawn_counts[0], actor.spawn_counts[1],
-                              {"actor": actor.id, "concurrency": actor.concurrency}])
+                              {"actor": actor.id, "concurrency": actor.concurrency,
+                               "taken": grant.taken}])
                 continue
             task = self.tasks[grant.task]
             set_state(task, TaskState.RUNNING)
             task.agent = agent.name
             slot_index = agent.slots.index(grant.slot)
-            if task.id in self.jobs.active:
+            if task.id in self.jobs.active and grant.started:
                 self.jobs.started(task, agent.name,
                                   [agent.gpus[slot_index][p] for p in grant.gpus]
                                   or list(token_devices(grant.units)))
@@ -429,8 +433,11 @@ class Broker:
                 result = self.tasks[dep_id].result
                 dep_counts.append(len(result))
                 frames.extend(result)
-            items.append([task.id, slot_index, grant.units, grant.gpus,
-                          len(task.payload), dep_counts])
+            item = [task.id, slot_index, grant.units, grant.gpus, len(task.payload), dep_counts]
+            if not grant.started or grant.taken != grant.units:
+                # The agent starts a queued grant when TAKEN fits its own free amounts.
+                item.append({"queued": not grant.started, "taken": grant.taken})
+            items.append(item)
         for ident, (items, frames) in batches.items():
             self._send(ident, P.ASSIGN, {"tasks": items}, frames)
 
@@ -461,7 +468,7 @@ class Broker:
             grant = self.sched.running.get(task_id)
             if grant is None or self.slot_owner.get(grant.slot) is not agent:
                 continue  # stale: cancelled, or retried elsewhere after a loss
-            self.sched.release(task_id)
+            self._started(self.sched.release(task_id))
             self._dirty = True
             task = self.tasks.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
@@ -471,6 +478,14 @@ class Broker:
             else:
                 info["agent"] = agent.name
                 self._finish(task, str(outcome), frames, info)
+
+    def _started(self, task_ids: list[int]) -> None:
+        """Note queued grants that the scheduler (and so the agent) has just started."""
+        for task_id in task_ids:
+            if task_id in self.jobs.active:
+                task = self.tasks[task_id]
+                grant = self.sched.running[task_id]
+                self.jobs.started(task, task.agent, list(token_devices(grant.units)))
 
     def _retry(self, task: Task, why: str) -> None:
         task.retries -= 1
@@ -485,6 +500,13 @@ class Broker:
         log.warning("agent_lost", agent=agent.name, why=why)
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
+            for task_id in self.sched.queued(slot_id):  # never started: no retry spent
+                task = self.tasks.get(task_id)
+                if task is not None and task.state is TaskState.RUNNING:
+                    set_state(task, TaskState.QUEUED)
+                    self.jobs.requeued(task)
+                    self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
+                    self._dirty = True
             for task_id in self.sched.remove_slot(slot_id):
                 actor = self.act.placements.get(task_id)
                 if actor is not None:
@@ -621,6 +643,9 @@ class Broker:
         if task.state is TaskState.QUEUED:
             return self.sched.why(task.id, count_ahead)
         if task.state is TaskState.RUNNING:
+            grant = self.sched.running.get(task.id)
+            if grant is not None and not grant.started:
+                return self.sched.why(task.id)
             return f"running on {task.agent}"
         return task.state.value
 

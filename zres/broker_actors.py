@@ -232,7 +232,7 @@ class ActorRouting:
             self._to_pump[actor.id] = None
             return
         # __init__ raised (the agent ends the process): every call fails with that error.
-        self.b.sched.release(actor.placement)
+        self.b._started(self.b.sched.release(actor.placement))
         self.b._dirty = True
         actor.error = (outcome, frames, info)
         message = str(info.get("message", "")) or "its __init__ raised"
@@ -250,7 +250,7 @@ class ActorRouting:
         running = P.field(msg, "running", list)
         if actor is None or actor.placement != placement or actor.agent != ident:
             return  # stale: killed meanwhile
-        self.b.sched.release(actor.placement)
+        self.b._started(self.b.sched.release(actor.placement))
         self.b._dirty = True
         self.lost(actor, f"its process {msg.body.get('cause', 'ended')}",
                          set(running))
@@ -297,7 +297,8 @@ class ActorRouting:
         actor.placement = self.b._next_task
         actor.agent, actor.agent_name = b"", ""
         self.placements[actor.placement] = actor
-        self.b.sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic())
+        self.b.sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
+                             queueable=False)
         self.b._dirty = True
 
     # -- ending -----------------------------------------------------------------------------
@@ -305,7 +306,7 @@ class ActorRouting:
         """End ACTOR now: stop its process, free its resources, fail what it has not done."""
         if actor.state in (ActorState.STARTING, ActorState.ALIVE):
             self.b._send(actor.agent, P.KILL_ACTOR, {"ids": [actor.id]})
-            self.b.sched.release(actor.placement)
+            self.b._started(self.b.sched.release(actor.placement))
             self.b._dirty = True
         self.dead(actor, why)
 

@@ -105,7 +105,7 @@ def _broker(args: argparse.Namespace) -> int:
     logs.setup(args.log_format, args.log_level)
     broker = Broker(settings["listen"], settings["heartbeat_interval"],
                     settings["heartbeat_timeout"], settings["client_timeout"],
-                    settings["starvation_after"])
+                    settings["starvation_after"], prefetch=settings["prefetch"])
     broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
     return 0
 

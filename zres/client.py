@@ -384,6 +384,9 @@ class _IOThread:
             "ZRES_CLIENT__BROKER_TIMEOUT", 30.0))
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        # Closed only when nothing can use them any more: a user thread may still call
+        # wake() as the I/O thread ends, and a closed descriptor's number can be reused.
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
         self._awake = False
         self._stop = False
         self.dead = False  # the thread has ended: nothing more is sent or received
@@ -447,8 +450,6 @@ class _IOThread:
         finally:
             self.dead = True
             self.sock.close(linger=200)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
 
     def _hello(self) -> None:
         self.sock.send_multipart(P.encode(P.HELLO, {"client": self.client_name}))
@@ -581,6 +582,11 @@ class _IOThread:
                           InfeasibleWarning, stacklevel=1)
         except Exception:  # warnings made errors: nobody can catch them in this thread
             log.warning("task_infeasible", task=name, reason=reason)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 class _Flag(threading.Event):

@@ -28,7 +28,7 @@ DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-               "client_timeout": 30.0, "starvation_after": 5.0},
+               "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 4},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None},
@@ -36,7 +36,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float,
-          "nworkers": int, "nthreads": int}
+          "nworkers": int, "nthreads": int, "prefetch": int}
+_ZERO_OK = {"prefetch"}  # prefetch=0 turns pipelining off
 
 
 class _Parsed(dict[str, int]):
@@ -131,13 +132,14 @@ def _convert(key: str, value: Any, origin: str) -> Any:
     kind = _TYPES.get(key)
     if kind is None or value is None:
         return value
-    wrong = ConfigError(f"{origin}: {key} must be a positive {kind.__name__}, got {value!r}")
+    low = "non-negative" if key in _ZERO_OK else "positive"
+    wrong = ConfigError(f"{origin}: {key} must be a {low} {kind.__name__}, got {value!r}")
     if isinstance(value, bool) or (kind is int and isinstance(value, float)):
         raise wrong  # TOML true is not 1, and 2.5 threads is not 2
     try:
         converted = kind(value)
     except (TypeError, ValueError):
         raise wrong from None
-    if not converted > 0:  # refuses NaN too; inf is allowed (starvation_after=inf: never)
-        raise wrong
+    if not (converted > 0 or key in _ZERO_OK and converted == 0):
+        raise wrong  # refuses NaN too; inf is allowed (starvation_after=inf: never)
     return converted

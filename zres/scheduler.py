@@ -24,12 +24,22 @@ Rules
   does not use (keep GPU nodes for GPU work), then least left over, then slot id.
 - Cost: each decision looks up candidates in a per-resource index of slots sorted by free
   amount (bisect), examining at most a few fitting slots; passes touch one head per shape.
+- Pipelining (``prefetch`` > 0): a task that fits nowhere now may be granted to a slot
+  whose capacity could run it, into that slot's queue of at most ``prefetch`` grants; it
+  starts when room frees there. Queued grants start strictly in order, each when it fits
+  the slot's free amounts: the agent applies the same rule to the same grants and the
+  same completions, so both sides agree on what runs, and the agent never starts more
+  than its capacity. A slot with a queue takes no immediate grant (it would overtake).
+  Only tasks without GPU or GPU_MEMORY, and not actors, are queued; a slot reserved for
+  a starving task, or one an earlier blocked task could use, takes none. This hides the
+  broker round trip between one task's end and the next one's start.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -38,6 +48,7 @@ from .resources import GPU, UNIT, Units, fits, format_amount, format_units
 GPU_MEMORY = "GPU_MEMORY"
 Shape = tuple[tuple[str, int], ...]
 _CANDIDATES = 8   # fitting slots compared for best fit per decision
+_QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 
 
 @dataclass(slots=True)
@@ -54,6 +65,7 @@ class Slot:
     gpu_usable: int              # devices [0, gpu_usable) may take new work
     running: set[int] = field(default_factory=set)
     reserved_by: int | None = None
+    queue: deque[int] = field(default_factory=deque)   # granted, waiting for room, in order
 
 
 @dataclass(slots=True)
@@ -66,6 +78,7 @@ class Waiting:
     since: float
     reserved_slot: int | None = None
     reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
+    queueable: bool = True       # may be granted into a slot's queue (pipelining)
 
 
 @dataclass(slots=True)
@@ -79,6 +92,7 @@ class Grant:
     taken: Units                 # what the slot gives up (a whole GPU takes its memory)
     shares: list[int]            # compute share taken per device in GPUS
     memory: list[int]            # memory units taken per device in GPUS
+    started: bool = True         # False while it waits in the slot's queue
 
 
 def shape_of(units: Mapping[str, int]) -> Shape:
@@ -88,8 +102,9 @@ def shape_of(units: Mapping[str, int]) -> Shape:
 class Scheduler:
     """Resource table plus waiting queue; every method is plain bookkeeping."""
 
-    def __init__(self, starvation_after: float = 5.0) -> None:
+    def __init__(self, starvation_after: float = 5.0, prefetch: int = 0) -> None:
         self.starvation_after = starvation_after
+        self.prefetch = prefetch
         self.slots: dict[int, Slot] = {}
         self.waiting: dict[int, Waiting] = {}
         self.running: dict[int, Grant] = {}
@@ -130,11 +145,15 @@ class Scheduler:
         self._topology_changed()
 
     def remove_slot(self, slot_id: int) -> list[int]:
-        """Drop a slot; return the ids of the tasks that were running on it."""
+        """Drop a slot; return the ids of the tasks that were running on it.
+
+        Grants still in its queue (never started) are dropped too: read ``queued(slot)``
+        first to queue them again.
+        """
         slot = self.slots.pop(slot_id)
         for name, amount in slot.free.items():
             self._unindex(name, amount, slot_id)
-        for task in slot.running:
+        for task in [*slot.running, *slot.queue]:
             del self.running[task]
         if slot.reserved_by in self.waiting:
             self.waiting[slot.reserved_by].reserved_slot = None
@@ -151,8 +170,15 @@ class Scheduler:
         if GPU_MEMORY in units and units[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
             raise ValueError("GPU_MEMORY comes from the devices and cannot be changed")
 
-    def set_capacity(self, slot_id: int, units: Units) -> None:
-        """Change a slot's capacity; work in use above the new amounts finishes normally."""
+    def queued(self, slot_id: int) -> list[int]:
+        """Return the grants waiting in SLOT_ID's queue, in order."""
+        return list(self.slots[slot_id].queue)
+
+    def set_capacity(self, slot_id: int, units: Units) -> list[int]:
+        """Change a slot's capacity; work in use above the new amounts finishes normally.
+
+        Return the queued grants that now start.
+        """
         self.check_capacity(slot_id, units)
         slot = self.slots[slot_id]
         devices = units.get(GPU, 0) // UNIT
@@ -167,6 +193,7 @@ class Scheduler:
         slot.gpu_usable = devices
         self._gained.add(slot_id)
         self._topology_changed()
+        return self._promote(slot)
 
     def _topology_changed(self) -> None:
         self._infeasible_cache.clear()
@@ -192,11 +219,14 @@ class Scheduler:
         return ids
 
     # -- tasks ----------------------------------------------------------------------
-    def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0) -> None:
-        """Queue a ready task."""
+    def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
+                queueable: bool = True) -> None:
+        """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor)."""
         self._seq += 1
         shape = shape_of(units)
-        self.waiting[task_id] = Waiting(task_id, dict(units), priority, self._seq, shape, now)
+        self.waiting[task_id] = Waiting(task_id, dict(units), priority, self._seq, shape, now,
+                                        queueable=queueable and GPU not in units
+                                        and GPU_MEMORY not in units)
         heapq.heappush(self._by_shape.setdefault(shape, []), (-priority, self._seq, task_id))
 
     def dequeue(self, task_id: int) -> bool:
@@ -219,12 +249,16 @@ class Scheduler:
             self._stale[task.shape] = stale
         return True
 
-    def release(self, task_id: int) -> None:
-        """Return a running task's resources to its slot."""
+    def release(self, task_id: int) -> list[int]:
+        """Return a finished task's resources to its slot (or drop it from the slot's
+        queue if it never started); return the queued grants that start now."""
         grant = self.running.pop(task_id, None)
         slot = self.slots.get(grant.slot) if grant else None
         if grant is None or slot is None:
-            return
+            return []
+        if not grant.started:
+            slot.queue.remove(task_id)
+            return self._promote(slot)
         slot.running.discard(task_id)
         for name, amount in grant.taken.items():
             self._set_free(slot, name, slot.free.get(name, 0) + amount)
@@ -232,6 +266,22 @@ class Scheduler:
             slot.gpu_free[pos] += share
             slot.gpu_mem_free[pos] += mem
         self._gained.add(slot.id)
+        return self._promote(slot)
+
+    def _promote(self, slot: Slot) -> list[int]:
+        """Start SLOT's queued grants, in order, while the head fits (the agent does too)."""
+        started = []
+        while slot.queue:
+            grant = self.running[slot.queue[0]]
+            if not fits(slot.free, grant.taken):
+                break
+            slot.queue.popleft()
+            for name, amount in grant.taken.items():
+                self._set_free(slot, name, slot.free[name] - amount)
+            slot.running.add(grant.task)
+            grant.started = True
+            started.append(grant.task)
+        return started
 
     # -- placement ------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> list[Grant]:
@@ -244,6 +294,7 @@ class Scheduler:
         heapq.heapify(heads)
         fences: dict[int, Units] = {}
         grants: list[Grant] = []
+        blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self._gained) if i in self.slots]
         self._gained.clear()
         while heads:
@@ -256,6 +307,7 @@ class Scheduler:
                 if not fenced:  # a fence binds only tasks after its owner: not a later head
                     self._blocked.add(shape)
                 self._fence(task, fences, now)
+                blocked.append(task)
                 continue  # the whole shape is blocked this pass; others may still fit
             heapq.heappop(heap)
             del self.waiting[task.id]
@@ -264,7 +316,51 @@ class Scheduler:
             top = self._top(shape, heap)
             if top is not None:
                 heapq.heappush(heads, (top[0], top[1], shape))
+        if self.prefetch and blocked:
+            grants.extend(self._fill_queues(blocked))
         return grants
+
+    def _fill_queues(self, blocked: list[Waiting]) -> list[Grant]:
+        """Grant blocked tasks, best first, into slot queues with room (pipelining).
+
+        A slot that a blocked task before it could use, but not queue on, is left alone:
+        later tasks must not start there ahead of it.
+        """
+        grants: list[Grant] = []
+        claimed: set[int] = set()
+        for head in blocked[:_QUEUE_HEADS]:
+            shape = head.shape
+            while True:
+                heap = self._by_shape.get(shape)
+                top = self._top(shape, heap) if heap is not None else None
+                if top is None:
+                    break
+                task = self.waiting[top[2]]
+                slot = self._queue_slot(task, claimed) if task.queueable else None
+                if slot is None:
+                    claimed |= self._fitting(task)
+                    break
+                assert heap is not None
+                heapq.heappop(heap)
+                del self.waiting[task.id]
+                self._unreserve(task)
+                grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
+                              started=False)
+                slot.queue.append(task.id)
+                self.running[task.id] = grant
+                grants.append(grant)
+        return grants
+
+    def _queue_slot(self, task: Waiting, claimed: set[int]) -> Slot | None:
+        best: Slot | None = None
+        for slot_id in self._fitting(task):
+            slot = self.slots[slot_id]
+            if (len(slot.queue) >= self.prefetch or slot.reserved_by is not None
+                    or slot_id in claimed):
+                continue
+            if best is None or (len(slot.queue), slot.id) < (len(best.queue), best.id):
+                best = slot
+        return best
 
     def _top(self, shape: Shape, heap: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
         # Entries of dequeued tasks are dropped here; the seq check also drops the stale
@@ -288,6 +384,8 @@ class Scheduler:
         best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
         best, found, fenced = None, 0, False
         for slot in self._candidates(task.units) if only is None else only:
+            if slot.queue:
+                continue  # it would start ahead of the grants queued there
             fence = fences.get(slot.id)
             if fence is not None and not all(
                     slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
@@ -434,7 +532,17 @@ class Scheduler:
         """
         task = self.waiting.get(task_id)
         if task is None:
-            return "running" if task_id in self.running else "not waiting"
+            grant = self.running.get(task_id)
+            if grant is not None and not grant.started:
+                slot = self.slots[grant.slot]
+                ahead = slot.queue.index(task_id)
+                lacking = [f"{n}={format_amount(n, slot.free.get(n, 0))}"
+                           for n, a in sorted(grant.taken.items()) if slot.free.get(n, 0) < a]
+                return (f"queued on {slot.agent}, where it starts when room frees (needs "
+                        f"{format_units(grant.taken)}; {slot.agent} has "
+                        f"{' '.join(lacking) or 'room'} free"
+                        + (f"; {ahead} queued there before it)" if ahead else ")"))
+            return "running" if grant is not None else "not waiting"
         if not self.slots:
             return "no agent has joined the broker yet"
         reason = self.infeasible_reason(task.units)

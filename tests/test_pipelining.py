@@ -1,0 +1,184 @@
+"""Pipelining: tasks granted into a slot's queue ahead of time start there in order, as
+room frees, and the broker and agent agree on what runs. The pure scheduler is driven
+with plain data; the end-to-end tests run real broker and agent processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import zres
+from tests.conftest import wait_until
+from tests.tasks import hold
+from tests.test_scheduler import cap, placed, req
+from zres.scheduler import Grant, Scheduler
+
+
+def started(sched: Scheduler) -> set[int]:
+    return {t for t, g in sched.running.items() if g.started}
+
+
+def check_started_fit(sched: Scheduler) -> None:
+    """What has started never exceeds a slot's capacity (queued grants take nothing)."""
+    for slot in sched.slots.values():
+        for name, total in slot.total.items():
+            used = sum(g.taken.get(name, 0) for g in sched.running.values()
+                       if g.slot == slot.id and g.started)
+            assert used <= total and slot.free.get(name, 0) == total - used
+
+
+def test_blocked_tasks_are_queued_on_a_slot_and_start_in_order_as_room_frees():
+    sched = Scheduler(prefetch=2)
+    sched.add_slot(1, "a", cap(CPU=2))
+    for task in range(1, 6):
+        sched.enqueue(task, req(CPU=1))
+    grants = sched.schedule()
+    assert placed(grants) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert [g.started for g in grants] == [True, True, False, False]
+    assert 5 in sched.waiting, "a queue holds at most PREFETCH grants"
+    assert sched.release(2) == [3] and sched.release(1) == [4]
+    assert started(sched) == {3, 4}
+    check_started_fit(sched)
+    assert placed(sched.schedule()) == {5: 1}
+    assert sched.why(5).startswith("queued on a, where it starts when room frees")
+
+
+def test_a_slot_with_a_queue_takes_no_immediate_grant():
+    sched = Scheduler(prefetch=2)
+    sched.add_slot(1, "a", cap(CPU=2))
+    sched.enqueue(1, req(CPU=2))
+    sched.enqueue(2, req(CPU=2))
+    assert [g.started for g in sched.schedule()] == [True, False]
+    sched.enqueue(3, req(CPU=0))  # would fit now, but must not start ahead of task 2
+    grant = sched.schedule()
+    assert [(g.task, g.started) for g in grant] == [(3, False)]
+    assert sched.release(1) == [2, 3]
+
+
+def test_gpu_tasks_and_actors_are_never_queued():
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=4, GPU=1))
+    sched.enqueue(1, req(GPU=1))
+    sched.enqueue(2, req(GPU=1))
+    sched.enqueue(3, req(CPU=4), queueable=False)
+    assert placed(sched.schedule()) == {1: 1}
+    assert set(sched.waiting) == {2, 3}
+
+
+def test_a_slot_an_earlier_blocked_task_could_use_is_not_queued_on():
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=2, GPU=1))
+    sched.add_slot(2, "b", cap(CPU=2))
+    sched.enqueue(1, req(GPU=1, CPU=2))
+    sched.enqueue(2, req(CPU=2))
+    assert placed(sched.schedule()) == {1: 1, 2: 2}
+    sched.enqueue(3, req(GPU=1, CPU=1), priority=5)  # blocked, cannot be queued
+    sched.enqueue(4, req(CPU=1))
+    grants = sched.schedule()
+    assert placed(grants) == {4: 2}, "task 4 must not queue on a, ahead of task 3"
+
+
+def test_releasing_a_queued_grant_that_never_started_frees_the_next():
+    sched = Scheduler(prefetch=3)
+    sched.add_slot(1, "a", cap(CPU=1))
+    for task in range(1, 4):
+        sched.enqueue(task, req(CPU=1))
+    sched.schedule()
+    assert sched.queued(1) == [2, 3]
+    assert sched.release(2) == []          # cancelled at the agent before it started
+    assert sched.release(1) == [3]
+    assert sched.remove_slot(1) == [3]
+
+
+def test_prefetch_zero_queues_nothing():
+    sched = Scheduler(prefetch=0)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.enqueue(1, req(CPU=1))
+    sched.enqueue(2, req(CPU=1))
+    assert all(isinstance(g, Grant) and g.started for g in sched.schedule())
+    assert 2 in sched.waiting
+
+
+def test_random_workload_never_starts_beyond_capacity():
+    import random
+    rng = random.Random(7)
+    sched = Scheduler(prefetch=3)
+    for slot in range(1, 4):
+        sched.add_slot(slot, f"s{slot}", cap(CPU=rng.randint(1, 4), foo=rng.randint(1, 3)))
+    next_id = 1
+    for _ in range(400):
+        if rng.random() < 0.6:
+            sched.enqueue(next_id, req(CPU=rng.randint(0, 2), foo=rng.randint(0, 1)))
+            next_id += 1
+        sched.schedule()
+        running = sorted(started(sched))
+        if running and rng.random() < 0.5:
+            sched.release(rng.choice(running))
+        check_started_fit(sched)
+        for slot in sched.slots.values():  # a queue's head never fits while it waits
+            if slot.queue:
+                head = sched.running[slot.queue[0]]
+                assert any(slot.free.get(n, 0) < a for n, a in head.taken.items())
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+
+def overlap(path: str) -> int:
+    """Record this task's start and end in PATH's directory; used to count overlap."""
+    marker = Path(path) / f"{os.getpid()}-{time.monotonic_ns()}"
+    marker.write_text(f"{time.monotonic()} ")
+    time.sleep(0.002)
+    marker.write_text(marker.read_text() + f"{time.monotonic()}")
+    return 0
+
+
+def test_pipelined_cluster_never_runs_more_than_capacity(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=2)
+    client = make_client(cluster.address)
+    zres.wait(client.map(overlap, [str(tmp_path)] * 300, resources={"slot": 1}), timeout=60)
+    spans = sorted(tuple(map(float, p.read_text().split())) for p in tmp_path.iterdir())
+    assert len(spans) == 300
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    assert most <= 2, f"{most} tasks asking slot=1 overlapped on an agent offering slot=2"
+
+
+def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_client,
+                                                           tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), str(tmp_path / "first")
+    first = client.submit(hold, release, marker, resources={"slot": 1})
+    queued = client.submit(hold, release, str(tmp_path / "second"), resources={"slot": 1})
+    assert wait_until(lambda: os.path.exists(marker), message="the first task")
+    assert "queued on agent-0" in client.why(queued)
+    queued.cancel()
+    third = client.submit(hold, release, str(tmp_path / "third"), resources={"slot": 1})
+    Path(release).touch()
+    assert first.result(30) == "released" and third.result(30) == "released"
+    assert not (tmp_path / "second").exists(), "the cancelled queued task ran"
+
+
+def test_grants_queued_on_a_lost_agent_run_elsewhere_without_spending_retries(
+        make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, names=["doomed"])
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), str(tmp_path / "first")
+    first = client.submit(hold, release, marker, resources={"slot": 1})
+    queued = client.submit(hold, release, str(tmp_path / "second"), resources={"slot": 1})
+    assert wait_until(lambda: os.path.exists(marker), message="the first task")
+    assert "queued on doomed" in client.why(queued)
+    cluster.add_agent({"slot": 1}, name="survivor")
+    cluster.agents["doomed"].kill()
+    Path(release).touch()
+    assert queued.result(30) == "released", "a queued grant is not charged a retry"
+    assert queued.agent == "survivor"
+    try:
+        first.result(30)
+    except zres.AgentLostError:
+        pass  # it was running there with no retries: lost, as before pipelining
