@@ -124,6 +124,8 @@ def test_random_workload_never_starts_beyond_capacity():
 
 # -- end to end -------------------------------------------------------------------------------
 
+PIPELINED = {"ZRES_BROKER__PREFETCH": "4"}
+
 
 def overlap(path: str) -> int:
     """Record this task's start and end in PATH's directory; used to count overlap."""
@@ -135,7 +137,7 @@ def overlap(path: str) -> int:
 
 
 def test_pipelined_cluster_never_runs_more_than_capacity(make_cluster, make_client, tmp_path):
-    cluster = make_cluster(agents=[{"slot": 2}], nthreads=2)
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=2, env=PIPELINED)
     client = make_client(cluster.address)
     zres.wait(client.map(overlap, [str(tmp_path)] * 300, resources={"slot": 1}), timeout=60)
     spans = sorted(tuple(map(float, p.read_text().split())) for p in tmp_path.iterdir())
@@ -150,7 +152,7 @@ def test_pipelined_cluster_never_runs_more_than_capacity(make_cluster, make_clie
 
 def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_client,
                                                            tmp_path):
-    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, env=PIPELINED)
     client = make_client(cluster.address)
     release, marker = str(tmp_path / "release"), str(tmp_path / "first")
     first = client.submit(hold, release, marker, resources={"slot": 1})
@@ -166,7 +168,8 @@ def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_cl
 
 def test_grants_queued_on_a_lost_agent_run_elsewhere_without_spending_retries(
         make_cluster, make_client, tmp_path):
-    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, names=["doomed"])
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, names=["doomed"],
+                           env=PIPELINED)
     client = make_client(cluster.address)
     release, marker = str(tmp_path / "release"), str(tmp_path / "first")
     first = client.submit(hold, release, marker, resources={"slot": 1})

@@ -58,7 +58,7 @@ class Broker:
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
-                 prefetch: int = 4) -> None:
+                 prefetch: int = 0) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -665,7 +665,10 @@ class Broker:
         counts: dict[str, int] = defaultdict(int)
         blocked: list[dict[str, Any]] = []
         for task in self.tasks.values():
-            counts[task.state.value] += 1
+            grant = self.sched.running.get(task.id)
+            # A grant waiting in a slot's queue has not started: it counts as queued.
+            counts["queued" if grant is not None and not grant.started
+                   else task.state.value] += 1
             if task.state is TaskState.QUEUED:
                 reason = self.sched.infeasible_reason(task.units)
                 if len(blocked) < 200 or (reason is not None and len(blocked) < 1000):

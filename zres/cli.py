@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
 
     broker = sub.add_parser("broker", help="run the broker (one per cluster)")
     broker.add_argument("--listen", help=f"address to bind (default {config.DEFAULT_ADDRESS})")
+    broker.add_argument("--prefetch", type=int, help="grants each slot may hold queued, "
+                        "to hide the round trip between short tasks (default 0: none)")
     _common(broker)
 
     agent = sub.add_parser("agent", help="run a node agent")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _broker(args: argparse.Namespace) -> int:
     from .broker import Broker
-    settings = config.load("broker", {"listen": args.listen}, path=args.config)
+    settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch},
+                           path=args.config)
     logs.setup(args.log_format, args.log_level)
     broker = Broker(settings["listen"], settings["heartbeat_interval"],
                     settings["heartbeat_timeout"], settings["client_timeout"],

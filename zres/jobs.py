@@ -111,6 +111,8 @@ class JobRouting:
         if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):
             entry["state"] = "infeasible" if task.warned else "queued"
             entry["reason"] = task.warned or self.b._why(task, count_ahead=False)
+        elif task is not None and job.state == "queued":  # granted into a slot's queue
+            entry["reason"] = self.b._why(task, count_ahead=False)
         return entry
 
     # -- requests ---------------------------------------------------------------------------

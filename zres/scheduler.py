@@ -24,7 +24,8 @@ Rules
   does not use (keep GPU nodes for GPU work), then least left over, then slot id.
 - Cost: each decision looks up candidates in a per-resource index of slots sorted by free
   amount (bisect), examining at most a few fitting slots; passes touch one head per shape.
-- Pipelining (``prefetch`` > 0): a task that fits nowhere now may be granted to a slot
+- Pipelining (``prefetch`` > 0; off unless the broker is given --prefetch): a task that
+  fits nowhere now may be granted to a slot
   whose capacity could run it, into that slot's queue of at most ``prefetch`` grants; it
   starts when room frees there. Queued grants start strictly in order, each when it fits
   the slot's free amounts: the agent applies the same rule to the same grants and the
@@ -32,7 +33,9 @@ Rules
   than its capacity. A slot with a queue takes no immediate grant (it would overtake).
   Only tasks without GPU or GPU_MEMORY, and not actors, are queued; a slot reserved for
   a starving task, or one an earlier blocked task could use, takes none. This hides the
-  broker round trip between one task's end and the next one's start.
+  broker round trip between one task's end and the next one's start. The price: work that
+  would fit a slot now waits while that slot has a queue, so a queued grant waiting for
+  room a long task holds delays it; pipelining suits many short tasks alike.
 """
 
 from __future__ import annotations
