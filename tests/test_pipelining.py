@@ -150,15 +150,22 @@ def test_pipelined_cluster_never_runs_more_than_capacity(make_cluster, make_clie
     assert most <= 2, f"{most} tasks asking slot=1 overlapped on an agent offering slot=2"
 
 
-def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_client,
-                                                           tmp_path):
-    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, env=PIPELINED)
-    client = make_client(cluster.address)
+def running_and_queued(client: zres.Client, tmp_path: Path, agent: str) -> tuple:
+    """Start one task holding AGENT's only slot and one queued there; return the release
+    file and both futures."""
     release, marker = str(tmp_path / "release"), str(tmp_path / "first")
     first = client.submit(hold, release, marker, resources={"slot": 1})
     queued = client.submit(hold, release, str(tmp_path / "second"), resources={"slot": 1})
     assert wait_until(lambda: os.path.exists(marker), message="the first task")
-    assert "queued on agent-0" in client.why(queued)
+    assert f"queued on {agent}" in client.why(queued)
+    return release, first, queued
+
+
+def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_client,
+                                                           tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, env=PIPELINED)
+    client = make_client(cluster.address)
+    release, first, queued = running_and_queued(client, tmp_path, "agent-0")
     queued.cancel()
     third = client.submit(hold, release, str(tmp_path / "third"), resources={"slot": 1})
     Path(release).touch()
@@ -171,11 +178,7 @@ def test_grants_queued_on_a_lost_agent_run_elsewhere_without_spending_retries(
     cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, names=["doomed"],
                            env=PIPELINED)
     client = make_client(cluster.address)
-    release, marker = str(tmp_path / "release"), str(tmp_path / "first")
-    first = client.submit(hold, release, marker, resources={"slot": 1})
-    queued = client.submit(hold, release, str(tmp_path / "second"), resources={"slot": 1})
-    assert wait_until(lambda: os.path.exists(marker), message="the first task")
-    assert "queued on doomed" in client.why(queued)
+    release, first, queued = running_and_queued(client, tmp_path, "doomed")
     cluster.add_agent({"slot": 1}, name="survivor")
     cluster.agents["doomed"].kill()
     Path(release).touch()

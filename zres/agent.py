@@ -576,22 +576,14 @@ class Agent:
         if worker is None:
             return
         msg = P.decode(frames[1:])
-        if worker.actor is not None:
-            if msg.kind == P.READY:
-                worker.ready = True
-                for items, task_frames in worker.backlog:
-                    self._send_run(worker.ident, items, task_frames)
-                worker.backlog = []
-            elif msg.kind == P.DONE:
-                items = msg.body["results"]
-                self._actor_done(worker, items,
-                                 P.split_frames(msg.frames, [i[2] for i in items]))
-            return
         if msg.kind == P.READY:
             worker.ready = True
             for items, task_frames in worker.backlog:
                 self._send_run(worker.ident, items, task_frames)
             worker.backlog = []
+        elif msg.kind == P.DONE and worker.actor is not None:
+            items = msg.body["results"]
+            self._actor_done(worker, items, P.split_frames(msg.frames, [i[2] for i in items]))
         elif msg.kind == P.DONE:
             items = msg.body["results"]
             for item, result in zip(items, P.split_frames(msg.frames, [i[2] for i in items])):
