@@ -401,9 +401,14 @@ def test_worker_that_died_while_idle_does_not_fail_the_next_task(make_cluster, m
 
 
 def _is_dead(pid: int) -> bool:
+    # The leader of a multi-threaded process shows "Z" while its other threads are still
+    # exiting, and its parent's waitpid() does not report it until they are gone: so a
+    # process is dead here only when its leader is a zombie and no other thread is left.
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return False
+        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
     except FileNotFoundError:
         return True
 

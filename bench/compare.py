@@ -1,0 +1,770 @@
+"""Run zres, Dask distributed and Ray on the same workloads, on this machine, in one run.
+
+    python3 -m venv /work/venv-peers
+    /work/venv-peers/bin/pip install -e . -r bench/requirements.txt
+    /work/venv-peers/bin/python bench/compare.py [--quick] [--json out.json]
+                                                 [--systems zres,dask,ray] [--repeats N]
+
+The peers are not dependencies of zres: they are in bench/requirements.txt. A system whose
+library is missing is shown as "not installed"; one that fails to start or run is shown as
+"unavailable: <reason>" (or "error: ..." for a single figure), never a crash.
+
+Cluster shape, the same for each system: a scheduler process plus two worker nodes that
+each run two tasks at a time, all on 127.0.0.1, started afresh by this script.
+- zres: ``zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2)``: a broker and two
+  agents, each with one worker process of two threads.
+- Dask: ``dask scheduler`` and two ``dask worker --nthreads 2 --resources slot=2`` (each a
+  nanny and its worker process). The command line rather than ``distributed.LocalCluster``,
+  whose scheduler would live inside the client's process: this way every system's scheduler
+  is a process of its own, and its memory can be counted apart from the client's.
+- Ray: ``ray.cluster_utils.Cluster``: a head node with ``num_cpus=0`` (GCS and a raylet,
+  running no tasks) and two nodes with ``num_cpus=2, resources={"slot": 2}``. Ray runs a
+  worker process per CPU rather than threads; the head also starts Ray's dashboard, log
+  monitor and autoscaler monitor, and each node a dashboard agent and a runtime-env agent,
+  all counted in its memory. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps Ray on loopback
+  (otherwise it advertises the machine's own address).
+
+Workloads, per system (quick mode's sizes in brackets):
+1. throughput: 10,000 [2,000] no-op tasks submitted at once (``map``), time to all results;
+2. the same, each task asking ``slot=1`` on workers offering ``slot=2``;
+3. latency: 1,000 [200] sequential submit-then-result calls, median and p99;
+4. dependencies: a chain of 1,000 [300] tasks (each takes the previous one's future), and
+   1,000 [500] no-op results fanned into one task (``total(*futures)``);
+5. data: 100 [20] tasks returning 10 MB of bytes each, gathered to the client; and 100 [20]
+   such tasks each passed to a dependent task returning its length (submitted at once;
+   MB/s of blobs consumed, whether or not the bytes had to move);
+6. start-up: from no processes to the first result (the client library already imported),
+   and the summed resident memory of the cluster's processes (scheduler, agents or nodes,
+   and their worker processes: every descendant of the benchmark process but itself) after
+   a 200-task warm-up and a second of idling;
+7. the floor: a bare pyzmq ROUTER-DEALER echo between two processes over tcp loopback
+   (median round trip) and the bandwidth of 10 MB messages, so each system's latency and
+   bandwidth can be read as a multiple of what the transport costs.
+
+Each system runs in a subprocess of its own (new session, killed whole afterwards), one
+after another, never two at once, on one cluster after the start-up figures and an untimed
+warm-up of 1,000 [500] no-op tasks. Each workload runs up to ``--repeats`` times (full: 3,
+quick: 2), fewer where the runs so far plus one more would pass 20 s [4 s], and the best
+run is kept (highest rate, shortest time; for latency the run with the lowest median, with
+its own p99); start-up and memory are the lowest over 2 [1] fresh clusters. Every sample
+is in the JSON. A system still running when its time is up (240 s [60 s], and the whole
+comparison 590 s [115 s]) is stopped and what it finished is shown. On two cores numbers
+are noisy: compare runs of one machine, and read the samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+BLOB_SIZE = 10_000_000          # bytes per data task (10 MB)
+MB = 1e6                        # bandwidth unit
+MIB = 1024 * 1024               # memory unit
+SYSTEMS = ("zres", "dask", "ray")
+MODULES = {"zres": "zres", "dask": "distributed", "ray": "ray"}
+PACKAGES = {"zres": "zres", "dask": "distributed", "ray": "ray"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    tasks: int          # throughput tasks
+    latency: int        # sequential round trips
+    chain: int          # tasks in the dependency chain
+    fan_in: int         # results fanned into one task
+    blobs: int          # 10 MB results
+    echo: int           # bare zmq round trips
+    warmup: int         # no-op tasks run once, untimed, before the workloads
+    repeats: int        # most runs of each workload; the best is kept
+    repeat_budget: float  # no further run once the runs so far plus one more exceed this (s)
+    startups: int       # fresh clusters timed
+    timeout: int        # seconds allowed to one system's subprocess
+    deadline: int       # seconds allowed to the whole comparison
+
+
+QUICK = Sizes(tasks=2_000, latency=200, chain=300, fan_in=500, blobs=20, echo=2_000,
+              warmup=500, repeats=2, repeat_budget=4, startups=1, timeout=60, deadline=115)
+FULL = Sizes(tasks=10_000, latency=1_000, chain=1_000, fan_in=1_000, blobs=100, echo=10_000,
+             warmup=1_000, repeats=3, repeat_budget=20, startups=2, timeout=240,
+             deadline=590)
+
+
+# -- the figures: key, label, unit, which way is better ----------------------------------
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    key: str
+    label: str
+    unit: str
+    better: str         # "higher", "lower" or "" (no winner, e.g. a count)
+
+
+def figures(sizes: Sizes) -> list[Figure]:
+    return [
+        Figure("throughput", f"throughput, {sizes.tasks:,} no-op tasks", "tasks/s", "higher"),
+        Figure("throughput_slot", f"throughput, {sizes.tasks:,} asking slot=1", "tasks/s",
+               "higher"),
+        Figure("latency_median", f"latency median, {sizes.latency:,} in a row", "ms", "lower"),
+        Figure("latency_p99", "latency p99", "ms", "lower"),
+        Figure("chain", f"chain of {sizes.chain:,} dependent tasks", "s", "lower"),
+        Figure("fan_in", f"fan-in of {sizes.fan_in:,} results into one", "s", "lower"),
+        Figure("gather", f"gather {sizes.blobs} x 10 MB to the client", "MB/s", "higher"),
+        Figure("dependents", f"{sizes.blobs} x 10 MB into dependents", "MB/s", "higher"),
+        Figure("startup", "start-up to first result", "s", "lower"),
+        Figure("memory", "idle cluster memory (RSS)", "MiB", "lower"),
+        Figure("processes", "idle cluster processes", "count", ""),
+    ]
+
+
+# -- task functions: module level, so all three systems can pickle them -------------------
+_blob: bytes | None = None
+
+
+def noop(x: Any) -> Any:
+    return x
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def total(*xs: int) -> int:
+    return sum(xs)
+
+
+def blob(i: int) -> bytes:
+    """10 MB of incompressible bytes, a new object each call (one copy, about a millisecond)."""
+    global _blob
+    if _blob is None:
+        _blob = random.Random(0).randbytes(BLOB_SIZE)
+    return _blob[:-1] + bytes([i % 256])
+
+
+def length(data: bytes) -> int:
+    return len(data)
+
+
+# -- the three systems behind one small interface -----------------------------------------
+class Backend:
+    """Start a cluster, submit calls (handles as arguments are dependencies), gather them."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        raise NotImplementedError
+
+    def map(self, fn: Callable[..., Any], items: Iterable[Any],
+            resources: dict[str, float] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def gather(self, handles: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class ZresBackend(Backend):
+    def __init__(self) -> None:
+        import zres
+        self.zres = zres
+        self.cluster: Any = None
+        self.client: Any = None
+
+    def start(self) -> None:
+        self.cluster = self.zres.LocalCluster(agents=[{"slot": 2}, {"slot": 2}], nthreads=2)
+        self.client = self.zres.Client(self.cluster.address)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.client.submit(fn, *args)
+
+    def map(self, fn: Callable[..., Any], items: Iterable[Any],
+            resources: dict[str, float] | None = None) -> list[Any]:
+        return self.client.map(fn, items, resources=resources)
+
+    def gather(self, handles: list[Any]) -> list[Any]:
+        return self.client.gather(handles)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.client = self.cluster = None
+
+
+class DaskBackend(Backend):
+    def __init__(self) -> None:
+        import distributed
+        self.distributed = distributed
+        self.client: Any = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    def start(self) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="compare-dask-")
+        scheduler_file = os.path.join(self.tmp.name, "scheduler.json")
+        common = ["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--no-dashboard"]
+        commands = [["scheduler", "--port", "0"]]
+        commands += [["worker", "--nthreads", "2", "--nworkers", "1", "--resources", "slot=2",
+                      "--name", f"worker-{i}"] for i in range(2)]
+        for command in commands:  # workers wait for the scheduler file by themselves
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "dask", *command, *common], cwd=self.tmp.name,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while not os.path.exists(scheduler_file):
+            if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                raise RuntimeError("the dask scheduler did not start")
+            time.sleep(0.01)
+        self.client = self.distributed.Client(scheduler_file=scheduler_file)
+        self.client.wait_for_workers(2, timeout=60)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.client.submit(fn, *args, pure=False)
+
+    def map(self, fn: Callable[..., Any], items: Iterable[Any],
+            resources: dict[str, float] | None = None) -> list[Any]:
+        return self.client.map(fn, list(items), pure=False, resources=resources)  # type: ignore[no-any-return]
+
+    def gather(self, handles: list[Any]) -> list[Any]:
+        return self.client.gather(handles)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.shutdown()  # stops the scheduler and, through it, the workers
+            except Exception:
+                pass
+            self.client = None
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = []
+        if self.tmp is not None:
+            self.tmp.cleanup()
+            self.tmp = None
+
+
+class RayBackend(Backend):
+    def __init__(self) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+        self.ray = ray
+        self.cluster_type = Cluster
+        self.cluster: Any = None
+        self.remotes: dict[tuple[Callable[..., Any], str], Any] = {}
+
+    def start(self) -> None:
+        self.remotes = {}
+        self.cluster = self.cluster_type(
+            initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        for _ in range(2):
+            self.cluster.add_node(num_cpus=2, resources={"slot": 2})
+        self.ray.init(address=self.cluster.address, log_to_driver=False,
+                      logging_level="WARNING")
+        self.cluster.wait_for_nodes()
+
+    def remote(self, fn: Callable[..., Any],
+               resources: dict[str, float] | None = None) -> Any:
+        key = (fn, json.dumps(resources, sort_keys=True))
+        if key not in self.remotes:
+            options = {"resources": resources} if resources else {}
+            self.remotes[key] = self.ray.remote(fn).options(**options)
+        return self.remotes[key]
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.remote(fn).remote(*args)
+
+    def map(self, fn: Callable[..., Any], items: Iterable[Any],
+            resources: dict[str, float] | None = None) -> list[Any]:
+        remote = self.remote(fn, resources)
+        return [remote.remote(item) for item in items]
+
+    def gather(self, handles: list[Any]) -> list[Any]:
+        return self.ray.get(handles)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {
+    "zres": ZresBackend, "dask": DaskBackend, "ray": RayBackend}
+
+
+# -- workloads ----------------------------------------------------------------------------
+def settle() -> None:
+    """Drop the last workload's handles everywhere before timing the next one."""
+    gc.collect()
+    time.sleep(0.3)
+
+
+def throughput(backend: Backend, n: int, resources: dict[str, float] | None = None) -> float:
+    start = time.perf_counter()
+    results = backend.gather(backend.map(noop, range(n), resources))
+    elapsed = time.perf_counter() - start
+    assert results == list(range(n))
+    return n / elapsed
+
+
+def latency(backend: Backend, n: int) -> tuple[float, float]:
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        assert backend.gather([backend.submit(noop, i)]) == [i]
+        samples.append(time.perf_counter() - start)
+    samples.sort()
+    return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3
+
+
+def chain(backend: Backend, n: int) -> float:
+    start = time.perf_counter()
+    handle = backend.submit(inc, 0)
+    for _ in range(n - 1):
+        handle = backend.submit(inc, handle)
+    assert backend.gather([handle]) == [n]
+    return time.perf_counter() - start
+
+
+def fan_in(backend: Backend, n: int) -> float:
+    start = time.perf_counter()
+    assert backend.gather([backend.submit(total, *backend.map(noop, range(n)))]) == [
+        n * (n - 1) // 2]
+    return time.perf_counter() - start
+
+
+def gather_blobs(backend: Backend, n: int) -> float:
+    start = time.perf_counter()
+    results = backend.gather(backend.map(blob, range(n)))
+    elapsed = time.perf_counter() - start
+    assert [len(r) for r in results] == [BLOB_SIZE] * n
+    return n * BLOB_SIZE / MB / elapsed
+
+
+def blob_dependents(backend: Backend, n: int) -> float:
+    start = time.perf_counter()
+    blobs = backend.map(blob, range(n))
+    results = backend.gather([backend.submit(length, b) for b in blobs])
+    elapsed = time.perf_counter() - start
+    assert results == [BLOB_SIZE] * n
+    return n * BLOB_SIZE / MB / elapsed
+
+
+# -- process memory, from /proc -----------------------------------------------------------
+def descendants(root: int) -> list[int]:
+    """Every live process below ROOT, found through the parent ids in /proc/*/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of PID (0 for a zombie or a process gone meanwhile)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+# -- one system, in its own subprocess ----------------------------------------------------
+class Recorder:
+    """Keeps the figures and samples, rewriting the output file after each one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"values": {}, "samples": {}}
+
+    def save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self.data, fh)
+        os.replace(tmp, self.path)
+
+    def put(self, key: str, value: Any, samples: list[Any] | None = None) -> None:
+        self.data["values"][key] = value
+        if samples is not None:
+            self.data["samples"][key] = samples
+        self.save()
+
+
+def best_of(sizes: Sizes, run: Callable[[], Any],
+            best: Callable[[list[Any]], Any]) -> tuple[Any, list[Any]]:
+    """Run up to sizes.repeats times, stopping early when one more would overrun the budget."""
+    samples, spent = [], 0.0
+    while len(samples) < sizes.repeats:
+        start = time.perf_counter()
+        samples.append(run())
+        settle()
+        took = time.perf_counter() - start
+        spent += took
+        if spent + took > sizes.repeat_budget:
+            break
+    return best(samples), samples
+
+
+def run_system(name: str, sizes: Sizes, out: str) -> None:
+    rec = Recorder(out)
+    rec.data["version"] = importlib.metadata.version(PACKAGES[name])
+    rec.save()
+    backend = BACKENDS[name]()
+    starts: list[float] = []
+    memories: list[tuple[int, int]] = []
+    try:
+        for attempt in range(sizes.startups):
+            if attempt:
+                backend.close()
+                settle()
+            start = time.perf_counter()
+            backend.start()
+            assert backend.gather([backend.submit(noop, 1)]) == [1]
+            starts.append(time.perf_counter() - start)
+            assert backend.gather(backend.map(noop, range(200))) == list(range(200))
+            time.sleep(1.0)
+            pids = [pid for pid in descendants(os.getpid()) if rss_bytes(pid)]
+            memories.append((sum(rss_bytes(pid) for pid in pids), len(pids)))
+            rec.put("startup", min(starts), starts)
+            memory, count = min(memories)
+            rec.put("memory", memory / MIB, [m / MIB for m, _ in memories])
+            rec.put("processes", count, [c for _, c in memories])
+        assert backend.gather(backend.map(noop, range(sizes.warmup))) == list(
+            range(sizes.warmup))
+        for _ in range(20):  # warm the single-call path too
+            backend.gather([backend.submit(noop, 0)])
+        settle()
+        highest, lowest = max, min
+        workloads: list[tuple[str, Callable[[], Any], Callable[[list[Any]], Any]]] = [
+            ("throughput", lambda: throughput(backend, sizes.tasks), highest),
+            ("throughput_slot", lambda: throughput(backend, sizes.tasks, {"slot": 1}), highest),
+            ("latency", lambda: latency(backend, sizes.latency), lowest),  # lowest median
+            ("chain", lambda: chain(backend, sizes.chain), lowest),
+            ("fan_in", lambda: fan_in(backend, sizes.fan_in), lowest),
+            ("gather", lambda: gather_blobs(backend, sizes.blobs), highest),
+            ("dependents", lambda: blob_dependents(backend, sizes.blobs), highest),
+        ]
+        for key, run, best in workloads:
+            try:
+                value, samples = best_of(sizes, run, best)
+            except Exception as exc:  # one workload failing leaves the others standing
+                rec.put(key, f"error: {type(exc).__name__}: {exc}"[:200])
+                settle()
+                continue
+            if key == "latency":
+                rec.put("latency_median", value[0], [s[0] for s in samples])
+                rec.put("latency_p99", value[1], [s[1] for s in samples])
+            else:
+                rec.put(key, value, samples)
+    finally:
+        backend.close()
+
+
+# -- the floor: bare pyzmq between two processes ------------------------------------------
+def echo_server() -> None:
+    """ROUTER on a random loopback port: echo messages; on b"stream" send N 10 MB ones."""
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(port, flush=True)
+    payload = random.Random(0).randbytes(BLOB_SIZE)
+    while True:
+        ident, *frames = sock.recv_multipart()
+        if frames[0] == b"stream":
+            for _ in range(int(frames[1])):
+                sock.send_multipart([ident, payload], copy=False)
+        elif frames[0] == b"stop":
+            break
+        else:
+            sock.send_multipart([ident, *frames])
+    sock.close()
+    ctx.term()
+
+
+def run_floor(sizes: Sizes, out: str) -> None:
+    import zmq
+    rec = Recorder(out)
+    rec.data["version"] = importlib.metadata.version("pyzmq")
+    server = subprocess.Popen([sys.executable, __file__, "--_echo-server"],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert server.stdout is not None
+    port = int(server.stdout.readline())
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        def round_trips() -> float:
+            samples = []
+            for _ in range(sizes.echo):
+                start = time.perf_counter()
+                sock.send(b"x")
+                sock.recv()
+                samples.append(time.perf_counter() - start)
+            return statistics.median(samples) * 1e6
+
+        def bandwidth() -> float:
+            start = time.perf_counter()
+            sock.send_multipart([b"stream", str(sizes.blobs).encode()])
+            for _ in range(sizes.blobs):
+                assert len(sock.recv(copy=False)) == BLOB_SIZE
+            return sizes.blobs * BLOB_SIZE / MB / (time.perf_counter() - start)
+
+        for _ in range(200):  # warm up: connection, buffers, first-touch of memory
+            sock.send(b"x")
+            sock.recv()
+        bandwidth()
+        cheap = dataclasses.replace(sizes, repeats=max(3, sizes.repeats))  # a floor: its best
+        rec.put("echo_median", *best_of(cheap, round_trips, min))
+        rec.put("bandwidth", *best_of(cheap, bandwidth, max))
+        sock.send(b"stop")
+        server.wait(timeout=10)
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+# -- the parent: run each system's subprocess, then print one table -----------------------
+def run_child(name: str, args: argparse.Namespace, sizes: Sizes,
+              timeout: float) -> dict[str, Any]:
+    """Run NAME's workloads in a subprocess of its own session; return what it recorded.
+
+    The result has "values" and "samples" (whatever the child finished before it stopped),
+    "version", and "status": "" when it ran to its end, else why not.
+    """
+    with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
+        out, log = os.path.join(tmp, "out.json"), os.path.join(tmp, "stderr.log")
+        command = [sys.executable, __file__, "--_child", name, "--_out", out,
+                   "--repeats", str(sizes.repeats)] + (["--quick"] if args.quick else [])
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+               "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+        with open(log, "wb") as err:
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                     start_new_session=True)
+            try:
+                child.wait(timeout=max(1.0, timeout))
+                status = "" if child.returncode == 0 else f"unavailable: {last_line(log)}"
+            except subprocess.TimeoutExpired:
+                status = f"timed out after {max(1.0, timeout):.0f}s"
+            finally:  # what the child started (Ray's daemons, ...), then its whole session
+                for pid in [child.pid, *descendants(child.pid)]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                child.wait()
+        result: dict[str, Any] = {"values": {}, "samples": {}}
+        if os.path.exists(out):
+            result = json.loads(Path(out).read_text())
+        result["status"] = status
+        return result
+
+
+def last_line(path: str) -> str:
+    lines = [line.strip() for line in Path(path).read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    return lines[-1][:160] if lines else "exited with no message"
+
+
+def numbers(*values: Any) -> bool:
+    return all(isinstance(v, (int, float)) and v for v in values)
+
+
+def advantage(fig: Figure, mine: Any, theirs: Any) -> float | None:
+    """How many times better zres is than the peer on FIG (>1: zres wins)."""
+    if not fig.better or not numbers(mine, theirs):
+        return None
+    return mine / theirs if fig.better == "higher" else theirs / mine
+
+
+def build_report(mode: str, sizes: Sizes, systems: list[str],
+                 results: dict[str, dict[str, Any]], floor: dict[str, Any]) -> dict[str, Any]:
+    rows = []
+    for fig in figures(sizes):
+        values = {name: results[name]["values"].get(fig.key, results[name]["status"]
+                                                     or "missing") for name in systems}
+        ratios = {peer: advantage(fig, values.get("zres"), values[peer])
+                  for peer in systems if peer != "zres"}
+        rows.append({"key": fig.key, "label": fig.label, "unit": fig.unit,
+                     "better": fig.better, "values": values,
+                     "samples": {n: results[n]["samples"].get(fig.key) for n in systems},
+                     "zres_advantage": ratios})
+    echo, bandwidth = floor["values"].get("echo_median"), floor["values"].get("bandwidth")
+    over_floor = {}
+    for name in systems:
+        lat, gathered = (results[name]["values"].get(k) for k in ("latency_median", "gather"))
+        over_floor[name] = {
+            "latency_over_echo": lat * 1e3 / echo if numbers(lat, echo) else None,
+            "gather_over_socket": gathered / bandwidth if numbers(gathered, bandwidth) else None}
+    return {"mode": mode, "sizes": dataclasses.asdict(sizes),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "platform": platform.platform()},
+            "versions": {n: results[n].get("version") for n in systems},
+            "status": {n: results[n]["status"] for n in systems},
+            "rows": rows,
+            "floor": {"pyzmq": floor.get("version"), "values": floor["values"],
+                      "samples": floor["samples"], "status": floor["status"]},
+            "over_floor": over_floor}
+
+
+def cell(value: Any) -> str:
+    """A number, or the first word(s) of why there is none ("timed out", "error", ...)."""
+    if not isinstance(value, (int, float)):
+        return str(value).split(":")[0].split(" after ")[0]
+    if isinstance(value, int) or value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
+
+
+def describe(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}x better" if ratio >= 1 else f"{1 / ratio:.2f}x worse"
+
+
+def times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.1f}x" if ratio >= 10 else f"{ratio:.2f}x"
+
+
+def print_report(report: dict[str, Any], systems: list[str]) -> None:
+    peers = [n for n in systems if n != "zres"] if "zres" in systems else []
+    rows = report["rows"]
+    width = max(len(row["label"]) for row in rows) + 2
+    cols = [max(12, len(n) + 2, *(len(cell(row["values"][n])) + 2 for row in rows))
+            for n in systems]
+    header = (f"{'figure':<{width}}{'unit':<9}"
+              + "".join(f"{n:>{w}}" for n, w in zip(systems, cols))
+              + "".join(f"{'zres vs ' + p:>16}" for p in peers))
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['label']:<{width}}{row['unit']:<9}"
+              + "".join(f"{cell(row['values'][n]):>{w}}" for n, w in zip(systems, cols))
+              + "".join(f"{describe(row['zres_advantage'][p]):>16}" for p in peers))
+    print("-" * len(header))
+    floor = report["floor"]
+    echo, bandwidth = floor["values"].get("echo_median"), floor["values"].get("bandwidth")
+    print(f"floor, bare pyzmq {floor['pyzmq']} ROUTER-DEALER over tcp loopback: echo round "
+          f"trip median {cell(echo)} us, 10 MB messages {cell(bandwidth)} MB/s")
+    for name in systems:
+        over = report["over_floor"][name]
+        print(f"  {name} latency / echo: {times(over['latency_over_echo'])};  "
+              f"{name} gather / socket bandwidth: {times(over['gather_over_socket'])}")
+    print("'zres vs X': how many times better or worse zres is than X on that figure "
+          "(more tasks/s and MB/s win; fewer ms, s and MiB win).")
+    print("Each workload: best of up to {repeats} runs (fewer where one run is long); "
+          "start-up and memory: lowest of {startups} fresh cluster(s).".format(
+              **report["sizes"]))
+    print("Versions: " + ", ".join(f"{n} {v}" for n, v in report["versions"].items() if v)
+          + f"; Python {report['machine']['python']}, {report['machine']['cpus']} CPUs.")
+    notes = [f"{name}: {status}" for name, status in report["status"].items() if status]
+    notes += [f"{name}, {row['label']}: {row['values'][name]}" for row in rows
+              for name in systems if str(row["values"][name]).startswith("error")]
+    if floor["status"]:
+        notes.append(f"floor: {floor['status']}")
+    for note in notes:
+        print("Note: " + note)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller workloads, to finish in under two minutes")
+    parser.add_argument("--json", metavar="PATH", help="also write the table here as JSON")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help="comma-separated, from zres,dask,ray (default: all)")
+    parser.add_argument("--repeats", type=int, help="most runs of each workload (best is kept)")
+    parser.add_argument("--_child", help=argparse.SUPPRESS)
+    parser.add_argument("--_out", help=argparse.SUPPRESS)
+    parser.add_argument("--_echo-server", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    if args.repeats:
+        sizes = dataclasses.replace(sizes, repeats=max(1, args.repeats))
+    if args._echo_server:
+        return echo_server()
+    if args._child == "floor":
+        return run_floor(sizes, args._out)
+    if args._child:
+        return run_system(args._child, sizes, args._out)
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not systems:
+        parser.error(f"--systems takes names from {','.join(SYSTEMS)}, not {unknown}")
+    began = time.perf_counter()
+
+    def progress(what: str) -> None:
+        print(f"[{time.perf_counter() - began:5.1f}s] {what}", file=sys.stderr, flush=True)
+
+    def time_left() -> float:
+        return min(sizes.timeout, sizes.deadline - (time.perf_counter() - began))
+
+    progress("floor: bare pyzmq echo and bandwidth")
+    floor = run_child("floor", args, sizes, time_left())
+    results: dict[str, dict[str, Any]] = {}
+    for name in systems:
+        if importlib.util.find_spec(MODULES[name]) is None:
+            results[name] = {"values": {}, "samples": {}, "status": "not installed"}
+            progress(f"{name}: not installed")
+            continue
+        progress(f"{name}: running")
+        results[name] = run_child(name, args, sizes, time_left())
+        if results[name]["status"]:
+            progress(f"{name}: {results[name]['status']}")
+    report = build_report("quick" if args.quick else "full", sizes, systems, results, floor)
+    report["elapsed_s"] = time.perf_counter() - began
+    progress("done")
+    print_report(report, systems)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
