@@ -5,12 +5,15 @@ with plain data; the end-to-end tests run real broker and agent processes."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
+import pytest
+
 import zres
 from tests.conftest import wait_until
-from tests.tasks import hold
+from tests.tasks import hold, wait_for_file
 from tests.test_scheduler import cap, placed, req
 from zres.scheduler import Grant, Scheduler
 
@@ -150,9 +153,18 @@ def test_pipelined_cluster_never_runs_more_than_capacity(make_cluster, make_clie
     assert most <= 2, f"{most} tasks asking slot=1 overlapped on an agent offering slot=2"
 
 
+def make_short(client: zres.Client, tmp_path: Path, fn=hold) -> None:
+    """Run FN a few times at once-released, so the broker knows its kind as short."""
+    released = tmp_path / "released-at-once"
+    released.touch()
+    zres.wait([client.submit(fn, str(released), str(tmp_path / f"warm-{i}"),
+                             resources={"slot": 1}) for i in range(10)], timeout=30)
+
+
 def running_and_queued(client: zres.Client, tmp_path: Path, agent: str) -> tuple:
     """Start one task holding AGENT's only slot and one queued there; return the release
     file and both futures."""
+    make_short(client, tmp_path)
     release, marker = str(tmp_path / "release"), str(tmp_path / "first")
     first = client.submit(hold, release, marker, resources={"slot": 1})
     queued = client.submit(hold, release, str(tmp_path / "second"), resources={"slot": 1})
@@ -168,6 +180,10 @@ def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_cl
     release, first, queued = running_and_queued(client, tmp_path, "agent-0")
     queued.cancel()
     third = client.submit(hold, release, str(tmp_path / "third"), resources={"slot": 1})
+    # Cancelling is asynchronous: the grant leaves the slot's queue once the agent (or the
+    # worker holding the queue) has dropped it and said so.
+    assert wait_until(lambda: "queued on agent-0" in client.why(third)
+                      and "before it" not in client.why(third), message="the cancel to land")
     Path(release).touch()
     assert first.result(30) == "released" and third.result(30) == "released"
     assert not (tmp_path / "second").exists(), "the cancelled queued task ran"
@@ -188,3 +204,55 @@ def test_grants_queued_on_a_lost_agent_run_elsewhere_without_spending_retries(
         first.result(30)
     except zres.AgentLostError:
         pass  # it was running there with no retries: lost, as before pipelining
+
+
+def test_tasks_of_a_long_kind_are_never_queued_and_go_to_a_new_agent(make_cluster,
+                                                                     make_client, tmp_path):
+    # Pipelining is on by default, but only for kinds known to be short: a second long task
+    # waits at the broker, not in a busy slot's queue, so an agent that joins takes it.
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    first = client.submit(hold, release, str(tmp_path / "first"), resources={"slot": 1})
+    assert wait_until(lambda: (tmp_path / "first").exists(), message="the first task")
+    second = client.submit(hold, release, str(tmp_path / "second"), resources={"slot": 1})
+    assert wait_until(lambda: "queued on" not in client.why(second)
+                      and "slot" in client.why(second), message="the second to wait")
+    cluster.add_agent({"slot": 1}, name="newcomer")
+    assert wait_until(lambda: (tmp_path / "second").exists(), message="the second to start")
+    Path(release).touch()
+    assert second.result(30) == "released" and second.agent == "newcomer"
+    assert first.result(30) == "released"
+
+
+def pid_after(release: str, marker: str) -> int:
+    """Write this process's id into MARKER, then block until RELEASE exists."""
+    Path(marker + ".tmp").write_text(str(os.getpid()))
+    os.rename(marker + ".tmp", marker)
+    wait_for_file(release)
+    return os.getpid()
+
+
+def test_grants_queued_in_a_worker_that_dies_run_in_a_new_one(make_cluster, make_client,
+                                                                tmp_path):
+    # By default the agent hands a slot's queued grants to the worker process running the
+    # slot's work. If that process dies, what it had not started runs in a fresh process,
+    # with no retry spent; only the running task is lost.
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    make_short(client, tmp_path, pid_after)
+    release = str(tmp_path / "release")
+    first = client.submit(pid_after, release, str(tmp_path / "first"), resources={"slot": 1},
+                          retries=0)
+    queued = [client.submit(pid_after, release, str(tmp_path / f"q{i}"),
+                            resources={"slot": 1}, retries=0) for i in range(3)]
+    assert wait_until(lambda: (tmp_path / "first").exists(), message="the first task")
+    assert wait_until(lambda: all("queued on agent-0" in client.why(f) for f in queued),
+                      message="the rest queued on the agent")
+    old_pid = int((tmp_path / "first").read_text())
+    os.kill(old_pid, signal.SIGKILL)
+    with pytest.raises(zres.WorkerLostError):
+        first.result(30)
+    Path(release).touch()
+    pids = {f.result(30) for f in queued}
+    assert old_pid not in pids and len(pids) == 1

@@ -42,6 +42,10 @@ from .scheduler import GPU_MEMORY
 log = structlog.get_logger("zres.agent")
 
 
+# A grant waiting for room: task id, taken units, devices, RUN item, payload frames.
+QueuedGrant = tuple[int, Units, tuple[str, ...], list[Any], list[Any]]
+
+
 @dataclass(slots=True)
 class SlotSpec:
     units: Units
@@ -51,8 +55,12 @@ class SlotSpec:
     # What runs here now (the broker's grants, as taken) and grants waiting for room, in
     # the order granted: the broker applies the same start rule to the same events.
     used: dict[str, int] = field(default_factory=dict)
-    queue: deque[tuple[int, Units, tuple[str, ...], list[Any], list[Any]]] = field(
-        default_factory=deque)
+    queue: deque[QueuedGrant] = field(default_factory=deque)
+    # The head of the queue, handed to the one worker process that runs everything this
+    # slot runs, which starts them by the same rule with no round trip (see zres.worker);
+    # kept here until they start, to requeue them if that process dies.
+    delegated: dict[int, QueuedGrant] = field(default_factory=dict)
+    delegate: Worker | None = None
 
     def fits(self, taken: Units) -> bool:
         return all(self.units.get(n, 0) - self.used.get(n, 0) >= a for n, a in taken.items())
@@ -324,6 +332,8 @@ class Agent:
             # Remember the new capacity, so a later re-registration offers it too.
             for index, (spec, units) in enumerate(zip(self.slots, P.field(msg, "slots", list))):
                 spec.units = P.check_units(units, "resources")
+                if spec.delegate is not None and spec.delegate.ready:
+                    self._runs[spec.delegate.ident]  # a RUN carries the new capacity
                 self._start_queued(index)
             log.info("agent_resources_changed", slots=[format_units(s.units)
                                                        for s in self.slots])
@@ -341,8 +351,9 @@ class Agent:
         log.info("agent_registered", agent=self.name, epoch=epoch)
 
     def _abandon_running(self, why: str) -> None:
+        holding = {id(spec.delegate) for spec in self.slots}
         for worker in list(self.workers.values()):
-            if worker.running or worker.backlog:
+            if worker.running or worker.backlog or id(worker) in holding:
                 log.warning("worker_stopped", pid=worker.proc.pid, why=why,
                             tasks=len(worker.running) + len(worker.backlog))
                 _kill(worker.proc)
@@ -355,6 +366,8 @@ class Agent:
         for spec in self.slots:
             spec.used.clear()
             spec.queue.clear()
+            spec.delegated.clear()
+            spec.delegate = None
         self.held.clear()
         self._runs.clear()
         self._done = ([], [])
@@ -401,16 +414,46 @@ class Agent:
     def _start_queued(self, slot: int) -> None:
         """Start SLOT's queued grants in order while the head fits (the broker's rule)."""
         spec = self.slots[slot]
+        if spec.delegated:
+            return  # ahead of the rest; the worker holding them starts them
         while spec.queue and spec.fits(spec.queue[0][1]):
             task_id, taken, devices, item, frames = spec.queue.popleft()
             self._hold(slot, task_id, taken)
             self._run(slot, devices, item, frames)
+        while spec.queue:
+            worker = self._delegate_to(slot, spec.queue[0][2])
+            if worker is None:
+                return
+            entry = spec.queue.popleft()
+            task_id, taken, _, item, frames = entry
+            spec.delegated[task_id] = entry
+            spec.delegate = worker
+            self._send_to(worker, [item[0], item[1], item[2],
+                                   {**item[3], "taken": taken, "queued": True}], frames)
+
+    def _delegate_to(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
+        """Return the process that may hold SLOT's queue: the one running all it runs."""
+        spec = self.slots[slot]
+        worker = self.workers.get((slot, devices))
+        if worker is None or worker.proc.poll() is not None or (
+                spec.delegate is not None and spec.delegate is not worker):
+            return None
+        for task_id, (held_slot, _) in self.held.items():
+            if held_slot == slot and self.task_worker.get(task_id) is not worker:
+                return None  # an actor, or a process with other devices, shares the slot
+        return worker
 
     def _run(self, slot: int, devices: tuple[str, ...], item: list[Any],
              frames: list[Any]) -> None:
         worker = self._worker(slot, devices)
         self.task_worker[item[0]] = worker
         worker.running.add(item[0])
+        # What it took, for the worker's accounting of the slot should it hold the queue.
+        held = self.held.get(item[0])
+        self._send_to(worker, [item[0], item[1], item[2], {**item[3], "taken": held[1]}]
+                      if held is not None else item, frames)
+
+    def _send_to(self, worker: Worker, item: list[Any], frames: list[Any]) -> None:
         if worker.ready:
             batch = self._runs[worker.ident]
             batch[0].append(item)
@@ -429,6 +472,11 @@ class Agent:
         # interrupted safely. Either way the broker has already failed it.
         for task_id in P.field(msg, "ids", list):
             for spec in self.slots:
+                if task_id in spec.delegated and spec.delegate is not None:
+                    # The worker drops it unless it has started it, and says which.
+                    self._flush_runs()
+                    self.workers_sock.send_multipart([spec.delegate.ident, *P.encode(
+                        P.CANCEL, {"ids": [task_id]})])
                 if any(entry[0] == task_id for entry in spec.queue):  # granted, not started
                     spec.queue = deque(e for e in spec.queue if e[0] != task_id)
                     self._report(task_id, P.FAILED, [], {"type": "CancelledError",
@@ -548,7 +596,8 @@ class Agent:
         # context, an allocator's cache): stop it before another process uses them.
         if devices:
             for other in list(self.workers.values()):
-                if other.slot == slot and set(other.gpus) & set(devices) and not other.running:
+                if (other.slot == slot and set(other.gpus) & set(devices) and not other.running
+                        and self.slots[slot].delegate is not other):
                     _kill(other.proc)
                     self._forget(other)
         ident = uuid.uuid4().hex.encode()
@@ -568,8 +617,11 @@ class Agent:
         return worker
 
     def _send_run(self, ident: bytes, items: list[Any], frames: list[Any]) -> None:
-        self.workers_sock.send_multipart([ident, *P.encode(P.RUN, {"tasks": items}, frames)],
-                                         copy=False)
+        body: dict[str, Any] = {"tasks": items}
+        worker = self.by_ident.get(ident)
+        if worker is not None and worker.actor is None:
+            body["capacity"] = self.slots[worker.slot].units
+        self.workers_sock.send_multipart([ident, *P.encode(P.RUN, body, frames)], copy=False)
 
     def _from_worker(self, frames: list[Any]) -> None:
         worker = self.by_ident.get(frames[0].bytes)
@@ -585,12 +637,26 @@ class Agent:
             items = msg.body["results"]
             self._actor_done(worker, items, P.split_frames(msg.frames, [i[2] for i in items]))
         elif msg.kind == P.DONE:
+            spec = self.slots[worker.slot]
+            for task_id in msg.body.get("started", ()):  # queued grants it has started
+                entry = spec.delegated.pop(task_id, None)
+                if entry is not None:
+                    self._hold(worker.slot, task_id, entry[1])
+                    self.task_worker[task_id] = worker
+                    worker.running.add(task_id)
             items = msg.body["results"]
             for item, result in zip(items, P.split_frames(msg.frames, [i[2] for i in items])):
                 worker.running.discard(item[0])
                 self._free(item[0])
                 if self.task_worker.pop(item[0], None) is not None:
                     self._report(item[0], item[1], result, item[3])
+            for task_id in msg.body.get("dropped", ()):  # cancelled before it started
+                if spec.delegated.pop(task_id, None) is not None:
+                    self._report(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                          "message": "cancelled"})
+            if not spec.delegated:
+                spec.delegate = None
+                self._start_queued(worker.slot)
 
     def _report(self, task_id: int, outcome: str, frames: list[Any],
                 info: dict[str, Any]) -> None:
@@ -618,8 +684,14 @@ class Agent:
                     "type": "WorkerLostError",
                     "message": f"the worker process running the task {cause}"})
             self._forget(worker)
+            for spec in self.slots:
+                if spec.delegate is worker:  # never started: they run on a new process
+                    spec.queue.extendleft(reversed(spec.delegated.values()))
+                    spec.delegated.clear()
+                    spec.delegate = None
             for task_id in sorted(worker.running):
                 self._free(task_id)
+            self._start_queued(worker.slot)
 
     def _forget(self, worker: Worker) -> None:
         self.workers.pop((worker.slot, worker.gpus), None)

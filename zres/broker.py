@@ -58,7 +58,7 @@ class Broker:
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
-                 prefetch: int = 0) -> None:
+                 prefetch: int = 32) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -70,7 +70,7 @@ class Broker:
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
         self.client_timeout = client_timeout
-        # PREFETCH: grants a slot may hold queued beyond what runs there (0: none).
+        # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
         self.tasks: dict[int, Task] = {}
         self.clients: dict[bytes, ClientRecord] = {}
@@ -207,6 +207,10 @@ class Broker:
         self._next_task += 1
         task = Task(self._next_task, client.ident, local, units, priority, max(retries, 0),
                     str(name), bool(strict), payload, [])
+        # The pickled function (the same bytes for every task of a map, or of one module
+        # function): tasks of a kind are expected to take alike, for pipelining.
+        head = payload[0]
+        task.kind = hash(head.bytes if hasattr(head, "bytes") else bytes(head))
         self.tasks[task.id] = task
         client.ids[local] = task.id
         if "job" in extra:
@@ -243,11 +247,17 @@ class Broker:
             self._fail(task, "InfeasibleError", f"task {task.name} is infeasible: {reason}")
             return
         set_state(task, TaskState.QUEUED)
-        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
-                           queueable=not task.creates)
+        self._enqueue(task)
         self._dirty = True
         if reason is not None:
             self._warn_infeasible(task, reason)
+
+    def _enqueue(self, task: Task) -> None:
+        # An actor's construction holds its slot for good, and a command job is a process
+        # of its own, usually long: neither waits in a slot's queue.
+        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
+                           queueable=not task.creates and task.id not in self.jobs.active,
+                           kind=task.kind)
 
     def _warn_infeasible(self, task: Task, reason: str) -> None:
         if task.warned == reason:
@@ -421,6 +431,7 @@ class Broker:
             task = self.tasks[grant.task]
             set_state(task, TaskState.RUNNING)
             task.agent = agent.name
+            task.started_at = time.monotonic()
             slot_index = agent.slots.index(grant.slot)
             if task.id in self.jobs.active and grant.started:
                 self.jobs.started(task, agent.name,
@@ -468,11 +479,14 @@ class Broker:
             grant = self.sched.running.get(task_id)
             if grant is None or self.slot_owner.get(grant.slot) is not agent:
                 continue  # stale: cancelled, or retried elsewhere after a loss
+            started = grant.started
             self._started(self.sched.release(task_id))
             self._dirty = True
             task = self.tasks.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
                 continue
+            if started and outcome != P.FAILED:
+                self.sched.finished(task.kind, now - task.started_at)
             if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
                 self._retry(task, info.get("message", "worker lost"))
             else:
@@ -481,7 +495,11 @@ class Broker:
 
     def _started(self, task_ids: list[int]) -> None:
         """Note queued grants that the scheduler (and so the agent) has just started."""
+        now = time.monotonic()
         for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None:
+                task.started_at = now
             if task_id in self.jobs.active:
                 task = self.tasks[task_id]
                 grant = self.sched.running[task_id]
@@ -492,7 +510,7 @@ class Broker:
         log.info("task_retried", task=task.name, id=task.id, why=why, retries_left=task.retries)
         set_state(task, TaskState.QUEUED)
         self.jobs.requeued(task)
-        self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
+        self._enqueue(task)
         self._dirty = True
 
     def _lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True) -> None:
@@ -505,7 +523,7 @@ class Broker:
                 if task is not None and task.state is TaskState.RUNNING:
                     set_state(task, TaskState.QUEUED)
                     self.jobs.requeued(task)
-                    self.sched.enqueue(task.id, task.units, task.priority, time.monotonic())
+                    self._enqueue(task)
                     self._dirty = True
             for task_id in self.sched.remove_slot(slot_id):
                 actor = self.act.placements.get(task_id)

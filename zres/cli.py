@@ -33,8 +33,8 @@ def _parser() -> argparse.ArgumentParser:
 
     broker = sub.add_parser("broker", help="run the broker (one per cluster)")
     broker.add_argument("--listen", help=f"address to bind (default {config.DEFAULT_ADDRESS})")
-    broker.add_argument("--prefetch", type=int, help="grants each slot may hold queued, "
-                        "to hide the round trip between short tasks (default 0: none)")
+    broker.add_argument("--prefetch", type=int, help="short tasks each slot may hold queued, "
+                        "to hide the round trip between them (default 32; 0: none)")
     _common(broker)
 
     agent = sub.add_parser("agent", help="run a node agent")

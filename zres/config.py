@@ -28,7 +28,7 @@ DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-               "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 0},
+               "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None},

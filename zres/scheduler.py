@@ -24,9 +24,8 @@ Rules
   does not use (keep GPU nodes for GPU work), then least left over, then slot id.
 - Cost: each decision looks up candidates in a per-resource index of slots sorted by free
   amount (bisect), examining at most a few fitting slots; passes touch one head per shape.
-- Pipelining (``prefetch`` > 0; off unless the broker is given --prefetch): a task that
-  fits nowhere now may be granted to a slot
-  whose capacity could run it, into that slot's queue of at most ``prefetch`` grants; it
+- Pipelining (``prefetch`` > 0): a *short* task that fits nowhere now may be granted to
+  a slot whose capacity could run it, into that slot's queue of at most ``prefetch`` grants; it
   starts when room frees there. Queued grants start strictly in order, each when it fits
   the slot's free amounts: the agent applies the same rule to the same grants and the
   same completions, so both sides agree on what runs, and the agent never starts more
@@ -34,8 +33,11 @@ Rules
   Only tasks without GPU or GPU_MEMORY, and not actors, are queued; a slot reserved for
   a starving task, or one an earlier blocked task could use, takes none. This hides the
   broker round trip between one task's end and the next one's start. The price: work that
-  would fit a slot now waits while that slot has a queue, so a queued grant waiting for
-  room a long task holds delays it; pipelining suits many short tasks alike.
+  would fit a slot now waits while that slot has a queue, and a queued grant waits for
+  room there even if another slot frees first. So only tasks of a *kind* (the caller's
+  label, e.g. the function) whose recent runs took under ``SHORT_TASK`` are queued: the
+  wait a queue can cause stays a few milliseconds, and long work is never held back. A
+  task with no kind is taken to be short.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
+from collections.abc import Hashable
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -82,6 +85,7 @@ class Waiting:
     reserved_slot: int | None = None
     reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
     queueable: bool = True       # may be granted into a slot's queue (pipelining)
+    kind: Hashable | None = None  # what it runs, for its expected duration (None: short)
 
 
 @dataclass(slots=True)
@@ -102,12 +106,19 @@ def shape_of(units: Mapping[str, int]) -> Shape:
     return tuple(sorted(units.items()))
 
 
+# Pipelining queues only tasks whose kind ran shorter than this, on average, lately.
+SHORT_TASK = 0.01
+_DURATION_WEIGHT = 0.5    # of the newest run in the moving average
+_MAX_KINDS = 10_000       # kinds remembered; past this the averages start afresh
+
+
 class Scheduler:
     """Resource table plus waiting queue; every method is plain bookkeeping."""
 
     def __init__(self, starvation_after: float = 5.0, prefetch: int = 0) -> None:
         self.starvation_after = starvation_after
         self.prefetch = prefetch
+        self._durations: dict[Hashable, float] = {}   # kind -> moving average run time
         self.slots: dict[int, Slot] = {}
         self.waiting: dict[int, Waiting] = {}
         self.running: dict[int, Grant] = {}
@@ -223,14 +234,27 @@ class Scheduler:
 
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
-                queueable: bool = True) -> None:
-        """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor)."""
+                queueable: bool = True, kind: Hashable | None = None) -> None:
+        """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor).
+
+        KIND groups tasks expected to take alike (see ``finished``)."""
         self._seq += 1
         shape = shape_of(units)
         self.waiting[task_id] = Waiting(task_id, dict(units), priority, self._seq, shape, now,
                                         queueable=queueable and GPU not in units
-                                        and GPU_MEMORY not in units)
+                                        and GPU_MEMORY not in units, kind=kind)
         heapq.heappush(self._by_shape.setdefault(shape, []), (-priority, self._seq, task_id))
+
+    def finished(self, kind: Hashable, seconds: float) -> None:
+        """Note that a task of KIND ran SECONDS, from start to its result."""
+        average = self._durations.get(kind)
+        if average is None and len(self._durations) >= _MAX_KINDS:
+            self._durations.clear()
+        self._durations[kind] = seconds if average is None else (
+            average + _DURATION_WEIGHT * (seconds - average))
+
+    def _short(self, task: Waiting) -> bool:
+        return task.kind is None or self._durations.get(task.kind, SHORT_TASK) < SHORT_TASK
 
     def dequeue(self, task_id: int) -> bool:
         """Forget a waiting task (cancelled); return whether it was waiting."""
@@ -339,7 +363,8 @@ class Scheduler:
                 if top is None:
                     break
                 task = self.waiting[top[2]]
-                slot = self._queue_slot(task, claimed) if task.queueable else None
+                slot = (self._queue_slot(task, claimed) if task.queueable and self._short(task)
+                        else None)
                 if slot is None:
                     claimed |= self._fitting(task)
                     break

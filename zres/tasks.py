@@ -56,6 +56,8 @@ class Task:
     warned: str = ""         # the infeasibility reason last reported, if any
     actor: str = ""          # for a method call: the actor it goes to
     creates: str = ""        # for an actor's construction: the actor it makes
+    kind: int = 0            # hash of the pickled function: tasks of a kind run alike
+    started_at: float = 0.0  # when its grant started, by the broker's clock
 
 
 def set_state(task: Task, new: TaskState) -> None:

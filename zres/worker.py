@@ -5,6 +5,13 @@ sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task g
 different device set, so a CUDA context made by one task is never reused for another
 device. Tasks run on a pool of threads; results go back to the agent in batches.
 
+Pipelining: while this process runs everything its slot runs, the agent hands it the
+slot's queued grants too (``queued`` in a task's context). They start here strictly in
+order, each when its ``taken`` amounts fit the slot's ``capacity`` beside what runs here:
+the rule the agent and the broker apply to the same grants, so all three agree on what
+has started, and the next short task starts the moment one ends, with no round trip.
+Started and dropped (cancelled) queued grants are reported with the next results.
+
 An actor gets a process of its own (``actor`` as the last argument): its first task
 constructs the instance, and every later one calls a method on it, on NTHREADS threads
 (the actor's ``max_concurrency``); coroutines run on the actor's own event loop.
@@ -61,6 +68,13 @@ class WorkerProcess:
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
+        # The slot's accounting, for queued grants (see the module's docstring).
+        self.capacity: dict[str, int] = {}
+        self.used: dict[str, int] = {}
+        self.taken: dict[int, dict[str, int]] = {}        # running task -> what it took
+        self.queued: deque[tuple[dict[str, int], tuple[Any, ...]]] = deque()
+        self.started: list[int] = []                      # queued grants started since
+        self.dropped: list[int] = []                      # ... and cancelled unstarted
 
     def run(self) -> None:
         # Stopped by the agent: take running command jobs' process groups along.
@@ -89,11 +103,13 @@ class WorkerProcess:
                 return
             msg = P.decode(frames)
             if msg.kind == P.CANCEL:
-                for task_id in msg.body.get("ids", []):
-                    commands.terminate(task_id)  # a Python call cannot be stopped safely
+                self._cancel(msg.body.get("ids", []))
                 continue
             if msg.kind != P.RUN:
                 continue
+            capacity = msg.body.get("capacity")
+            if capacity is not None:
+                self.capacity = capacity
             items = msg.body["tasks"]
             groups = P.split_frames(msg.frames, [i[1] + sum(i[2]) for i in items])
             for (task_id, nframes, dep_counts, context), frames_ in zip(items, groups):
@@ -101,9 +117,44 @@ class WorkerProcess:
                         context)
                 if self.actor is not None:
                     self.actor.waiting.append(call)
+                elif context.get("queued"):
+                    self.queued.append((context["taken"], call))
                 else:
-                    self.pool.submit(self._run_task, *call)
+                    self._start(call)
+            self._start_queued()
             self._start_actor_calls()
+
+    def _start(self, call: tuple[Any, ...]) -> None:
+        taken = call[3].get("taken")
+        if taken:
+            self.taken[call[0]] = taken
+            for name, amount in taken.items():
+                self.used[name] = self.used.get(name, 0) + amount
+        self.pool.submit(self._run_task, *call)
+
+    def _start_queued(self) -> None:
+        """Start queued grants in order while the head fits the slot's free amounts."""
+        while self.queued:
+            taken, call = self.queued[0]
+            if any(self.capacity.get(n, 0) - self.used.get(n, 0) < a for n, a in taken.items()):
+                return
+            self.queued.popleft()
+            self.started.append(call[0])
+            self._start(call)
+
+    def _cancel(self, ids: list[int]) -> None:
+        # Results before the cancel are reported first: the agent and the broker replay
+        # these events in the order this process saw them.
+        self._send_results()
+        for task_id in ids:
+            kept = deque(q for q in self.queued if q[1][0] != task_id)
+            if len(kept) != len(self.queued):
+                self.queued = kept
+                self.dropped.append(task_id)
+            else:
+                commands.terminate(task_id)  # a running Python call cannot be stopped safely
+        self._start_queued()
+        self._send_results()
 
     def _start_actor_calls(self) -> None:
         """Start an actor's calls in the order received, while it has a free place."""
@@ -150,8 +201,17 @@ class WorkerProcess:
             frames.extend(task_frames)
             if self.actor is not None:
                 self.actor.finished(outcome)
-        if items:
-            self.agent.send_multipart(P.encode(P.DONE, {"results": items}, frames), copy=False)
+            taken = self.taken.pop(task_id, None)
+            if taken:
+                for name, amount in taken.items():
+                    self.used[name] -= amount
+        self._start_queued()
+        if items or self.started or self.dropped:
+            body: dict[str, Any] = {"results": items}
+            if self.started or self.dropped:
+                body["started"], body["dropped"] = self.started, self.dropped
+                self.started, self.dropped = [], []
+            self.agent.send_multipart(P.encode(P.DONE, body, frames), copy=False)
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()
 
