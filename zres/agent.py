@@ -450,8 +450,9 @@ class Agent:
         worker.running.add(item[0])
         # What it took, for the worker's accounting of the slot should it hold the queue.
         held = self.held.get(item[0])
-        self._send_to(worker, [item[0], item[1], item[2], {**item[3], "taken": held[1]}]
-                      if held is not None else item, frames)
+        if held is not None:
+            item[3]["taken"] = held[1]
+        self._send_to(worker, item, frames)
 
     def _send_to(self, worker: Worker, item: list[Any], frames: list[Any]) -> None:
         if worker.ready:

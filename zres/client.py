@@ -113,6 +113,8 @@ class Client(cf.Executor):
             deps, index = list(fn_deps), dict(fn_index)
             frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
             futures.append(self._make_future(fn, key, frames, deps, opts))
+            if len(futures) % 256 == 0:
+                self._io.wake()  # the first tasks start while the rest are pickled
         self._io.wake()
         return futures
 
@@ -300,7 +302,7 @@ class Client(cf.Executor):
     def _cancel(self, future: Future) -> None:
         self._io.pending.pop(future.id, None)
         self._io.outbox.append((P.CANCEL, future.id, ()))
-        weakref.finalize(future, self._release, future.id)
+        future._release_when_dropped = True
         self._io.wake()
 
     def _release(self, task_id: int) -> None:
@@ -364,7 +366,6 @@ class _IOThread:
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
     def __init__(self, client: Client, address: str, broker_timeout: float | None) -> None:
-        self.client_ref = weakref.ref(client)
         self.client_name = client.name
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -424,12 +425,14 @@ class _IOThread:
         try:
             while not self._stop:
                 poller.poll(int(self.hb_interval * 500))
-                self._awake = False
                 try:
                     while os.read(self._wake_r, 4096):
                         pass
                 except BlockingIOError:
                     pass
+                # Only once the pipe is empty: a wake() after this writes a new byte (cleared
+                # before, a wake() between the two would be swallowed until the next beat).
+                self._awake = False
                 self._send_outbox()
                 self._receive()
                 now = time.monotonic()
@@ -556,9 +559,7 @@ class _IOThread:
             if future is None:
                 continue
             future.agent = info.get("agent")
-            client = self.client_ref()
-            if client is not None:
-                weakref.finalize(future, client._release, task_id)
+            future._release_when_dropped = True
             if outcome == P.OK:
                 try:
                     _set(future, loads(frames))

@@ -58,6 +58,7 @@ class WorkerProcess:
             queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        self._wake_pending = False   # a byte is in the pipe: no need for another
         # Every task the agent sends starts at once: the broker has already checked its
         # resources (CPU included), so a task never waits here for a thread, and "assigned"
         # means "running" when a loss is charged to a retry budget. Threads are made on
@@ -68,7 +69,10 @@ class WorkerProcess:
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
-        # The slot's accounting, for queued grants (see the module's docstring).
+        # The slot's accounting, for queued grants (see the module's docstring). Task
+        # threads update it too: a thread that ends a task starts the queue's head itself
+        # if it fits, and runs it, with no hand-off to another thread.
+        self._lock = threading.Lock()
         self.capacity: dict[str, int] = {}
         self.used: dict[str, int] = {}
         self.taken: dict[int, dict[str, int]] = {}        # running task -> what it took
@@ -109,7 +113,8 @@ class WorkerProcess:
                 continue
             capacity = msg.body.get("capacity")
             if capacity is not None:
-                self.capacity = capacity
+                with self._lock:
+                    self.capacity = capacity
             items = msg.body["tasks"]
             groups = P.split_frames(msg.frames, [i[1] + sum(i[2]) for i in items])
             for (task_id, nframes, dep_counts, context), frames_ in zip(items, groups):
@@ -118,40 +123,63 @@ class WorkerProcess:
                 if self.actor is not None:
                     self.actor.waiting.append(call)
                 elif context.get("queued"):
-                    self.queued.append((context["taken"], call))
+                    with self._lock:
+                        self.queued.append((context["taken"], call))
                 else:
-                    self._start(call)
+                    with self._lock:
+                        self._take(call)
+                    self.pool.submit(self._run_tasks, call)
             self._start_queued()
             self._start_actor_calls()
 
-    def _start(self, call: tuple[Any, ...]) -> None:
+    def _take(self, call: tuple[Any, ...]) -> None:
+        """Count CALL's resources as in use (under the lock)."""
         taken = call[3].get("taken")
         if taken:
             self.taken[call[0]] = taken
             for name, amount in taken.items():
                 self.used[name] = self.used.get(name, 0) + amount
-        self.pool.submit(self._run_task, *call)
+
+    def _next_queued(self, ended: int | None = None) -> tuple[Any, ...] | None:
+        """Return what ENDED gave back; start and return the queue's head if it now fits."""
+        with self._lock:
+            taken = self.taken.pop(ended, None) if ended is not None else None
+            if taken:
+                for name, amount in taken.items():
+                    self.used[name] -= amount
+            if not self.queued:
+                return None
+            head, call = self.queued[0]
+            if any(self.capacity.get(n, 0) - self.used.get(n, 0) < a for n, a in head.items()):
+                return None
+            self.queued.popleft()
+            self.started.append(call[0])
+            self._take(call)
+            return call
 
     def _start_queued(self) -> None:
         """Start queued grants in order while the head fits the slot's free amounts."""
-        while self.queued:
-            taken, call = self.queued[0]
-            if any(self.capacity.get(n, 0) - self.used.get(n, 0) < a for n, a in taken.items()):
-                return
-            self.queued.popleft()
-            self.started.append(call[0])
-            self._start(call)
+        while (call := self._next_queued()) is not None:
+            self.pool.submit(self._run_tasks, call)
+
+    def _run_tasks(self, call: tuple[Any, ...] | None) -> None:
+        """Run CALL, then each queued grant that its end lets start, on this thread."""
+        while call is not None:
+            self._run_task(*call)
+            call = self._next_queued(call[0])
 
     def _cancel(self, ids: list[int]) -> None:
         # Results before the cancel are reported first: the agent and the broker replay
         # these events in the order this process saw them.
         self._send_results()
         for task_id in ids:
-            kept = deque(q for q in self.queued if q[1][0] != task_id)
-            if len(kept) != len(self.queued):
-                self.queued = kept
-                self.dropped.append(task_id)
-            else:
+            with self._lock:
+                kept = deque(q for q in self.queued if q[1][0] != task_id)
+                found = len(kept) != len(self.queued)
+                if found:
+                    self.queued = kept
+                    self.dropped.append(task_id)
+            if not found:
                 commands.terminate(task_id)  # a running Python call cannot be stopped safely
         self._start_queued()
         self._send_results()
@@ -161,7 +189,7 @@ class WorkerProcess:
         actor = self.actor
         while actor is not None and actor.waiting and actor.free > 0:
             actor.free -= 1
-            self.pool.submit(self._run_task, *actor.waiting.popleft())
+            self.pool.submit(self._run_task, *actor.waiting.popleft())  # no accounting
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> None:
@@ -182,7 +210,9 @@ class WorkerProcess:
         finally:
             set_task_context(None)
         self.results.put((task_id, outcome, frames, task.report))
-        os.write(self._wake_w, b"x")
+        if not self._wake_pending:
+            self._wake_pending = True
+            os.write(self._wake_w, b"x")
 
     def _send_results(self) -> None:
         try:
@@ -190,6 +220,8 @@ class WorkerProcess:
                 pass
         except BlockingIOError:
             pass
+        # Only after the pipe is empty: a thread that then sees False writes a new byte.
+        self._wake_pending = False
         items: list[Any] = []
         frames: list[Any] = []
         while True:
@@ -201,16 +233,15 @@ class WorkerProcess:
             frames.extend(task_frames)
             if self.actor is not None:
                 self.actor.finished(outcome)
-            taken = self.taken.pop(task_id, None)
-            if taken:
-                for name, amount in taken.items():
-                    self.used[name] -= amount
-        self._start_queued()
-        if items or self.started or self.dropped:
+        # Read after the results: a queued grant is marked started before its result is
+        # put, so no result goes out ahead of its grant's start.
+        with self._lock:
+            started, dropped = self.started, self.dropped
+            self.started, self.dropped = [], []
+        if items or started or dropped:
             body: dict[str, Any] = {"results": items}
-            if self.started or self.dropped:
-                body["started"], body["dropped"] = self.started, self.dropped
-                self.started, self.dropped = [], []
+            if started or dropped:
+                body["started"], body["dropped"] = started, dropped
             self.agent.send_multipart(P.encode(P.DONE, body, frames), copy=False)
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()
