@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -42,6 +44,12 @@ class Counter:
 
     def hold(self, release: str, marker: str) -> str:
         return hold(release, marker)
+
+    def fail(self) -> None:
+        raise ValueError(f"refused at {self.n}")
+
+    def exit(self, code: int) -> None:
+        os._exit(code)
 
 
 class Journal:
@@ -101,9 +109,16 @@ class Relay:
     def forward(self, k: int) -> int:
         return self.other.add(k).result(30)
 
+    def use(self, handle: zres.ActorHandle, k: int) -> int:
+        return handle.add(k).result(30)
+
 
 def call_add(handle: zres.ActorHandle, k: int) -> int:
     return handle.add(k).result(30)
+
+
+def add_to_named(name: str, k: int) -> int:
+    return zres.get_actor(name).add(k).result(30)
 
 
 def double(x: int) -> int:
@@ -130,6 +145,9 @@ def test_actor_keeps_state_between_calls(make_cluster, make_client):
     assert counter.add(1).result(30) == 16, "the same instance serves every call"
     futures = [counter.add(1) for _ in range(200)]
     assert [f.result(30) for f in futures] == list(range(17, 217))
+    with pytest.raises(ValueError, match="refused at 216"):
+        counter.fail().result(30)
+    assert counter.get().result(30) == 216, "a method's exception fails that call only"
     state = actor_state(client, counter)
     assert state["state"] == "alive" and state["agent"] == "agent-0"
     assert state["units"] == {"CPU": 10_000}
@@ -149,11 +167,14 @@ def test_exception_in_init_fails_ready_and_every_call_and_frees_resources(make_c
                                                                            make_client):
     cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
     client = make_client(cluster.address)
-    broken = client.actor(Broken, resources={"slot": 1})
+    broken = client.actor(Broken, resources={"slot": 1}, restarts=2)
+    early = [broken.ping() for _ in range(3)]  # made while __init__ may still be running
     with pytest.raises(RuntimeError, match="cannot construct"):
         broken.ready().result(30)
-    with pytest.raises(RuntimeError, match="cannot construct"):
-        broken.ping().result(30)
+    for future in [*early, broken.ping()]:
+        with pytest.raises(RuntimeError, match="cannot construct"):
+            future.result(30)
+    assert not client.status()["actors"], "an __init__ that raised is not restarted"
     assert client.submit(double, 4, resources={"slot": 1}).result(30) == 8
 
 
@@ -201,10 +222,16 @@ def test_actor_holds_its_gpu_until_killed(make_cluster, make_client, tmp_path):
     assert model.add(1).result(30) == 1  # the actor keeps serving; the task keeps waiting
     assert not task.done()
     assert "GPU" in client.why(task)
+    state = actor_state(client, model)
+    assert (state["state"], state["agent"]) == ("alive", "agent-0")
+    assert state["units"] == {"CPU": 10_000, "GPU": 10_000}
+    line = next(s for s in render_status(client.status()).splitlines() if "Counter(" in s)
+    assert "alive on agent-0" in line and "GPU=1" in line, line
     client.kill(model)
     assert task.result(30) == "0"
     with pytest.raises(zres.ActorDiedError, match="killed by zres.kill"):
         model.add(1).result(30)
+    assert not client.status()["actors"]
 
 
 def test_construction_waits_for_resources_and_status_says_why(make_cluster, make_client,
@@ -304,8 +331,10 @@ def test_handles_and_call_futures_are_arguments_of_tasks_and_other_calls(make_cl
     assert client.submit(call_add, counter, 5).result(30) == 5, "a task used the handle"
     relay = client.actor(Relay, counter)
     assert relay.forward(3).result(30) == 8, "an actor used the handle"
-    assert client.submit(double, counter.add(1)).result(30) == 18, "a call's future as an arg"
-    assert counter.add(counter.get()).result(30) == 18, "a call's future in another call"
+    assert relay.use(counter, 4).result(30) == 12, "a handle as a call's argument"
+    assert client.submit(double, counter.add(1)).result(30) == 26, "a call's future as an arg"
+    assert counter.add(counter.get()).result(30) == 26, "a call's future in another call"
+    assert relay.forward(counter.get()).result(30) == 52, "... and in another actor's call"
 
 
 # -- names and owners ----------------------------------------------------------------------------
@@ -319,9 +348,11 @@ def test_named_actor_is_found_from_another_client_and_outlives_its_creator(make_
     with pytest.raises(ValueError, match="an actor named 'store' already exists"):
         other.actor(Counter, name="store")
     store = other.get_actor("store")
+    assert store.ready().result(30) is None
     assert store.add(1).result(30) == 101
+    assert creator.submit(add_to_named, "store", 1).result(30) == 102, "found from a task"
     creator.close()
-    assert store.add(1).result(30) == 102, "a named actor lives on after its creator left"
+    assert store.add(1).result(30) == 103, "a named actor lives on after its creator left"
     other.kill(store)
     with pytest.raises(ValueError, match="no live actor"):
         other.get_actor("store")
@@ -330,11 +361,17 @@ def test_named_actor_is_found_from_another_client_and_outlives_its_creator(make_
 def test_unnamed_actor_ends_when_its_creator_disconnects(make_cluster, make_client):
     cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
     creator, other = make_client(cluster.address), make_client(cluster.address)
-    creator.actor(Counter, resources={"slot": 1}).ready().result(30)
+    made = creator.actor(Counter, resources={"slot": 1})
+    made.ready().result(30)
+    shared = zres.ActorHandle(made._zres_id, "Counter", ["get"], client=other)
+    assert shared.get().result(30) == 0
     waiting = other.submit(double, 21, resources={"slot": 1})
     wait_until(lambda: "slot" in other.why(waiting), message="the task waiting for slot")
     creator.close()
     assert waiting.result(30) == 42
+    with pytest.raises(zres.ActorDiedError, match="disconnected"):
+        shared.get().result(30)
+    assert not other.status()["actors"]
 
 
 # -- failures ----------------------------------------------------------------------------------
@@ -412,3 +449,98 @@ def test_actor_restarts_on_another_agent_when_its_agent_dies(make_cluster, make_
     second = actor.where.options(retries=1)().result(30)["agent"]
     assert second != first
     assert actor.get().result(30) == 1, "constructed again with the same arguments"
+
+
+def test_actor_process_exiting_fails_calls_naming_the_exit_code(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    actor = client.actor(Counter, resources={"slot": 1})
+    actor.ready().result(30)
+    exiting, queued = actor.exit(3), actor.get()
+    with pytest.raises(zres.ActorDiedError, match="exited with code 3"):
+        exiting.result(30)
+    with pytest.raises(zres.ActorDiedError, match="exited with code 3; no restarts left"):
+        queued.result(30)
+    with pytest.raises(zres.ActorDiedError, match="exited with code 3"):
+        actor.get().result(30)
+    assert client.submit(double, 2, resources={"slot": 1}).result(30) == 4, "slot freed"
+
+
+def test_actor_whose_agent_is_lost_without_restarts_fails_calls_naming_the_agent(
+        make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    actor = client.actor(Counter, resources={"slot": 1})
+    release, marker = str(tmp_path / "release"), str(tmp_path / "marker")
+    running = actor.hold(release, marker)
+    assert wait_for_file(marker, 30)
+    cluster.agents["agent-0"].kill()
+    with pytest.raises(zres.ActorDiedError, match="agent agent-0 was lost"):
+        running.result(30)
+    with pytest.raises(zres.ActorDiedError, match="agent agent-0 was lost"):
+        actor.get().result(30)
+    assert not client.status()["actors"]
+
+
+def test_restarting_actor_waits_for_a_fitting_agent_and_then_runs_queued_calls(
+        make_cluster, make_client):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    start = client.submit(double, 3, resources={"slot": 0.5})
+    actor = client.actor(Counter, start, resources={"slot": 1}, restarts=1)
+    del start  # the restart keeps its construction's arguments itself
+    assert actor.add(0).result(30) == 6
+    cluster.agents["agent-0"].kill()
+    state = wait_until(lambda: (s := actor_state(client, actor))["state"] == "restarting"
+                       and s, message="the actor to wait for a new agent")
+    assert state.get("reason"), "status says why it waits"
+    queued = [actor.add(1), actor.add(2)]
+    cluster.add_agent({"slot": 1}, name="agent-1")
+    assert [f.result(30) for f in queued] == [7, 9], "constructed again, then the calls ran"
+    assert actor.where().result(30)["agent"] == "agent-1"
+
+
+CREATOR_SCRIPT = """
+import sys
+from pathlib import Path
+import zres
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def add(self, k):
+        self.n += k
+        return self.n
+
+address, marker = sys.argv[1:3]
+client = zres.Client(address)
+client.actor(Counter, resources={"slot": 1}).ready().result(30)
+client.actor(Counter, name="kept").add(7).result(30)
+Path(marker).touch()
+sys.stdin.read()  # until killed
+"""
+
+
+def test_killed_creator_ends_its_unnamed_actor_and_not_its_named_one(make_cluster,
+                                                                     make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2,
+                           env={"ZRES_BROKER__CLIENT_TIMEOUT": "1.0"})
+    other = make_client(cluster.address)
+    script, marker = tmp_path / "creator.py", str(tmp_path / "marker")
+    script.write_text(CREATOR_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZRES_")}
+    creator = subprocess.Popen([sys.executable, str(script), cluster.address, marker],
+                               stdin=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        wait_until(lambda: os.path.exists(marker), timeout=30, message="the creator's actors")
+        waiting = other.submit(double, 21, resources={"slot": 1})
+        wait_until(lambda: "slot" in other.why(waiting), message="the task waiting for slot")
+        creator.kill()
+        creator.wait(10)
+        assert waiting.result(30) == 42, "the unnamed actor's slot was freed"
+        assert other.get_actor("kept").add(1).result(30) == 8, "the named one lives on"
+        assert [a["name"] for a in other.status()["actors"]] == ["kept"]
+    finally:
+        if creator.poll() is None:
+            creator.kill()
+            creator.wait(10)
