@@ -277,6 +277,26 @@ def test_pickle_buffer_below_64_kib_stays_in_band():
     assert bytes(S.loads(frames)) == bytes(data)
 
 
+def test_large_bytes_result_is_sent_as_it_is_and_comes_back_as_bytes():
+    data = bytes(range(256)) * 400               # 100 KiB: sent as its own frame, uncopied
+    frames = S.dumps(data)
+    assert len(frames) == 2 and frames[1] is data
+    back = S.loads([bytes(f) for f in frames])
+    assert type(back) is bytes and back == data
+    small = b"x" * 100                            # stays inside the pickle stream
+    assert len(S.dumps(small)) == 1 and S.loads(S.dumps(small)) == small
+    assert S.loads(S.dumps(b"")) == b""
+
+
+def test_plain_arguments_and_results_need_no_cloudpickle():
+    # The C pickler's fast path must give what the cloudpickle path gives.
+    pickler = S.CallPickler(dep_type=type(None).__class__)
+    frames = pickler.call(b"fn", (1, 2.5, "s", b"b", None, True), {"k": 3}, [], {})
+    assert len(frames) == 2 and pickle.loads(frames[1]) == ((1, 2.5, "s", b"b", None, True),
+                                                            {"k": 3})
+    assert S.loads(S.dumps(lambda: 1))() == 1     # refused by pickle, done by cloudpickle
+
+
 def test_several_large_buffers_keep_their_order():
     bufs = [bytes([i]) * (70 * 1024) for i in range(3)]
     frames = S.dumps([pickle.PickleBuffer(b) for b in bufs])

@@ -131,6 +131,10 @@ class CallLoader:
 
 def dumps(obj: Any) -> list[Frame]:
     """Pickle a result; large buffers become their own frames."""
+    if type(obj) is bytes and len(obj) >= _OOB_MIN:
+        # Large bytes (a file, an encoded image) would be copied into the pickle stream:
+        # sent as they are instead, after an empty frame (no pickle stream is empty).
+        return [b"", obj]
     frames: list[Any] = []
     try:
         # The C pickler first: it refuses (rather than mis-pickles) what only cloudpickle
@@ -145,7 +149,10 @@ def dumps(obj: Any) -> list[Frame]:
 
 def loads(frames: Sequence[Frame]) -> Any:
     """Rebuild a result pickled by dumps."""
-    return pickle.loads(_bytes(frames[0]), buffers=[memoryview(f) for f in frames[1:]])
+    head = _bytes(frames[0])
+    if not len(head) and len(frames) == 2:
+        return bytes(_bytes(frames[1]))
+    return pickle.loads(head, buffers=[memoryview(f) for f in frames[1:]])
 
 
 def dumps_exception(exc: BaseException) -> list[Frame]:
