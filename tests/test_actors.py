@@ -388,13 +388,19 @@ def test_actor_process_killed_without_restarts_fails_calls_naming_the_signal(
     queued = actor.get()
     assert wait_for_file(marker, 30)
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(zres.ActorDiedError, match="SIGKILL"):
-        running.result(30)
-    with pytest.raises(zres.ActorDiedError, match="no restarts left"):
-        queued.result(30)
-    with pytest.raises(zres.ActorDiedError, match="SIGKILL"):
-        actor.get().result(30)
+    assert_calls_fail_naming(running, queued, actor, "SIGKILL")
     assert client.submit(double, 1, resources={"slot": 1}).result(30) == 2, "slot freed"
+
+
+def assert_calls_fail_naming(running: zres.Future, queued: zres.Future, actor,
+                             cause: str) -> None:
+    """The running call, a queued one and a later one fail with ActorDiedError naming CAUSE."""
+    with pytest.raises(zres.ActorDiedError, match=cause):
+        running.result(30)
+    with pytest.raises(zres.ActorDiedError, match=f"{cause}.*no restarts left"):
+        queued.result(30)
+    with pytest.raises(zres.ActorDiedError, match=cause):
+        actor.get().result(30)
 
 
 def test_actor_process_killed_with_restarts_runs_queued_calls_on_a_new_instance(
@@ -457,12 +463,7 @@ def test_actor_process_exiting_fails_calls_naming_the_exit_code(make_cluster, ma
     actor = client.actor(Counter, resources={"slot": 1})
     actor.ready().result(30)
     exiting, queued = actor.exit(3), actor.get()
-    with pytest.raises(zres.ActorDiedError, match="exited with code 3"):
-        exiting.result(30)
-    with pytest.raises(zres.ActorDiedError, match="exited with code 3; no restarts left"):
-        queued.result(30)
-    with pytest.raises(zres.ActorDiedError, match="exited with code 3"):
-        actor.get().result(30)
+    assert_calls_fail_naming(exiting, queued, actor, "exited with code 3")
     assert client.submit(double, 2, resources={"slot": 1}).result(30) == 4, "slot freed"
 
 

@@ -45,8 +45,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from collections.abc import Hashable
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .resources import GPU, UNIT, Units, fits, format_amount, format_units
