@@ -256,3 +256,40 @@ def test_grants_queued_in_a_worker_that_dies_run_in_a_new_one(make_cluster, make
     Path(release).touch()
     pids = {f.result(30) for f in queued}
     assert old_pid not in pids and len(pids) == 1
+
+
+def overlap_amount(path: str, amount: int) -> int:
+    """As overlap, recording AMOUNT (what the task asked) with its span."""
+    marker = Path(path) / f"{os.getpid()}-{time.monotonic_ns()}"
+    marker.write_text(f"{amount} {time.monotonic()} ")
+    time.sleep(0.001)
+    marker.write_text(marker.read_text() + f"{time.monotonic()}")
+    return amount
+
+
+def test_mixed_short_tasks_in_a_worker_held_queue_never_exceed_capacity(make_cluster,
+                                                                          make_client, tmp_path):
+    # Short tasks asking slot=1 and slot=2 interleaved, queued in the worker process on an
+    # agent offering slot=2: at no instant may what runs ask for more than 2.
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=4)
+    client = make_client(cluster.address)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    zres.wait([client.submit(overlap_amount, str(warm), 1, resources={"slot": 1})
+               for _ in range(10)], timeout=30)
+    spans_dir = tmp_path / "spans"
+    spans_dir.mkdir()
+    amounts = [1, 1, 2, 1, 2, 2, 1, 1, 1, 2] * 30
+    futures = [client.submit(overlap_amount, str(spans_dir), a, resources={"slot": a})
+               for a in amounts]
+    assert [f.result(60) for f in futures] == amounts
+    events = []
+    for marker in spans_dir.iterdir():
+        amount, start, end = marker.read_text().split()
+        events += [(float(start), int(amount)), (float(end), -int(amount))]
+    assert len(events) == 2 * len(amounts)
+    running = most = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start
+        running += step
+        most = max(most, running)
+    assert most <= 2, f"tasks asking {most} of slot ran at once on an agent offering 2"
