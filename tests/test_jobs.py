@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 import zres
 from tests.conftest import wait_until
 from tests.test_cli import clean_env, zres_cli
+from tests.test_scheduling_e2e import FAKE_GPUS
 
 # A job that writes what it was given, then waits until the file RELEASE exists.
 HOLD = ('echo "$ZRES_JOB_NAME cuda=$CUDA_VISIBLE_DEVICES gpus=$ZRES_GPU_IDS '
@@ -59,6 +61,21 @@ def started(tmp_path: Path, name: str) -> str:
     return path.read_text().strip() if path.exists() else ""
 
 
+def gone(pid: int) -> bool:
+    """Whether PID has ended (a zombie nobody has reaped yet counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[1].startswith("Z")
+
+
+# Run by a job: print "alive PID" for each of $PIDS still running, then "checked".
+CHECK_GONE = ('for p in $PIDS; do s=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null); '
+              '[ -n "$s" ] && [ "$s" != Z ] && echo "alive $p"; done; echo checked')
+
+
 # -- placement ------------------------------------------------------------------------------
 
 
@@ -90,6 +107,30 @@ def test_guilds_four_runs_on_per_device_tokens(cli, tmp_path):
     assert table[aaa][5] == "0,1" and table[bbb][5] == "0" and table[aaa][8] == "0"
 
 
+def test_gpu_jobs_each_see_the_device_they_were_granted(cli, tmp_path):
+    cluster, run = cli([], env={"ZRES_TEST_FAKE_GPUS": FAKE_GPUS}, nthreads=4)
+    cluster.add_agent(None, name="gpu-node")  # two detected (fake NVML) devices
+    one, two, three = (hold_job(run, tmp_path, name, "GPU=1") for name in ("one", "two",
+                                                                           "three"))
+    wait_until(lambda: started(tmp_path, "one") and started(tmp_path, "two"),
+               message="two GPU=1 jobs on the two devices")
+    table = job_table(run)
+    assert table[three][2] == "queued"
+    devices = {}
+    for name, job in (("one", one), ("two", two)):
+        device = table[job][5]
+        assert started(tmp_path, name) == f"{name} cuda={device} gpus={device} job={job}"
+        devices[name] = device
+    assert sorted(devices.values()) == ["0", "1"]
+    (tmp_path / "one.go").touch()
+    wait_until(lambda: started(tmp_path, "three"), message="the third on the freed device")
+    assert started(tmp_path, "three") == (f"three cuda={devices['one']} gpus={devices['one']} "
+                                          f"job={three}")
+    for name in ("two", "three"):
+        (tmp_path / f"{name}.go").touch()
+    assert run("wait", str(one), str(two), str(three)).returncode == 0
+
+
 @pytest.mark.parametrize("capacity, parallel", [(7, False), (12, True)])
 def test_two_jobs_needing_foo5_run_serially_on_7_and_together_on_12(cli, tmp_path, capacity,
                                                                      parallel):
@@ -116,6 +157,41 @@ def test_job_needing_three_resources_runs_where_all_three_are(cli, tmp_path):
     assert job_table(run)[job][4] == "agent-1"
 
 
+def test_a_thousand_jobs_are_queued_in_seconds_and_run_when_an_agent_joins(cli, tmp_path):
+    cluster, run = cli([])
+    lines = tmp_path / "runs.txt"
+    lines.write_text("".join(f"true {i}\n" for i in range(1000)))
+    began = time.monotonic()
+    ids = [int(i) for i in run("submit", "--file", str(lines)).stdout.split()]
+    took = time.monotonic() - began
+    assert len(set(ids)) == 1000 and took < 10, f"1,000 jobs queued in {took:.1f}s"
+    assert {row[2] for row in job_table(run, all_jobs=False).values()} == {"queued"}
+    cluster.add_agent({"CPU": 2}, name="late")
+    assert run("wait", *map(str, ids)).returncode == 0
+    assert job_table(run, all_jobs=False) == {}
+
+
+def test_jobs_run_where_they_were_submitted_from_unless_told(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    env = clean_env(ZRES_BROKER=cluster.address)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "train.sh").write_text("pwd\n")
+
+    def submit(*args: str) -> int:
+        result = zres_cli("submit", *args, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout)
+
+    here = submit("--", "sh", "train.sh")  # a relative path, as in `python train.py`
+    there = submit("--cwd", "sub", "--", "sh", "-c", "pwd")
+    nowhere = submit("--cwd", str(tmp_path / "missing"), "--name", "nowhere", "--", "true")
+    assert run("wait", str(here), str(there)).returncode == 0
+    assert run("logs", str(here)).stdout == f"{tmp_path}\n"
+    assert run("logs", str(there)).stdout == f"{tmp_path / 'sub'}\n"
+    waited = run("wait", str(nowhere), check=1)
+    assert f"{tmp_path / 'missing'}" in waited.stderr
+
+
 def test_jobs_submitted_before_any_agent_joins_run_when_one_does(cli, tmp_path):
     cluster, run = cli([])
     jobs = [int(run("submit", "--", "sh", "-c", f"echo {i}").stdout) for i in range(3)]
@@ -137,9 +213,41 @@ def test_missing_resource_is_reported_not_waited_for(cli, tmp_path):
     assert "infeasible" in listing and "no agent offers nope" in listing
     waited = run("wait", str(job), check=1)
     assert f"job {job} (lonely): infeasible: no agent offers nope" in waited.stderr
+    # Beside a job that can still finish, wait reports the infeasible one and waits on.
+    held = hold_job(run, tmp_path, "held", "foo=1")
+    wait_until(lambda: started(tmp_path, "held"), message="the held job running")
+    gave_up = run("wait", str(job), str(held), "--timeout", "1", check=1)
+    assert f"still waiting for {held}" in gave_up.stderr
+    (tmp_path / "held.go").touch()
+    waited = run("wait", str(job), str(held), check=1)
+    assert f"job {job} (lonely)" in waited.stderr and f"job {held}" not in waited.stderr
     refused = run("submit", "-r", "nope=1", "--infeasible", "error", "--", "true", check=1)
     assert "refused" in refused.stderr and "nope" in refused.stderr
     assert refused.stdout == ""
+
+
+def test_infeasibility_is_judged_by_the_agents_there_now(cli, tmp_path):
+    cluster, run = cli([])
+    first = hold_job(run, tmp_path, "first", "nope=1")
+    second = hold_job(run, tmp_path, "second", "nope=1")
+    strict = int(run("submit", "-r", "nope=1", "--infeasible", "error", "--name", "strict",
+                     "--", "true").stdout)
+    assert {job_table(run)[j][2] for j in (first, second, strict)} == {"queued"}
+    cluster.add_agent({"foo": 1}, name="foo-node")  # the first agent: nope is not offered
+    wait_until(lambda: {job_table(run)[j][2] for j in (first, second, strict)}
+               == {"infeasible"}, message="the jobs shown infeasible")
+    waited = run("wait", str(first), str(strict), check=1)
+    assert f"job {first} (first): infeasible: no agent offers nope" in waited.stderr
+    assert f"job {strict} (strict): infeasible" in waited.stderr
+    cluster.add_agent({"nope": 1}, name="nope-node")
+    wait_until(lambda: started(tmp_path, "first") or started(tmp_path, "second"),
+               message="one of them running")
+    waiting = second if started(tmp_path, "first") else first
+    assert job_table(run)[waiting][2] == "queued", "still shown infeasible"
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.go").touch()
+    assert run("wait", str(first), str(second)).returncode == 0
+    assert job_table(run)[strict][2] == "infeasible", "--infeasible error refused it for good"
 
 
 @pytest.mark.parametrize("spec, quoted", [("GPU=-1", "GPU=-1"), ("foo", "foo"),
@@ -191,20 +299,36 @@ def test_cancel_kills_the_whole_process_tree_and_frees_resources(cli, tmp_path):
     shell, child = map(int, pids.read_text().split())
     after = int(run("submit", "-r", "foo=1", "--", "true").stdout)
     assert run("cancel", str(job)).stdout.strip() == f"cancelled {job}"
-
-    def gone(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # A zombie the agent's worker has not reaped yet counts as gone.
-        stat = Path(f"/proc/{pid}/stat")
-        return stat.exists() and stat.read_text().split(") ")[1].startswith("Z")
-
     wait_until(lambda: gone(shell) and gone(child), message="the job's processes to end")
     assert run("wait", str(after)).returncode == 0, "the freed foo went to the next job"
     assert job_table(run)[job][2] == "cancelled"
     assert "already finished" in run("cancel", str(job), check=1).stderr
+
+
+def test_cancel_sigkills_what_ignores_sigterm_after_the_grace_and_only_then_frees(cli,
+                                                                                   tmp_path):
+    logs = tmp_path / "logs"
+    cluster, run = cli([{"foo": 1}], nthreads=2,
+                       env={"ZRES_AGENT__JOB_GRACE": "2", "ZRES_AGENT__JOB_LOGS": str(logs)})
+    pids = tmp_path / "pids"
+    # The shell leaves on SIGTERM; its child ignores SIGTERM and must get SIGKILL.
+    script = (f"trap 'echo got TERM; exit 143' TERM; (trap '' TERM; exec sleep 300) & "
+              f'echo "$$ $!" > "{pids}"; wait')
+    job = int(run("submit", "-r", "foo=1", "--", "sh", "-c", script).stdout)
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2,
+               message="the job and its child")
+    shell, child = map(int, pids.read_text().split())
+    after = int(run("submit", "-r", "foo=1", "--env", f"PIDS={shell} {child}", "--",
+                    "sh", "-c", CHECK_GONE).stdout)
+    run("cancel", str(job))
+    log = logs / f"{job}.log"
+    wait_until(lambda: log.exists() and "got TERM" in log.read_text(), message="SIGTERM")
+    wait_until(lambda: gone(shell), message="the shell to leave on SIGTERM")
+    assert not gone(child), "SIGKILL came before the grace period was over"
+    wait_until(lambda: gone(child), message="SIGKILL after the grace period")
+    assert run("wait", str(after)).returncode == 0
+    assert run("logs", str(after)).stdout == "checked\n", "foo was freed before the tree went"
+    assert job_table(run)[job][2] == "cancelled"
 
 
 def test_exit_codes_reach_the_caller(make_cluster, make_client, tmp_path):

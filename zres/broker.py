@@ -52,6 +52,14 @@ class AgentRecord:
     spec: list[Any]                  # the registration as received, to spot repeats
 
 
+def _kind(frame: Any) -> int:
+    """Hash a pickled function, reading at most 4 KiB of it (a closure can be large)."""
+    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    if view.nbytes <= 4096:
+        return hash(bytes(view))
+    return hash((view.nbytes, bytes(view[:2048]), bytes(view[-2048:])))
+
+
 class Broker:
     """Route messages between clients and agents; own task and agent records."""
 
@@ -209,8 +217,7 @@ class Broker:
                     str(name), bool(strict), payload, [])
         # The pickled function (the same bytes for every task of a map, or of one module
         # function): tasks of a kind are expected to take alike, for pipelining.
-        head = payload[0]
-        task.kind = hash(head.bytes if hasattr(head, "bytes") else bytes(head))
+        task.kind = _kind(payload[0])
         self.tasks[task.id] = task
         client.ids[local] = task.id
         if "job" in extra:
@@ -380,7 +387,8 @@ class Broker:
         self._send(ident, P.WELCOME, {"epoch": self.epoch, "agent": name,
                                       "heartbeat": self.hb_interval})
         self._dirty = True
-        if replaced:
+        # With no agent, nothing was infeasible; the first one to join decides what is.
+        if replaced or len(self.agents) == 1:
             self._recheck_feasibility()
 
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -45,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--name", help="agent name (default host-pid)")
     agent.add_argument("--job-logs", help="where command jobs' logs are kept "
                        "(default: zres-jobs-UID in the temporary directory)")
+    agent.add_argument("--job-grace", type=_seconds, help="seconds a cancelled command job "
+                       "has between SIGTERM and SIGKILL (default 5)")
     agent.add_argument("--no-detect", action="store_true",
                        help="offer only CPU=threads and --resources, no detected MEMORY/GPU")
     _common(agent)
@@ -117,13 +120,15 @@ def _agent(args: argparse.Namespace) -> int:
     from .agent import Agent, plan_slots
     settings = config.load("agent", {"broker": args.address, "resources": args.resources,
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
-                                     "name": args.name, "job_logs": args.job_logs},
+                                     "name": args.name, "job_logs": args.job_logs,
+                                     "job_grace": args.job_grace},
                            path=args.config)
     if not settings["broker"]:
         raise _Fail("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
+    os.environ["ZRES_JOB_GRACE"] = str(settings["job_grace"])  # read by its workers' jobs
     agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
                   settings["heartbeat_timeout"], settings["job_logs"])
     agent.run()

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ GRACE = 5.0          # seconds between SIGTERM and SIGKILL when a job is cancell
 _TAIL_LINES = 20
 
 _running: dict[int, subprocess.Popen[bytes]] = {}
+_cancelled: dict[int, tuple[float, threading.Timer]] = {}  # job id -> SIGKILL deadline, timer
 _lock = threading.Lock()
 
 
@@ -62,10 +64,12 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], cwd: str | None) ->
                                     stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
                                     start_new_session=True)  # its own process group
         except OSError as exc:
-            log.write(f"zres: cannot start {argv[0]!r}: {exc}\n".encode())
-            ctx.report["error"] = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
-            raise CommandFailed(f"job {ctx.task_id}: cannot start {argv[0]!r}: {exc}",
-                                None, path, "") from None
+            # Popen names the missing thing: the program, or the working directory.
+            where = f": {exc.filename}" if exc.filename not in (None, argv[0]) else ""
+            why = f"cannot start {argv[0]!r}: {exc.strerror or exc}{where}"
+            log.write(f"zres: {why}\n".encode())
+            ctx.report["error"] = why
+            raise CommandFailed(f"job {ctx.task_id}: {why}", None, path, "") from None
         with _lock:
             _running[ctx.task_id] = proc
         try:
@@ -73,6 +77,10 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], cwd: str | None) ->
         finally:
             with _lock:
                 _running.pop(ctx.task_id, None)
+                cancelled = _cancelled.pop(ctx.task_id, None)
+        if cancelled is not None:
+            # Its resources come back when this returns: not before the whole tree is gone.
+            _await_group(proc, *cancelled)
     ctx.report["exit_code"] = code
     if code != 0:
         tail = _tail(path)
@@ -83,15 +91,27 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], cwd: str | None) ->
     return CommandResult(ctx.task_id, code, path, ctx.agent)
 
 
-def terminate(job_id: int, grace: float = GRACE) -> bool:
+def grace_period() -> float:
+    """Return the seconds between SIGTERM and SIGKILL: $ZRES_JOB_GRACE (set by the agent)."""
+    try:
+        grace = float(os.environ.get("ZRES_JOB_GRACE", GRACE))
+    except ValueError:
+        return GRACE
+    return grace if grace >= 0 else GRACE
+
+
+def terminate(job_id: int, grace: float | None = None) -> bool:
     """SIGTERM JOB_ID's process group, then SIGKILL it after GRACE seconds if still there."""
+    grace = grace_period() if grace is None else grace
     with _lock:
         proc = _running.get(job_id)
-    if proc is None:
-        return False
+        if proc is None or job_id in _cancelled:
+            return False
+        # The timer is for a leader that ignores SIGTERM (run_command waits for it).
+        timer = threading.Timer(grace, _kill_if_alive, (proc,))
+        timer.daemon = True
+        _cancelled[job_id] = (time.monotonic() + grace, timer)
     _signal_group(proc, signal.SIGTERM)
-    timer = threading.Timer(grace, _kill_if_alive, (proc,))
-    timer.daemon = True
     timer.start()
     return True
 
@@ -107,6 +127,26 @@ def terminate_all() -> None:
 def _kill_if_alive(proc: subprocess.Popen[bytes]) -> None:
     # Even when the leader has exited, children it left in the group are killed.
     _signal_group(proc, signal.SIGKILL)
+
+
+def _await_group(proc: subprocess.Popen[bytes], deadline: float,
+                 timer: threading.Timer) -> None:
+    """Wait until PROC's group is empty; SIGKILL what is left of it at DEADLINE."""
+    while time.monotonic() < deadline and _group_alive(proc.pid):
+        time.sleep(0.02)
+    timer.cancel()
+    if _group_alive(proc.pid):  # (an empty group's number may be reused: leave it be)
+        _signal_group(proc, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, though not ours to signal
+    return True
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

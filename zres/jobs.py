@@ -109,8 +109,10 @@ class JobRouting:
         entry = job.as_dict()
         task = self.b.tasks.get(job.id)
         if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):
-            entry["state"] = "infeasible" if task.warned else "queued"
-            entry["reason"] = task.warned or self.b._why(task, count_ahead=False)
+            # Judged now, not when it was queued: an agent may have joined or left since.
+            infeasible = self.b.sched.infeasible_reason(task.units)
+            entry["state"] = "infeasible" if infeasible else "queued"
+            entry["reason"] = infeasible or self.b._why(task, count_ahead=False)
         elif task is not None and job.state == "queued":  # granted into a slot's queue
             entry["reason"] = self.b._why(task, count_ahead=False)
         return entry

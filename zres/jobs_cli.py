@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -33,7 +34,8 @@ def add_parsers(sub: Any, seconds: Any) -> None:
     submit.add_argument("--name", help="a name shown by zres jobs")
     submit.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                         help="set an environment variable for the job (repeatable)")
-    submit.add_argument("--cwd", help="the job's working directory on the agent")
+    submit.add_argument("--cwd", help="the job's working directory on the agent (default: "
+                        "this directory, as for sbatch; a relative one is taken from here)")
     submit.add_argument("--priority", type=int, default=0)
     submit.add_argument("--retries", type=int, default=0,
                         help="run again elsewhere if its agent is lost (default 0)")
@@ -97,12 +99,14 @@ def submit(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise ValueError(f"--env {item!r}: expected KEY=VALUE")
         env[key] = value
+    # `zres submit -- python train.py` runs train.py from here, as typed.
+    cwd = os.path.abspath(args.cwd or os.getcwd())
     from .client import Client, InfeasibleWarning
     from .resources import units_to_float
     with Client(_address(args), connect_timeout=10.0) as client, warnings.catch_warnings():
         warnings.simplefilter("ignore", InfeasibleWarning)  # said below, without a traceback
         futures = [client.submit_command(argv, resources=units_to_float(resources), env=env,
-                                         cwd=args.cwd, name=args.name, retries=args.retries,
+                                         cwd=cwd, name=args.name, retries=args.retries,
                                          priority=args.priority, infeasible=args.infeasible,
                                          detached=True) for argv in commands]
         ids = client.job_ids(futures)
@@ -214,10 +218,10 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         table = _request(args, P.JOBS, {"jobs": wanted})["jobs"] if wanted else []
-        blocked = [j for j in table if j["state"] == "infeasible"]
+        # Infeasible counts as final: such jobs are reported, not awaited.
         pending = [j for j in table if j["state"] not in _FINAL]
-        if not pending or (blocked and len(blocked) == len(pending)):
-            break  # nothing left that can finish: infeasible jobs are reported, not awaited
+        if not pending:
+            break
         if deadline is not None and time.monotonic() > deadline:
             print(f"zres wait: gave up after {timeout:g}s; still waiting for "
                   f"{', '.join(str(j['id']) for j in pending)}", file=sys.stderr)
