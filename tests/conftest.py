@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +29,21 @@ def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process PID has ended: gone, or a zombie with no thread left.
+
+    The leader of a multi-threaded process shows "Z" while its other threads are still
+    exiting, and its parent's waitpid() does not report it until they are gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return False
+        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
+    except FileNotFoundError:
+        return True
 
 
 @pytest.fixture

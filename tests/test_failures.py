@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import process_gone, wait_until
 from tests.tasks import hold, wait_for_file
 from zres import protocol as P
 from zres.local import request
@@ -391,26 +391,13 @@ def test_worker_that_died_while_idle_does_not_fail_the_next_task(make_cluster, m
     agent.send_signal(signal.SIGSTOP)
     try:
         os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: _is_dead(worker), message="the worker to die")
+        wait_until(lambda: process_gone(worker), message="the worker to die")
         future = client.submit(pid, retries=0)
         wait_until(lambda: cluster.status()["counts"].get("running") == 1,
                    message="the broker to hand the task to the paused agent")
     finally:
         agent.send_signal(signal.SIGCONT)
     assert future.result(30) != worker
-
-
-def _is_dead(pid: int) -> bool:
-    # The leader of a multi-threaded process shows "Z" while its other threads are still
-    # exiting, and its parent's waitpid() does not report it until they are gone: so a
-    # process is dead here only when its leader is a zombie and no other thread is left.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                return False
-        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
-    except FileNotFoundError:
-        return True
 
 
 def test_worker_lost_task_is_retried_when_retries_allow(make_cluster, make_client, tmp_path):

@@ -5,7 +5,6 @@ the test's sleeps."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import process_gone, wait_until
 from tests.test_cli import clean_env, zres_cli
 from tests.test_scheduling_e2e import FAKE_GPUS
 
@@ -59,17 +58,6 @@ def job_table(run, all_jobs: bool = True) -> dict[int, list[str]]:
 def started(tmp_path: Path, name: str) -> str:
     path = tmp_path / f"{name}.out"
     return path.read_text().strip() if path.exists() else ""
-
-
-def gone(pid: int) -> bool:
-    """Whether PID has ended (a zombie nobody has reaped yet counts as ended)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(") ")[1].startswith("Z")
-
 
 # Run by a job: print "alive PID" for each of $PIDS still running, then "checked".
 CHECK_GONE = ('for p in $PIDS; do s=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null); '
@@ -299,7 +287,8 @@ def test_cancel_kills_the_whole_process_tree_and_frees_resources(cli, tmp_path):
     shell, child = map(int, pids.read_text().split())
     after = int(run("submit", "-r", "foo=1", "--", "true").stdout)
     assert run("cancel", str(job)).stdout.strip() == f"cancelled {job}"
-    wait_until(lambda: gone(shell) and gone(child), message="the job's processes to end")
+    wait_until(lambda: process_gone(shell) and process_gone(child),
+               message="the job's processes to end")
     assert run("wait", str(after)).returncode == 0, "the freed foo went to the next job"
     assert job_table(run)[job][2] == "cancelled"
     assert "already finished" in run("cancel", str(job), check=1).stderr
@@ -323,9 +312,9 @@ def test_cancel_sigkills_what_ignores_sigterm_after_the_grace_and_only_then_free
     run("cancel", str(job))
     log = logs / f"{job}.log"
     wait_until(lambda: log.exists() and "got TERM" in log.read_text(), message="SIGTERM")
-    wait_until(lambda: gone(shell), message="the shell to leave on SIGTERM")
-    assert not gone(child), "SIGKILL came before the grace period was over"
-    wait_until(lambda: gone(child), message="SIGKILL after the grace period")
+    wait_until(lambda: process_gone(shell), message="the shell to leave on SIGTERM")
+    assert not process_gone(child), "SIGKILL came before the grace period was over"
+    wait_until(lambda: process_gone(child), message="SIGKILL after the grace period")
     assert run("wait", str(after)).returncode == 0
     assert run("logs", str(after)).stdout == "checked\n", "foo was freed before the tree went"
     assert job_table(run)[job][2] == "cancelled"

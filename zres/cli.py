@@ -78,8 +78,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id")
+    return int(text)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file (default $ZRES_CONFIG, ./zres.toml)")
+    parser.add_argument("--exit-with", type=_pid, metavar="PID",
+                        help="stop when process PID ends (LocalCluster passes its own)")
     parser.add_argument("--log-format", choices=["console", "json"])
     parser.add_argument("--log-level", default=None)
 
@@ -112,6 +120,7 @@ def _broker(args: argparse.Namespace) -> int:
     broker = Broker(settings["listen"], settings["heartbeat_interval"],
                     settings["heartbeat_timeout"], settings["client_timeout"],
                     settings["starvation_after"], prefetch=settings["prefetch"])
+    _exit_with(args, broker.stop)
     broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
     return 0
 
@@ -131,8 +140,15 @@ def _agent(args: argparse.Namespace) -> int:
     os.environ["ZRES_JOB_GRACE"] = str(settings["job_grace"])  # read by its workers' jobs
     agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
                   settings["heartbeat_timeout"], settings["job_logs"])
+    _exit_with(args, agent.stop)
     agent.run()
     return agent.exit_code
+
+
+def _exit_with(args: argparse.Namespace, stop: Any) -> None:
+    if args.exit_with is not None:
+        from .local import exit_with
+        exit_with(args.exit_with, stop)
 
 
 def _broker_address(given: str | None) -> str:

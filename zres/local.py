@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import select
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -22,6 +25,9 @@ class LocalCluster:
     ``agents=None`` starts one agent offering this machine's detected resources; a list
     like ``[{"GPU": 2}, {"MEMORY": 100e9}]`` starts one agent per entry offering exactly
     that (plus CPU = ``nthreads``, unless the entry names CPU).
+
+    Its processes never outlive this one: they stop when it ends, even when it was killed or
+    ended without calling ``close()``.
     """
 
     def __init__(self, agents: Sequence[Mapping[str, Any]] | None = None, *,
@@ -40,6 +46,8 @@ class LocalCluster:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.broker: subprocess.Popen[bytes] | None = None
         specs: list[Mapping[str, Any] | None] = [None] if agents is None else list(agents)
+        self._exit_with = ["--exit-with", str(os.getpid())]
+        atexit.register(self.close)  # a program that ends without close(), or by an exception
         try:
             self.address = self._start_broker(address, start_timeout)
             for index, resources in enumerate(specs):
@@ -53,7 +61,7 @@ class LocalCluster:
     def _start_broker(self, address: str, timeout: float) -> str:
         self.broker = subprocess.Popen(
             [sys.executable, "-m", "zres", "broker", "--listen", address,
-             "--log-format", "json"],
+             "--log-format", "json", *self._exit_with],
             stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
             stdin=subprocess.DEVNULL)
         assert self.broker.stdout is not None
@@ -66,7 +74,8 @@ class LocalCluster:
                   wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         """Start one more agent offering RESOURCES, e.g. {"GPU": 2} (None: detect them)."""
         args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
-                "--nworkers", str(self.nworkers), "--log-format", "json", *extra_args]
+                "--nworkers", str(self.nworkers), "--log-format", "json", *self._exit_with,
+                *extra_args]
         if self.nthreads:
             args += ["--nthreads", str(self.nthreads)]
         if resources is not None:
@@ -101,6 +110,7 @@ class LocalCluster:
 
     def close(self) -> None:
         """Stop the agents, then the broker."""
+        atexit.unregister(self.close)
         for proc in self.agents.values():
             _stop(proc)
         if self.broker is not None:
@@ -132,6 +142,37 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def exit_with(pid: int, stop: Callable[[], None]) -> None:
+    """Call STOP, from a daemon thread, once process PID has ended.
+
+    LocalCluster gives its broker and agents its own pid: a program killed with SIGKILL
+    runs no clean-up of its own, and its cluster must not run on with nobody to use it.
+    """
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass  # ended already
+        except (AttributeError, OSError):  # no pidfd here (not Linux 5.3+): look now and then
+            while _alive(pid):
+                time.sleep(0.5)
+        else:
+            select.select([fd], [], [])  # readable once the process has ended
+            os.close(fd)
+        stop()
+    threading.Thread(target=watch, name="zres-exit-with", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process, but there
+    return True
 
 
 def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""LocalCluster's processes never outlive the program that started them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import process_gone, wait_until
+from tests.test_cli import clean_env, zres_cli
+
+# A user's program: a local cluster, one task run on it, then the pids of everything the
+# cluster started (broker, agent, the agent's worker process) on one line.
+PROGRAM = textwrap.dedent("""
+    import os, sys
+    import zres
+    cluster = zres.LocalCluster(agents=[{"slot": 1}], nthreads=1)
+    client = zres.Client(cluster.address)
+    worker = client.submit(os.getpid).result(60)
+    print(cluster.broker.pid, *[p.pid for p in cluster.agents.values()], worker, flush=True)
+    if sys.argv[1] == "raise":
+        raise RuntimeError("the program fails without closing its cluster")
+    sys.stdin.read()  # until the test kills it
+""")
+
+
+def start(tmp_path: Path, how: str) -> tuple[subprocess.Popen[str], list[int]]:
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    proc = subprocess.Popen([sys.executable, str(script), how], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(), cwd=str(tmp_path))
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError(f"the program did not start its cluster: {proc.communicate()[1]}")
+    pids = [int(p) for p in line.split()]
+    assert len(pids) == 3 and all(not process_gone(p) for p in pids)
+    return proc, pids
+
+
+def test_a_killed_program_takes_its_local_cluster_along(tmp_path):
+    proc, pids = start(tmp_path, "wait")
+    try:
+        proc.send_signal(signal.SIGKILL)  # no atexit, no finally: only the cluster can notice
+        proc.wait(10)
+        wait_until(lambda: all(process_gone(p) for p in pids), timeout=15,
+                   message="broker, agent and worker to stop after their program was killed")
+    finally:
+        for pid in pids:
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_program_ending_in_an_exception_stops_its_local_cluster(tmp_path):
+    proc, pids = start(tmp_path, "raise")
+    try:
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1 and "without closing its cluster" in err
+        # close() ran at exit and waited for the broker and agent; the worker goes with them.
+        assert process_gone(pids[0]) and process_gone(pids[1])
+        wait_until(lambda: process_gone(pids[2]), timeout=15, message="the worker to stop")
+    finally:
+        for pid in pids:
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_exit_with_takes_a_process_id():
+    result = zres_cli("broker", "--exit-with", "me")
+    assert result.returncode == 2
+    assert "'me' is not a process id" in result.stderr
