@@ -39,7 +39,9 @@ Workloads, per system (quick mode's sizes in brackets):
    a 200-task warm-up and a second of idling;
 7. the floor: a bare pyzmq ROUTER-DEALER echo between two processes over tcp loopback
    (median round trip) and the bandwidth of 10 MB messages, so each system's latency and
-   bandwidth can be read as a multiple of what the transport costs.
+   bandwidth can be read as a multiple of what the transport costs; and the same through two
+   bare forwarding processes, the three links a zres task and result cross (client, broker,
+   agent, worker), so zres's figures can be read against the floor of its own topology.
 
 Each system runs in a subprocess of its own (new session, killed whole afterwards), one
 after another, never two at once, on one cluster after the start-up figures and an untimed
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import importlib.metadata
 import importlib.util
@@ -430,7 +433,8 @@ class Recorder:
 def best_of(sizes: Sizes, run: Callable[[], Any],
             best: Callable[[list[Any]], Any]) -> tuple[Any, list[Any]]:
     """Run up to sizes.repeats times, stopping early when one more would overrun the budget."""
-    samples, spent = [], 0.0
+    samples: list[Any] = []
+    spent = 0.0
     while len(samples) < sizes.repeats:
         start = time.perf_counter()
         samples.append(run())
@@ -519,19 +523,51 @@ def echo_server() -> None:
     ctx.term()
 
 
+def forwarder(upstream: int) -> None:
+    """ROUTER on a random loopback port, passing messages to UPSTREAM and answers back."""
+    import zmq
+    ctx = zmq.Context()
+    down = ctx.socket(zmq.ROUTER)
+    port = down.bind_to_random_port("tcp://127.0.0.1")
+    up = ctx.socket(zmq.DEALER)
+    up.connect(f"tcp://127.0.0.1:{upstream}")
+    print(port, flush=True)
+    poller = zmq.Poller()
+    poller.register(down, zmq.POLLIN)
+    poller.register(up, zmq.POLLIN)
+    peer: Any = b""
+    while True:
+        events = dict(poller.poll())
+        if down in events:
+            peer, *frames = down.recv_multipart(copy=False)
+            up.send_multipart(frames, copy=False)
+        if up in events:
+            down.send_multipart([peer, *up.recv_multipart(copy=False)], copy=False)
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Start this file with ARGS; return the process and the port it prints."""
+    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
 def run_floor(sizes: Sizes, out: str) -> None:
     import zmq
     rec = Recorder(out)
     rec.data["version"] = importlib.metadata.version("pyzmq")
-    server = subprocess.Popen([sys.executable, __file__, "--_echo-server"],
-                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert server.stdout is not None
-    port = int(server.stdout.readline())
+    server, port = _start("--_echo-server")
+    # The chain: this process -> forwarder -> forwarder -> the echo server.
+    inner, inner_port = _start("--_forward", str(port))
+    outer, outer_port = _start("--_forward", str(inner_port))
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(f"tcp://127.0.0.1:{port}")
+    direct = ctx.socket(zmq.DEALER)
+    direct.connect(f"tcp://127.0.0.1:{port}")
+    chained = ctx.socket(zmq.DEALER)
+    chained.connect(f"tcp://127.0.0.1:{outer_port}")
     try:
-        def round_trips() -> float:
+        def round_trips(sock: Any) -> float:
             samples = []
             for _ in range(sizes.echo):
                 start = time.perf_counter()
@@ -540,28 +576,32 @@ def run_floor(sizes: Sizes, out: str) -> None:
                 samples.append(time.perf_counter() - start)
             return statistics.median(samples) * 1e6
 
-        def bandwidth() -> float:
+        def bandwidth(sock: Any) -> float:
             start = time.perf_counter()
             sock.send_multipart([b"stream", str(sizes.blobs).encode()])
             for _ in range(sizes.blobs):
                 assert len(sock.recv(copy=False)) == BLOB_SIZE
             return sizes.blobs * BLOB_SIZE / MB / (time.perf_counter() - start)
 
-        for _ in range(200):  # warm up: connection, buffers, first-touch of memory
-            sock.send(b"x")
-            sock.recv()
-        bandwidth()
         cheap = dataclasses.replace(sizes, repeats=max(3, sizes.repeats))  # a floor: its best
-        rec.put("echo_median", *best_of(cheap, round_trips, min))
-        rec.put("bandwidth", *best_of(cheap, bandwidth, max))
-        sock.send(b"stop")
+        for sock, prefix in ((direct, ""), (chained, "chain_")):
+            for _ in range(200):  # warm up: connection, buffers, first-touch of memory
+                sock.send(b"x")
+                sock.recv()
+            bandwidth(sock)
+            rec.put(prefix + "echo_median",
+                    *best_of(cheap, functools.partial(round_trips, sock), min))
+            rec.put(prefix + "bandwidth", *best_of(cheap, functools.partial(bandwidth, sock), max))
+        direct.send(b"stop")
         server.wait(timeout=10)
     finally:
-        sock.close(linger=0)
+        direct.close(linger=0)
+        chained.close(linger=0)
         ctx.term()
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+        for proc in (server, inner, outer):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 # -- the parent: run each system's subprocess, then print one table -----------------------
@@ -634,13 +674,17 @@ def build_report(mode: str, sizes: Sizes, systems: list[str],
                      "better": fig.better, "values": values,
                      "samples": {n: results[n]["samples"].get(fig.key) for n in systems},
                      "zres_advantage": ratios})
-    echo, bandwidth = floor["values"].get("echo_median"), floor["values"].get("bandwidth")
-    over_floor = {}
+    over_floor: dict[str, dict[str, float | None]] = {}
     for name in systems:
         lat, gathered = (results[name]["values"].get(k) for k in ("latency_median", "gather"))
-        over_floor[name] = {
-            "latency_over_echo": lat * 1e3 / echo if numbers(lat, echo) else None,
-            "gather_over_socket": gathered / bandwidth if numbers(gathered, bandwidth) else None}
+        over_floor[name] = {}
+        for prefix, what in (("", ""), ("chain_", "_chain")):
+            echo, bandwidth = (floor["values"].get(prefix + k) for k in ("echo_median",
+                                                                          "bandwidth"))
+            over_floor[name][f"latency_over_echo{what}"] = (
+                lat * 1e3 / echo if numbers(lat, echo) else None)
+            over_floor[name][f"gather_over_socket{what}"] = (
+                gathered / bandwidth if numbers(gathered, bandwidth) else None)
     return {"mode": mode, "sizes": dataclasses.asdict(sizes),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "platform": platform.platform()},
@@ -691,10 +735,16 @@ def print_report(report: dict[str, Any], systems: list[str]) -> None:
     echo, bandwidth = floor["values"].get("echo_median"), floor["values"].get("bandwidth")
     print(f"floor, bare pyzmq {floor['pyzmq']} ROUTER-DEALER over tcp loopback: echo round "
           f"trip median {cell(echo)} us, 10 MB messages {cell(bandwidth)} MB/s")
+    chain_echo, chain_bandwidth = (floor["values"].get(k)
+                                   for k in ("chain_echo_median", "chain_bandwidth"))
+    print(f"  through two bare forwarders (zres's three links): round trip {cell(chain_echo)} "
+          f"us, 10 MB messages {cell(chain_bandwidth)} MB/s")
     for name in systems:
         over = report["over_floor"][name]
-        print(f"  {name} latency / echo: {times(over['latency_over_echo'])};  "
-              f"{name} gather / socket bandwidth: {times(over['gather_over_socket'])}")
+        print(f"  {name} latency / echo: {times(over['latency_over_echo'])} "
+              f"({times(over['latency_over_echo_chain'])} of the chain's);  "
+              f"{name} gather / socket bandwidth: {times(over['gather_over_socket'])} "
+              f"({times(over['gather_over_socket_chain'])} of the chain's)")
     print("'zres vs X': how many times better or worse zres is than X on that figure "
           "(more tasks/s and MB/s win; fewer ms, s and MiB win).")
     print("Each workload: best of up to {repeats} runs (fewer where one run is long); "
@@ -723,12 +773,15 @@ def main() -> None:
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)
     parser.add_argument("--_echo-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_forward", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = dataclasses.replace(sizes, repeats=max(1, args.repeats))
     if args._echo_server:
         return echo_server()
+    if args._forward:
+        return forwarder(args._forward)
     if args._child == "floor":
         return run_floor(sizes, args._out)
     if args._child:
