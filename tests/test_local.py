@@ -23,7 +23,14 @@ PROGRAM = textwrap.dedent("""
     print(cluster.broker.pid, *[p.pid for p in cluster.agents.values()], worker, flush=True)
     if sys.argv[1] == "raise":
         raise RuntimeError("the program fails without closing its cluster")
-    sys.stdin.read()  # until the test kills it
+    if sys.argv[1] == "wait":
+        sys.stdin.read()  # until the test kills it
+    # "end": the program ends here, closing neither its client nor its cluster, with
+    # futures left to be collected as the interpreter goes (one in a reference cycle)
+    futures = client.map(abs, range(-50, 0))
+    assert sum(f.result(60) for f in futures) == 1275
+    cycle = [futures[0]]
+    cycle.append(cycle)
 """)
 
 
@@ -74,3 +81,22 @@ def test_exit_with_takes_a_process_id():
     result = zres_cli("broker", "--exit-with", "me")
     assert result.returncode == 2
     assert "'me' is not a process id" in result.stderr
+
+
+def test_a_program_ending_without_closing_anything_ends_quietly(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    # Output and errors in one pipe, as on a terminal (the failure showed only then).
+    result = subprocess.run([sys.executable, str(script), "end"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=clean_env(), cwd=str(tmp_path), timeout=60)
+    first, *rest = result.stdout.splitlines()
+    pids = [int(p) for p in first.split()]
+    try:
+        assert result.returncode == 0 and not rest, result.stdout
+        wait_until(lambda: all(process_gone(p) for p in pids), timeout=15,
+                   message="the cluster's processes to stop")
+    finally:
+        for pid in pids:
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -4,6 +4,7 @@ with plain data; the end-to-end tests run real broker and agent processes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import time
@@ -293,3 +294,99 @@ def test_mixed_short_tasks_in_a_worker_held_queue_never_exceed_capacity(make_clu
         running += step
         most = max(most, running)
     assert most <= 2, f"tasks asking {most} of slot ran at once on an agent offering 2"
+
+
+def count_runs(release: str, runs: str) -> int:
+    """Append this process's id to RUNS (one line a run), then block until RELEASE exists."""
+    with open(runs, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    wait_for_file(release)
+    return os.getpid()
+
+
+def test_a_queued_grant_the_worker_started_is_not_run_again_when_the_worker_dies(
+        make_cluster, make_client, tmp_path):
+    # The worker starts a queued grant when room appears (here: the slot grows) and must
+    # say so at once: if it dies later, that task was running (lost, retries=0), not
+    # "never started" to be run again in a new process.
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=4)
+    client = make_client(cluster.address)
+    make_short(client, tmp_path, count_runs)
+    release = str(tmp_path / "release")
+    first_runs, q_runs = tmp_path / "first-runs", tmp_path / "q-runs"
+    first = client.submit(count_runs, release, str(first_runs), resources={"slot": 1},
+                          retries=0)
+    assert wait_until(lambda: first_runs.exists(), message="the first task")
+    q = client.submit(count_runs, release, str(q_runs), resources={"slot": 1}, retries=0)
+    assert wait_until(lambda: "queued on agent-0" in client.why(q), message="q queued")
+    client.set_resources("agent-0", {"slot": 2})  # q fits now: the worker starts it
+    assert wait_until(lambda: q_runs.exists(), message="q to start")
+    assert wait_until(lambda: "running on agent-0" in client.why(q),
+                      message="the broker to hear that q started")
+    os.kill(int(first_runs.read_text()), signal.SIGKILL)
+    with pytest.raises(zres.WorkerLostError):
+        first.result(30)
+    with pytest.raises(zres.WorkerLostError):
+        q.result(30)
+    assert len(q_runs.read_text().split()) == 1, "q (retries=0) ran twice"
+
+
+def test_a_cancel_reaches_grants_queued_for_a_worker_still_starting(make_cluster,
+                                                                  make_client, tmp_path):
+    # When the worker holding a slot's queue dies, the grants go to its replacement while
+    # that process starts: a cancel in that moment must still stop the grant.
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=4)
+    client = make_client(cluster.address)
+    make_short(client, tmp_path, count_runs)
+    release = str(tmp_path / "release")
+    first_runs = tmp_path / "first-runs"
+    first = client.submit(count_runs, release, str(first_runs), resources={"slot": 1})
+    assert wait_until(lambda: first_runs.exists(), message="the first task")
+    queued = [client.submit(count_runs, release, str(tmp_path / f"q{i}"),
+                            resources={"slot": 1}) for i in range(3)]
+    assert wait_until(lambda: all("queued on agent-0" in client.why(f) for f in queued),
+                      message="the rest queued")
+    os.kill(int(first_runs.read_text()), signal.SIGKILL)
+    with pytest.raises(zres.WorkerLostError):
+        first.result(30)
+    queued[1].cancel()
+    assert wait_until(lambda: (tmp_path / "q0").exists(), message="q0 in the new process")
+    Path(release).touch()
+    assert queued[0].result(30) and queued[2].result(30)
+    with pytest.raises(concurrent.futures.CancelledError):
+        queued[1].result(30)
+    assert not (tmp_path / "q1").exists(), "the cancelled queued grant ran"
+
+
+def test_a_big_task_ending_starts_every_queued_grant_that_now_fits(make_cluster, make_client,
+                                                                    tmp_path):
+    # slot=2, all queued in the worker process: Y takes both, then b and e one each. When Y
+    # ends, b and e start together; e does not wait for something else to end.
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=4)
+    client = make_client(cluster.address)
+    make_short(client, tmp_path)
+    path = {n: str(tmp_path / n) for n in ["rP", "rQ", "rZ", "rY", "rBE",
+                                           "P", "Q", "Z", "Y", "b", "e"]}
+
+    def submit(release: str, marker: str, amount: int) -> zres.Future:
+        return client.submit(hold, path[release], path[marker], resources={"slot": amount})
+
+    p, q = submit("rP", "P", 1), submit("rQ", "Q", 1)
+    assert wait_until(lambda: os.path.exists(path["P"]) and os.path.exists(path["Q"]))
+    z = submit("rZ", "Z", 1)
+    assert wait_until(lambda: "queued on" in client.why(z), message="Z queued")
+    y, b, e = submit("rY", "Y", 2), submit("rBE", "b", 1), submit("rBE", "e", 1)
+    assert wait_until(lambda: all("queued on" in client.why(f) for f in (y, b, e)),
+                      message="Y, b and e queued")
+    Path(path["rP"]).touch()
+    assert wait_until(lambda: os.path.exists(path["Z"]), message="Z to start")
+    Path(path["rQ"]).touch()
+    Path(path["rZ"]).touch()
+    assert wait_until(lambda: os.path.exists(path["Y"]), message="Y to start")
+    Path(path["rY"]).touch()
+    try:
+        assert wait_until(lambda: os.path.exists(path["b"]) and os.path.exists(path["e"]),
+                          message="b and e to start together once Y has ended")
+    finally:
+        Path(path["rBE"]).touch()
+    assert [f.result(30) for f in (p, q, z, y, b, e)] == ["released"] * 6

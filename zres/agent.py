@@ -61,6 +61,7 @@ class SlotSpec:
     # kept here until they start, to requeue them if that process dies.
     delegated: dict[int, QueuedGrant] = field(default_factory=dict)
     delegate: Worker | None = None
+    cancelling: set[int] = field(default_factory=set)  # delegated, cancel sent, not answered
 
     def fits(self, taken: Units) -> bool:
         return all(self.units.get(n, 0) - self.used.get(n, 0) >= a for n, a in taken.items())
@@ -472,17 +473,32 @@ class Agent:
         # process group is stopped by its worker; a running Python call cannot be
         # interrupted safely. Either way the broker has already failed it.
         for task_id in P.field(msg, "ids", list):
-            for spec in self.slots:
-                if task_id in spec.delegated and spec.delegate is not None:
+            for slot, spec in enumerate(self.slots):
+                delegate = spec.delegate
+                if task_id not in spec.delegated or delegate is None:
+                    pass
+                elif delegate.ready and delegate.proc.poll() is None:
                     # The worker drops it unless it has started it, and says which.
                     self._flush_runs()
-                    self.workers_sock.send_multipart([spec.delegate.ident, *P.encode(
+                    self.workers_sock.send_multipart([delegate.ident, *P.encode(
                         P.CANCEL, {"ids": [task_id]})])
+                    spec.cancelling.add(task_id)
+                else:
+                    # Nobody to ask: a starting process has not been sent it yet, and a
+                    # dead one's queue is taken back, so it has not started: drop it here.
+                    del spec.delegated[task_id]
+                    delegate.backlog = [(i, f) for i, f in delegate.backlog
+                                        if i[0][0] != task_id]
+                    self._report(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                          "message": "cancelled"})
+                    if not spec.delegated:
+                        spec.delegate = None
+                        self._start_queued(slot)
                 if any(entry[0] == task_id for entry in spec.queue):  # granted, not started
                     spec.queue = deque(e for e in spec.queue if e[0] != task_id)
                     self._report(task_id, P.FAILED, [], {"type": "CancelledError",
                                                           "message": "cancelled"})
-                    self._start_queued(self.slots.index(spec))
+                    self._start_queued(slot)
             worker = self.task_worker.get(task_id)
             if worker is None:
                 continue
@@ -640,6 +656,7 @@ class Agent:
         elif msg.kind == P.DONE:
             spec = self.slots[worker.slot]
             for task_id in msg.body.get("started", ()):  # queued grants it has started
+                spec.cancelling.discard(task_id)
                 entry = spec.delegated.pop(task_id, None)
                 if entry is not None:
                     self._hold(worker.slot, task_id, entry[1])
@@ -652,6 +669,7 @@ class Agent:
                 if self.task_worker.pop(item[0], None) is not None:
                     self._report(item[0], item[1], result, item[3])
             for task_id in msg.body.get("dropped", ()):  # cancelled before it started
+                spec.cancelling.discard(task_id)
                 if spec.delegated.pop(task_id, None) is not None:
                     self._report(task_id, P.FAILED, [], {"type": "CancelledError",
                                                           "message": "cancelled"})
@@ -686,9 +704,14 @@ class Agent:
                     "message": f"the worker process running the task {cause}"})
             self._forget(worker)
             for spec in self.slots:
-                if spec.delegate is worker:  # never started: they run on a new process
+                if spec.delegate is worker:  # not reported started: they run on a new process
+                    for task_id in sorted(spec.cancelling):  # ... unless cancelled meanwhile
+                        if spec.delegated.pop(task_id, None) is not None:
+                            self._report(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                                  "message": "cancelled"})
                     spec.queue.extendleft(reversed(spec.delegated.values()))
                     spec.delegated.clear()
+                    spec.cancelling.clear()
                     spec.delegate = None
             for task_id in sorted(worker.running):
                 self._free(task_id)

@@ -387,7 +387,8 @@ class _IOThread:
         os.set_blocking(self._wake_r, False)
         # Closed only when nothing can use them any more: a user thread may still call
         # wake() as the I/O thread ends, and a closed descriptor's number can be reused.
-        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
+        # Not at exit: the thread may still be running then (a client never closed).
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w).atexit = False
         self._awake = False
         self._stop = False
         self.dead = False  # the thread has ended: nothing more is sent or received

@@ -129,7 +129,8 @@ class WorkerProcess:
                     with self._lock:
                         self._take(call)
                     self.pool.submit(self._run_tasks, call)
-            self._start_queued()
+            if self._start_queued():
+                self._send_results()  # report the starts now (see _send_results)
             self._start_actor_calls()
 
     def _take(self, call: tuple[Any, ...]) -> None:
@@ -157,16 +158,22 @@ class WorkerProcess:
             self._take(call)
             return call
 
-    def _start_queued(self) -> None:
+    def _start_queued(self) -> int:
         """Start queued grants in order while the head fits the slot's free amounts."""
+        count = 0
         while (call := self._next_queued()) is not None:
             self.pool.submit(self._run_tasks, call)
+            count += 1
+        return count
 
     def _run_tasks(self, call: tuple[Any, ...] | None) -> None:
         """Run CALL, then each queued grant that its end lets start, on this thread."""
         while call is not None:
             self._run_task(*call)
             call = self._next_queued(call[0])
+            if call is not None:
+                self._start_queued()  # more may fit beside it (a big task's end): threads
+                self._wake()  # the agent hears of starts at once (see _send_results)
 
     def _cancel(self, ids: list[int]) -> None:
         # Results before the cancel are reported first: the agent and the broker replay
@@ -210,6 +217,10 @@ class WorkerProcess:
         finally:
             set_task_context(None)
         self.results.put((task_id, outcome, frames, task.report))
+        self._wake()
+
+    def _wake(self) -> None:
+        """Have the main thread send what is waiting to go to the agent."""
         if not self._wake_pending:
             self._wake_pending = True
             os.write(self._wake_w, b"x")
@@ -234,7 +245,10 @@ class WorkerProcess:
             if self.actor is not None:
                 self.actor.finished(outcome)
         # Read after the results: a queued grant is marked started before its result is
-        # put, so no result goes out ahead of its grant's start.
+        # put, so no result goes out ahead of its grant's start. Starts go out as soon as
+        # they happen: should this process die, the agent runs the grants it has not heard
+        # started again elsewhere, so only one started in the instant before the death can
+        # run twice.
         with self._lock:
             started, dropped = self.started, self.dropped
             self.started, self.dropped = [], []
