@@ -169,11 +169,15 @@ class WorkerProcess:
     def _run_tasks(self, call: tuple[Any, ...] | None) -> None:
         """Run CALL, then each queued grant that its end lets start, on this thread."""
         while call is not None:
-            self._run_task(*call)
-            call = self._next_queued(call[0])
-            if call is not None:
-                self._start_queued()  # more may fit beside it (a big task's end): threads
-                self._wake()  # the agent hears of starts at once (see _send_results)
+            result = self._call(*call)
+            following = self._next_queued(call[0])
+            # The result goes after the start it allowed, so one message reports both
+            # (see _send_results), and before any other start, so no task that this end
+            # let start can be reported ended ahead of it.
+            self._put(result)
+            if following is not None and self._start_queued():  # more fit beside it
+                self._wake()
+            call = following
 
     def _cancel(self, ids: list[int]) -> None:
         # Results before the cancel are reported first: the agent and the broker replay
@@ -200,6 +204,11 @@ class WorkerProcess:
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> None:
+        self._put(self._call(task_id, payload, deps, context))
+
+    def _call(self, task_id: int, payload: list[Any], deps: list[list[Any]],
+              context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
+        """Run one task; return its result as the agent is sent it."""
         task = TaskContext(task_id, context["agent"], context["resources"],
                            list(context["gpus"]), context.get("attempt", 0))
         set_task_context(task)
@@ -216,7 +225,10 @@ class WorkerProcess:
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
-        self.results.put((task_id, outcome, frames, task.report))
+        return task_id, outcome, frames, task.report
+
+    def _put(self, result: tuple[int, str, list[Any], dict[str, Any]]) -> None:
+        self.results.put(result)
         self._wake()
 
     def _wake(self) -> None:
