@@ -50,6 +50,13 @@ def start(tmp_path: Path, how: str) -> tuple[subprocess.Popen[str], list[int]]:
     return proc, pids
 
 
+def kill_leftovers(pids: list[int]) -> None:
+    """Whatever the outcome, leave no process of the test behind."""
+    for pid in pids:
+        if not process_gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_killed_program_takes_its_local_cluster_along(tmp_path):
     proc, pids = start(tmp_path, "wait")
     try:
@@ -58,9 +65,7 @@ def test_a_killed_program_takes_its_local_cluster_along(tmp_path):
         wait_until(lambda: all(process_gone(p) for p in pids), timeout=15,
                    message="broker, agent and worker to stop after their program was killed")
     finally:
-        for pid in pids:
-            if not process_gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(pids)
 
 
 def test_a_program_ending_in_an_exception_stops_its_local_cluster(tmp_path):
@@ -72,9 +77,7 @@ def test_a_program_ending_in_an_exception_stops_its_local_cluster(tmp_path):
         assert process_gone(pids[0]) and process_gone(pids[1])
         wait_until(lambda: process_gone(pids[2]), timeout=15, message="the worker to stop")
     finally:
-        for pid in pids:
-            if not process_gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(pids)
 
 
 def test_exit_with_takes_a_process_id():
@@ -97,6 +100,4 @@ def test_a_program_ending_without_closing_anything_ends_quietly(tmp_path):
         wait_until(lambda: all(process_gone(p) for p in pids), timeout=15,
                    message="the cluster's processes to stop")
     finally:
-        for pid in pids:
-            if not process_gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(pids)
