@@ -489,15 +489,11 @@ class Agent:
                     del spec.delegated[task_id]
                     delegate.backlog = [(i, f) for i, f in delegate.backlog
                                         if i[0][0] != task_id]
-                    self._report(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                          "message": "cancelled"})
-                    if not spec.delegated:
-                        spec.delegate = None
-                        self._start_queued(slot)
+                    self._report_cancelled(task_id)
+                    self._end_delegation_if_done(slot)
                 if any(entry[0] == task_id for entry in spec.queue):  # granted, not started
                     spec.queue = deque(e for e in spec.queue if e[0] != task_id)
-                    self._report(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                          "message": "cancelled"})
+                    self._report_cancelled(task_id)
                     self._start_queued(slot)
             worker = self.task_worker.get(task_id)
             if worker is None:
@@ -510,8 +506,7 @@ class Agent:
             if len(kept) != len(worker.backlog):
                 worker.backlog = kept
                 worker.running.discard(task_id)
-                self._report(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                      "message": "cancelled"})
+                self._report_cancelled(task_id)
                 self._free(task_id)
 
     def _on_logs(self, msg: P.Message) -> None:
@@ -671,11 +666,18 @@ class Agent:
             for task_id in msg.body.get("dropped", ()):  # cancelled before it started
                 spec.cancelling.discard(task_id)
                 if spec.delegated.pop(task_id, None) is not None:
-                    self._report(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                          "message": "cancelled"})
-            if not spec.delegated:
-                spec.delegate = None
-                self._start_queued(worker.slot)
+                    self._report_cancelled(task_id)
+            self._end_delegation_if_done(worker.slot)
+
+    def _end_delegation_if_done(self, slot: int) -> None:
+        """Once SLOT's worker holds none of its queue, the agent starts the rest itself."""
+        spec = self.slots[slot]
+        if not spec.delegated:
+            spec.delegate = None
+            self._start_queued(slot)
+
+    def _report_cancelled(self, task_id: int) -> None:
+        self._report(task_id, P.FAILED, [], {"type": "CancelledError", "message": "cancelled"})
 
     def _report(self, task_id: int, outcome: str, frames: list[Any],
                 info: dict[str, Any]) -> None:
@@ -707,8 +709,7 @@ class Agent:
                 if spec.delegate is worker:  # not reported started: they run on a new process
                     for task_id in sorted(spec.cancelling):  # ... unless cancelled meanwhile
                         if spec.delegated.pop(task_id, None) is not None:
-                            self._report(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                                  "message": "cancelled"})
+                            self._report_cancelled(task_id)
                     spec.queue.extendleft(reversed(spec.delegated.values()))
                     spec.delegated.clear()
                     spec.cancelling.clear()

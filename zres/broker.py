@@ -54,7 +54,7 @@ class AgentRecord:
 
 def _kind(frame: Any) -> int:
     """Hash a pickled function, reading at most 4 KiB of it (a closure can be large)."""
-    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    view = memoryview(P.buffer(frame))
     if view.nbytes <= 4096:
         return hash(bytes(view))
     return hash((view.nbytes, bytes(view[:2048]), bytes(view[-2048:])))

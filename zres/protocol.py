@@ -149,6 +149,11 @@ def encode(kind: str, body: dict[str, Any] | None = None,
     return [msgpack.packb([VERSION, kind, body or {}], use_bin_type=True), *frames]
 
 
+def buffer(frame: Frame) -> Any:
+    """Return FRAME's contents without a copy (a received zmq.Frame's memory, or bytes)."""
+    return frame.buffer if hasattr(frame, "buffer") else frame
+
+
 def decode(frames: Sequence[Frame]) -> Message:
     """Decode a received message (without routing id); raise ProtocolError if malformed."""
     if not frames:

@@ -19,8 +19,8 @@ from typing import Any
 import cloudpickle
 
 from .errors import RemoteError, RemoteTraceback
+from .protocol import Frame, buffer
 
-Frame = Any
 # Buffers smaller than this are cheaper to keep inside the pickle stream.
 _OOB_MIN = 64 * 1024
 # Arguments of only these types (the common case of map over numbers or names) are
@@ -111,7 +111,7 @@ class CallLoader:
 
     def load(self, frames: Sequence[Frame], dep_values: Sequence[Any]) -> Any:
         """Return (fn, args, kwargs) with each dependency replaced by its value."""
-        key = bytes(_bytes(frames[0]))
+        key = bytes(buffer(frames[0]))
         fn = self._cache.get(key)
         if fn is None:
             unpickler = _TaskUnpickler(io.BytesIO(key), dep_values, ())
@@ -122,9 +122,9 @@ class CallLoader:
                 self._cache[key] = fn
         buffers = [memoryview(f) for f in frames[2:]]
         if not dep_values:  # nothing to put in place: the C unpickler alone
-            args, kwargs = pickle.loads(_bytes(frames[1]), buffers=buffers)
+            args, kwargs = pickle.loads(buffer(frames[1]), buffers=buffers)
         else:
-            args, kwargs = _TaskUnpickler(io.BytesIO(_bytes(frames[1])), dep_values,
+            args, kwargs = _TaskUnpickler(io.BytesIO(buffer(frames[1])), dep_values,
                                           buffers).load()
         return fn, args, kwargs
 
@@ -149,9 +149,9 @@ def dumps(obj: Any) -> list[Frame]:
 
 def loads(frames: Sequence[Frame]) -> Any:
     """Rebuild a result pickled by dumps."""
-    head = _bytes(frames[0])
+    head = buffer(frames[0])
     if not len(head) and len(frames) == 2:
-        return bytes(_bytes(frames[1]))
+        return bytes(buffer(frames[1]))
     return pickle.loads(head, buffers=[memoryview(f) for f in frames[1:]])
 
 
@@ -169,12 +169,8 @@ def dumps_exception(exc: BaseException) -> list[Frame]:
 def loads_exception(frames: Sequence[Frame]) -> BaseException:
     """Rebuild an exception, chaining the remote traceback as its cause."""
     try:
-        exc, tb = pickle.loads(_bytes(frames[0]))
+        exc, tb = pickle.loads(buffer(frames[0]))
     except Exception as err:
         return RemoteError(f"a task raised an exception that cannot be unpickled here: {err!r}")
     exc.__cause__ = RemoteTraceback(tb)
     return exc
-
-
-def _bytes(frame: Frame) -> Any:
-    return frame.buffer if hasattr(frame, "buffer") else frame

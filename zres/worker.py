@@ -10,7 +10,7 @@ slot's queued grants too (``queued`` in a task's context). They start here stric
 order, each when its ``taken`` amounts fit the slot's ``capacity`` beside what runs here:
 the rule the agent and the broker apply to the same grants, so all three agree on what
 has started, and the next short task starts the moment one ends, with no round trip.
-Started and dropped (cancelled) queued grants are reported with the next results.
+Started and dropped (cancelled) queued grants are reported as soon as they are.
 
 An actor gets a process of its own (``actor`` as the last argument): its first task
 constructs the instance, and every later one calls a method on it, on NTHREADS threads
