@@ -30,9 +30,10 @@ Workloads, per system (quick mode's sizes in brackets):
 3. latency: 1,000 [200] sequential submit-then-result calls, median and p99;
 4. dependencies: a chain of 1,000 [300] tasks (each takes the previous one's future), and
    1,000 [500] no-op results fanned into one task (``total(*futures)``);
-5. data: 100 [20] tasks returning 10 MB of bytes each, gathered to the client; and 100 [20]
-   such tasks each passed to a dependent task returning its length (submitted at once;
-   MB/s of blobs consumed, whether or not the bytes had to move);
+5. data: 100 [20] tasks returning 10 MB of bytes each, gathered to the client; the same as
+   NumPy arrays (which pickle protocol 5 can move without copies, unlike bytes); and 100
+   [20] bytes tasks each passed to a dependent task returning its length (submitted at
+   once; MB/s of blobs consumed, whether or not the bytes had to move);
 6. start-up: from no processes to the first result (the client library already imported),
    and the summed resident memory of the cluster's processes (scheduler, agents or nodes,
    and their worker processes: every descendant of the benchmark process but itself) after
@@ -41,7 +42,10 @@ Workloads, per system (quick mode's sizes in brackets):
    (median round trip) and the bandwidth of 10 MB messages, so each system's latency and
    bandwidth can be read as a multiple of what the transport costs; and the same through two
    bare forwarding processes, the three links a zres task and result cross (client, broker,
-   agent, worker), so zres's figures can be read against the floor of its own topology.
+   agent, worker), so zres's figures can be read against the floor of its own topology; and
+   the direct bandwidth once more with each message kept as ``bytes`` to the end, as a
+   gather of ``bytes`` results must (a copy into new memory that stays held): the most any
+   system could gather them at here, with no task, no scheduler and one link.
 
 Each system runs in a subprocess of its own (new session, killed whole afterwards), one
 after another, never two at once, on one cluster after the start-up figures and an untimed
@@ -126,6 +130,7 @@ def figures(sizes: Sizes) -> list[Figure]:
         Figure("chain", f"chain of {sizes.chain:,} dependent tasks", "s", "lower"),
         Figure("fan_in", f"fan-in of {sizes.fan_in:,} results into one", "s", "lower"),
         Figure("gather", f"gather {sizes.blobs} x 10 MB to the client", "MB/s", "higher"),
+        Figure("gather_arrays", "the same as NumPy arrays", "MB/s", "higher"),
         Figure("dependents", f"{sizes.blobs} x 10 MB into dependents", "MB/s", "higher"),
         Figure("startup", "start-up to first result", "s", "lower"),
         Figure("memory", "idle cluster memory (RSS)", "MiB", "lower"),
@@ -155,6 +160,12 @@ def blob(i: int) -> bytes:
     if _blob is None:
         _blob = random.Random(0).randbytes(BLOB_SIZE)
     return _blob[:-1] + bytes([i % 256])
+
+
+def array(i: int) -> Any:
+    """The same 10 MB as a NumPy array (a view of blob's bytes: the same one copy)."""
+    import numpy
+    return numpy.frombuffer(blob(i), dtype=numpy.uint8)
 
 
 def length(data: bytes) -> int:
@@ -366,6 +377,15 @@ def gather_blobs(backend: Backend, n: int) -> float:
     return n * BLOB_SIZE / MB / elapsed
 
 
+def gather_arrays(backend: Backend, n: int) -> float:
+    """As gather_blobs, with arrays: a system may hand them over without a copy."""
+    start = time.perf_counter()
+    results = backend.gather(backend.map(array, range(n)))
+    elapsed = time.perf_counter() - start
+    assert [r.nbytes for r in results] == [BLOB_SIZE] * n
+    return n * BLOB_SIZE / MB / elapsed
+
+
 def blob_dependents(backend: Backend, n: int) -> float:
     start = time.perf_counter()
     blobs = backend.map(blob, range(n))
@@ -483,6 +503,7 @@ def run_system(name: str, sizes: Sizes, out: str) -> None:
             ("chain", lambda: chain(backend, sizes.chain), lowest),
             ("fan_in", lambda: fan_in(backend, sizes.fan_in), lowest),
             ("gather", lambda: gather_blobs(backend, sizes.blobs), highest),
+            ("gather_arrays", lambda: gather_arrays(backend, sizes.blobs), highest),
             ("dependents", lambda: blob_dependents(backend, sizes.blobs), highest),
         ]
         for key, run, best in workloads:
@@ -576,12 +597,19 @@ def run_floor(sizes: Sizes, out: str) -> None:
                 samples.append(time.perf_counter() - start)
             return statistics.median(samples) * 1e6
 
-        def bandwidth(sock: Any) -> float:
+        def bandwidth(sock: Any, keep: bool = False) -> float:
+            """MB/s of 10 MB messages; KEEP holds each as bytes, as a gather of bytes must."""
+            kept = []
             start = time.perf_counter()
             sock.send_multipart([b"stream", str(sizes.blobs).encode()])
             for _ in range(sizes.blobs):
-                assert len(sock.recv(copy=False)) == BLOB_SIZE
-            return sizes.blobs * BLOB_SIZE / MB / (time.perf_counter() - start)
+                if keep:
+                    kept.append(sock.recv())  # a copy into new memory, held to the end
+                else:
+                    assert len(sock.recv(copy=False)) == BLOB_SIZE
+            elapsed = time.perf_counter() - start
+            assert all(len(k) == BLOB_SIZE for k in kept)
+            return sizes.blobs * BLOB_SIZE / MB / elapsed
 
         cheap = dataclasses.replace(sizes, repeats=max(3, sizes.repeats))  # a floor: its best
         for sock, prefix in ((direct, ""), (chained, "chain_")):
@@ -592,6 +620,7 @@ def run_floor(sizes: Sizes, out: str) -> None:
             rec.put(prefix + "echo_median",
                     *best_of(cheap, functools.partial(round_trips, sock), min))
             rec.put(prefix + "bandwidth", *best_of(cheap, functools.partial(bandwidth, sock), max))
+        rec.put("kept_bandwidth", *best_of(cheap, functools.partial(bandwidth, direct, True), max))
         direct.send(b"stop")
         server.wait(timeout=10)
     finally:
@@ -685,6 +714,12 @@ def build_report(mode: str, sizes: Sizes, systems: list[str],
                 lat * 1e3 / echo if numbers(lat, echo) else None)
             over_floor[name][f"gather_over_socket{what}"] = (
                 gathered / bandwidth if numbers(gathered, bandwidth) else None)
+        kept, socket = (floor["values"].get(k) for k in ("kept_bandwidth", "bandwidth"))
+        arrays = results[name]["values"].get("gather_arrays")
+        over_floor[name]["gather_over_kept"] = (
+            gathered / kept if numbers(gathered, kept) else None)
+        over_floor[name]["arrays_over_socket"] = (
+            arrays / socket if numbers(arrays, socket) else None)
     return {"mode": mode, "sizes": dataclasses.asdict(sizes),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "platform": platform.platform()},
@@ -739,12 +774,16 @@ def print_report(report: dict[str, Any], systems: list[str]) -> None:
                                    for k in ("chain_echo_median", "chain_bandwidth"))
     print(f"  through two bare forwarders (zres's three links): round trip {cell(chain_echo)} "
           f"us, 10 MB messages {cell(chain_bandwidth)} MB/s")
+    print(f"  one link, each message kept as bytes (a gather of bytes results, at best): "
+          f"{cell(floor['values'].get('kept_bandwidth'))} MB/s")
     for name in systems:
         over = report["over_floor"][name]
-        print(f"  {name} latency / echo: {times(over['latency_over_echo'])} "
-              f"({times(over['latency_over_echo_chain'])} of the chain's);  "
-              f"{name} gather / socket bandwidth: {times(over['gather_over_socket'])} "
-              f"({times(over['gather_over_socket_chain'])} of the chain's)")
+        print(f"  {name}: latency / echo {times(over['latency_over_echo'])} "
+              f"({times(over['latency_over_echo_chain'])} of the chain's); gather / socket "
+              f"bandwidth {times(over['gather_over_socket'])} "
+              f"({times(over['gather_over_socket_chain'])} of the chain's, "
+              f"{times(over['gather_over_kept'])} of one link kept as bytes), as arrays "
+              f"{times(over['arrays_over_socket'])}")
     print("'zres vs X': how many times better or worse zres is than X on that figure "
           "(more tasks/s and MB/s win; fewer ms, s and MiB win).")
     print("Each workload: best of up to {repeats} runs (fewer where one run is long); "
