@@ -120,6 +120,37 @@ def test_field_checks_presence_and_type():
         P.field(msg, "flag", int)
 
 
+def test_send_and_recv_keep_messages_whole_and_apart():
+    """Every frame arrives in order, large ones intact, and one message never runs into
+    the next (send and recv bypass pyzmq's multipart helpers)."""
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        router.bind("inproc://send-recv")
+        dealer.connect("inproc://send-recv")
+        big = bytes(range(256)) * 4096          # 1 MiB: goes without a copy
+        first = P.encode(P.DONE, {"n": 1}, [b"a", big, memoryview(b"tail")])
+        P.send(dealer, first)
+        P.send(dealer, P.encode(P.HEARTBEAT))
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        assert poller.poll(5000)
+        got = P.recv(router)
+        ident, msg = got[0].bytes, P.decode(got[1:])
+        assert (msg.kind, msg.body) == (P.DONE, {"n": 1})
+        assert [f.bytes for f in msg.frames] == [b"a", big, b"tail"]
+        P.send(router, [ident, *P.encode(P.WELCOME, {"epoch": 2})])
+        assert P.decode(P.recv(router)[1:]).kind == P.HEARTBEAT
+        with pytest.raises(zmq.Again):
+            P.recv(router)
+        assert dealer.poll(5000)
+        assert P.decode(P.recv(dealer)).body == {"epoch": 2}
+    finally:
+        router.close(0)
+        dealer.close(0)
+        ctx.term()
+
+
 def test_split_frames_in_order():
     frames = [b"a", b"b", b"c", b"d"]
     assert P.split_frames(frames, [1, 0, 3]) == [[b"a"], [], [b"b", b"c", b"d"]]

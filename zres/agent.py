@@ -263,7 +263,7 @@ class Agent:
         self._flush_done()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            self.broker.send_multipart(P.encode(P.HEARTBEAT))
+            P.send(self.broker, P.encode(P.HEARTBEAT))
         silent = now - self._last_heard > self.hb_timeout
         if (not self.registered or silent) and now - self._last_register >= self.hb_timeout / 2:
             if silent:
@@ -275,7 +275,7 @@ class Agent:
     def _drain(self, sock: zmq.Socket, handle: Any) -> None:
         for _ in range(1000):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = P.recv(sock)
             except zmq.Again:
                 return
             try:
@@ -289,7 +289,7 @@ class Agent:
     def _register(self, now: float) -> None:
         self._last_register = now
         self.registered = False
-        self.broker.send_multipart(P.encode(P.REGISTER, {
+        P.send(self.broker, P.encode(P.REGISTER, {
             "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
                       for s in self.slots]}))
@@ -480,7 +480,7 @@ class Agent:
                 elif delegate.ready and delegate.proc.poll() is None:
                     # The worker drops it unless it has started it, and says which.
                     self._flush_runs()
-                    self.workers_sock.send_multipart([delegate.ident, *P.encode(
+                    P.send(self.workers_sock, [delegate.ident, *P.encode(
                         P.CANCEL, {"ids": [task_id]})])
                     spec.cancelling.add(task_id)
                 else:
@@ -500,7 +500,7 @@ class Agent:
                 continue
             self._flush_runs()  # the cancel must reach the worker after the task
             if worker.ready:
-                self.workers_sock.send_multipart([worker.ident, *P.encode(P.CANCEL,
+                P.send(self.workers_sock, [worker.ident, *P.encode(P.CANCEL,
                                                                           {"ids": [task_id]})])
             kept = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
             if len(kept) != len(worker.backlog):
@@ -516,7 +516,7 @@ class Agent:
             body["data"] = commands.read_log(self.job_logs, job, max(offset, 0))
         except OSError as exc:
             body["error"] = f"agent {self.name} has no log for job {job}: {exc.strerror or exc}"
-        self.broker.send_multipart(P.encode(P.LOGS_REPLY, body))
+        P.send(self.broker, P.encode(P.LOGS_REPLY, body))
 
     # -- actors ---------------------------------------------------------------------------
     def _start_actor(self, spec: dict[str, Any], slot: int, devices: tuple[str, ...],
@@ -581,7 +581,7 @@ class Agent:
             log.warning("actor_process_died", actor=worker.actor.id, pid=worker.proc.pid,
                         cause=cause)
             self._flush_done()  # results it sent before dying go first
-            self.broker.send_multipart(P.encode(P.ACTOR_EXIT, {
+            P.send(self.broker, P.encode(P.ACTOR_EXIT, {
                 "actor": worker.actor.id, "placement": worker.actor.placement, "cause": cause,
                 "running": worker.actor.started()}))
             del self.actors[worker.actor.id]
@@ -633,7 +633,7 @@ class Agent:
         worker = self.by_ident.get(ident)
         if worker is not None and worker.actor is None:
             body["capacity"] = self.slots[worker.slot].units
-        self.workers_sock.send_multipart([ident, *P.encode(P.RUN, body, frames)], copy=False)
+        P.send(self.workers_sock, [ident, *P.encode(P.RUN, body, frames)])
 
     def _from_worker(self, frames: list[Any]) -> None:
         worker = self.by_ident.get(frames[0].bytes)
@@ -687,8 +687,7 @@ class Agent:
 
     def _flush_done(self) -> None:
         if self._done[0]:
-            self.broker.send_multipart(P.encode(P.DONE, {"results": self._done[0]},
-                                                self._done[1]), copy=False)
+            P.send(self.broker, P.encode(P.DONE, {"results": self._done[0]}, self._done[1]))
             self._done = ([], [])
 
     def _reap(self) -> None:

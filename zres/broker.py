@@ -126,7 +126,7 @@ class Broker:
         if self.poller.poll(int(timeout * 1000)):
             for _ in range(_BATCH):
                 try:
-                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = P.recv(self.sock)
                 except zmq.Again:
                     break
                 self._dispatch(frames, time.monotonic())
@@ -163,7 +163,7 @@ class Broker:
 
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
               frames: list[Any] = ()) -> None:  # type: ignore[assignment]
-        self.sock.send_multipart([ident, *P.encode(kind, body, frames)], copy=False)
+        P.send(self.sock, [ident, *P.encode(kind, body, frames)])
 
     # -- clients --------------------------------------------------------------------
     def _client(self, ident: bytes, now: float) -> ClientRecord | None:
@@ -642,7 +642,7 @@ class Broker:
                 self._drop_client(client, "client_lost")
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
         for ident in [*self.agents, *self.clients]:
-            self.sock.send_multipart([ident, *beat])
+            P.send(self.sock, [ident, *beat])
 
     def _on_why(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self._client(ident, now)

@@ -439,7 +439,7 @@ class _IOThread:
                 now = time.monotonic()
                 if now - last_beat >= self.hb_interval:
                     last_beat = now
-                    self.sock.send_multipart(P.encode(P.HEARTBEAT))
+                    P.send(self.sock, P.encode(P.HEARTBEAT))
                     if now - self._last_heard > self.broker_timeout and self.pending:
                         lost = self.lose_all(
                             f"no word from the broker for {self.broker_timeout:g}s")
@@ -447,7 +447,7 @@ class _IOThread:
                         for task_id in lost:
                             self.outbox.append((P.CANCEL, task_id, ()))
                             self.outbox.append((P.RELEASE, task_id, ()))
-            self.sock.send_multipart(P.encode(P.BYE))
+            P.send(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
@@ -456,7 +456,7 @@ class _IOThread:
             self.sock.close(linger=200)
 
     def _hello(self) -> None:
-        self.sock.send_multipart(P.encode(P.HELLO, {"client": self.client_name}))
+        P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name}))
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then cancels and releases."""
@@ -498,12 +498,12 @@ class _IOThread:
             self._send(P.RELEASE, {"ids": releases})
 
     def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
-        self.sock.send_multipart(P.encode(kind, body, frames), copy=False)
+        P.send(self.sock, P.encode(kind, body, frames))
 
     def _receive(self) -> None:
         while True:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = P.recv(self.sock)
             except zmq.Again:
                 return
             try:

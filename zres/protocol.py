@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import zmq
 
 from .errors import ProtocolError
 
@@ -147,6 +148,38 @@ def encode(kind: str, body: dict[str, Any] | None = None,
            frames: Sequence[Frame] = ()) -> list[Frame]:
     """Return the frames of one message, ready for send_multipart."""
     return [msgpack.packb([VERSION, kind, body or {}], use_bin_type=True), *frames]
+
+
+# pyzmq's send_multipart and recv_multipart cost about 4 us a frame in Python (flag enums,
+# a type check and a getsockopt per part); the backend's own send and recv, with plain int
+# flags and the received frame's ``more``, under 1. Every message on the hot path goes
+# through these two.
+_backend_send = zmq.backend.Socket.send
+_backend_recv = zmq.backend.Socket.recv
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+def send(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
+    """Send FRAMES as one message; large buffers go without a copy.
+
+    Every frame must be bytes, a zmq.Frame or a buffer: a frame refused halfway would
+    leave a partial message on the socket (this is not checked, to stay cheap; only zres's
+    own encoders build these lists).
+    """
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        _backend_send(sock, frame, _SNDMORE if i < last else 0, False)
+
+
+def recv(sock: zmq.Socket[Any]) -> list[Frame]:
+    """Return the next message's frames (zmq.Frame); raise zmq.Again if none is waiting."""
+    frame = _backend_recv(sock, _NOBLOCK, False)
+    frames = [frame]
+    while frame.more:  # the rest of a message arrives with its first frame
+        frame = _backend_recv(sock, _NOBLOCK, False)
+        frames.append(frame)
+    return frames
 
 
 def buffer(frame: Frame) -> Any:

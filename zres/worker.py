@@ -83,7 +83,7 @@ class WorkerProcess:
     def run(self) -> None:
         # Stopped by the agent: take running command jobs' process groups along.
         signal.signal(signal.SIGTERM, _stop)
-        self.agent.send_multipart(P.encode(P.READY, {"pid": os.getpid()}))
+        P.send(self.agent, P.encode(P.READY, {"pid": os.getpid()}))
         poller = zmq.Poller()
         poller.register(self.agent, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
@@ -102,7 +102,7 @@ class WorkerProcess:
     def _receive(self) -> None:
         while True:
             try:
-                frames = self.agent.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = P.recv(self.agent)
             except zmq.Again:
                 return
             msg = P.decode(frames)
@@ -268,7 +268,7 @@ class WorkerProcess:
             body: dict[str, Any] = {"results": items}
             if started or dropped:
                 body["started"], body["dropped"] = started, dropped
-            self.agent.send_multipart(P.encode(P.DONE, body, frames), copy=False)
+            P.send(self.agent, P.encode(P.DONE, body, frames))
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()
 
