@@ -182,10 +182,10 @@ def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(address)
-        sock.send_multipart(P.encode(kind, body))
+        P.send(sock, P.encode(kind, body))
         if not sock.poll(int(timeout * 1000)):
             raise ZresError(f"no zres broker answered at {address} within {timeout:g}s")
-        msg = P.decode(sock.recv_multipart())
+        msg = P.decode(P.recv(sock))  # it has arrived: poll said so
         if msg.kind != kind + "_reply":
             raise ZresError(f"the broker answered {msg.kind!r} to a {kind} request")
         return msg.body

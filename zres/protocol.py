@@ -146,7 +146,7 @@ class Message:
 
 def encode(kind: str, body: dict[str, Any] | None = None,
            frames: Sequence[Frame] = ()) -> list[Frame]:
-    """Return the frames of one message, ready for send_multipart."""
+    """Return the frames of one message, ready for send."""
     return [msgpack.packb([VERSION, kind, body or {}], use_bin_type=True), *frames]
 
 
