@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zres.resources import UNIT, task_request  # noqa: E402
-from zres.scheduler import Scheduler  # noqa: E402
+from zres.core.resources import UNIT, task_request  # noqa: E402
+from zres.scheduler.policy import Scheduler  # noqa: E402
 
 
 def seed_cluster() -> tuple[list[dict[str, float]], list[tuple[dict[str, float], float]]]:

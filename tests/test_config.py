@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from zres.config import DEFAULT_ADDRESS, ConfigError, load
-from zres.resources import UNIT
+from zres.core.resources import UNIT
 
 
 @pytest.fixture(autouse=True)

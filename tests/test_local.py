@@ -9,8 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.cli.test_cli import clean_env, zres_cli
 from tests.conftest import process_gone, wait_until
-from tests.test_cli import clean_env, zres_cli
 
 # A user's program: a local cluster, one task run on it, then the pids of everything the
 # cluster started (broker, agent, the agent's worker process) on one line.

@@ -10,10 +10,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .client import Client, InfeasibleWarning, default_client
-from .commands import CommandResult
-from .context import TaskContext, annotate, get_task_context
-from .errors import (
+from .agent.commands import CommandResult
+from .client.actors import ActorHandle, ActorMethod
+from .client.annotations import annotate
+from .client.client import Client, default_client
+from .client.futures import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    Future,
+    as_completed,
+    gather,
+    wait,
+)
+from .client.io import InfeasibleWarning
+from .core.context import TaskContext, get_task_context
+from .core.errors import (
     ActorDiedError,
     AgentLostError,
     BrokerLostError,
@@ -25,16 +37,6 @@ from .errors import (
     WorkerLostError,
     ZresError,
 )
-from .futures import (
-    ALL_COMPLETED,
-    FIRST_COMPLETED,
-    FIRST_EXCEPTION,
-    Future,
-    as_completed,
-    gather,
-    wait,
-)
-from .handles import ActorHandle, ActorMethod
 from .local import LocalCluster
 
 __version__ = "0.1.0"

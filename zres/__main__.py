@@ -1,6 +1,6 @@
 """Allow ``python -m zres``."""
 
-from .cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ZresError
-from .resources import Units, mapping_to_units, parse_spec
+from .core.errors import ZresError
+from .core.resources import Units, mapping_to_units, parse_spec
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
 

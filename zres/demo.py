@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .client import Client
-from .context import get_task_context
+from .client.client import Client
+from .core.context import get_task_context
 from .local import LocalCluster
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import zmq
 
-from . import protocol as P
-from .errors import ZresError
-from .resources import UNIT, mapping_to_units
+from .core import protocol as P
+from .core.errors import ZresError
+from .core.resources import UNIT, mapping_to_units
 
 
 class LocalCluster:

@@ -1,0 +1,375 @@
+"""Command jobs end to end: ``zres submit / jobs / logs / cancel / wait`` run as a user runs
+them (separate processes, exit statuses, output), and ``zres.submit_command`` from Python,
+against real broker and agent processes. Jobs block on files the test creates, never on
+the test's sleeps."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import zres
+from tests.cli.test_cli import clean_env, zres_cli
+from tests.conftest import process_gone, wait_until
+from tests.e2e.test_scheduling import FAKE_GPUS
+
+# A job that writes what it was given, then waits until the file RELEASE exists.
+HOLD = ('echo "$ZRES_JOB_NAME cuda=$CUDA_VISIBLE_DEVICES gpus=$ZRES_GPU_IDS '
+        'job=$ZRES_JOB_ID" > "$OUT"; while [ ! -e "$RELEASE" ]; do sleep 0.02; done')
+
+
+@pytest.fixture
+def cli(make_cluster):
+    """Start a cluster; return (cluster, run) where run(*args) runs the zres command."""
+    def start(agents, **kwargs):
+        cluster = make_cluster(agents=agents, **kwargs)
+        env = clean_env(ZRES_BROKER=cluster.address)
+
+        def run(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
+            result = zres_cli(*args, env=env)
+            if check is not None:
+                assert result.returncode == check, (args, result.stdout, result.stderr)
+            return result
+        return cluster, run
+    return start
+
+
+def hold_job(run, tmp_path: Path, name: str, spec: str = "") -> int:
+    """Submit a HOLD job called NAME; return its id."""
+    args = ["submit", "--name", name, "--env", f"ZRES_JOB_NAME={name}",
+            "--env", f"OUT={tmp_path / name}.out", "--env", f"RELEASE={tmp_path / name}.go"]
+    if spec:
+        args += ["-r", spec]
+    return int(run(*args, "--", "sh", "-c", HOLD).stdout)
+
+
+def job_table(run, all_jobs: bool = True) -> dict[int, list[str]]:
+    """Parse ``zres jobs``: id -> the row's cells."""
+    out = run("jobs", *(["--all"] if all_jobs else [])).stdout.splitlines()
+    rows = [re.split(r"\s{2,}", line) for line in out[1:] if line[:1].isdigit()]
+    return {int(row[0]): row for row in rows}
+
+
+def started(tmp_path: Path, name: str) -> str:
+    path = tmp_path / f"{name}.out"
+    return path.read_text().strip() if path.exists() else ""
+
+# Run by a job: print "alive PID" for each of $PIDS still running, then "checked".
+CHECK_GONE = ('for p in $PIDS; do s=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null); '
+              '[ -n "$s" ] && [ "$s" != Z ] && echo "alive $p"; done; echo checked')
+
+
+# -- placement ------------------------------------------------------------------------------
+
+
+def test_guilds_four_runs_on_per_device_tokens(cli, tmp_path):
+    cluster, run = cli([{"gpu0": 1, "gpu1": 1}], nthreads=4)
+    aaa = hold_job(run, tmp_path, "aaa", "gpu0=1 gpu1=1")
+    bbb = hold_job(run, tmp_path, "bbb", "gpu0=1")
+    ccc = hold_job(run, tmp_path, "ccc", "gpu1=1")
+    ddd = hold_job(run, tmp_path, "ddd")
+    wait_until(lambda: started(tmp_path, "aaa") and started(tmp_path, "ddd"),
+               message="aaa and ddd running side by side")
+    table = job_table(run)
+    assert table[aaa][2] == "running" and table[ddd][2] == "running"
+    assert table[bbb][2] == "queued" and table[ccc][2] == "queued"
+    assert "gpu0" in run("jobs").stdout.split(f"job {bbb} waits:")[1].splitlines()[0]
+    for name in ("aaa", "ddd"):
+        (tmp_path / f"{name}.go").touch()
+    wait_until(lambda: started(tmp_path, "bbb") and started(tmp_path, "ccc"),
+               message="bbb and ccc once aaa freed both devices")
+    for name in ("bbb", "ccc"):
+        (tmp_path / f"{name}.go").touch()
+    assert run("wait", str(aaa), str(bbb), str(ccc), str(ddd)).returncode == 0
+    assert started(tmp_path, "aaa") == f"aaa cuda=0,1 gpus=0,1 job={aaa}"
+    assert started(tmp_path, "bbb") == f"bbb cuda=0 gpus=0 job={bbb}"
+    assert started(tmp_path, "ccc") == f"ccc cuda=1 gpus=1 job={ccc}"
+    assert started(tmp_path, "ddd") == f"ddd cuda= gpus= job={ddd}"
+    table = job_table(run)
+    assert [table[j][2] for j in (aaa, bbb, ccc, ddd)] == ["done"] * 4
+    assert table[aaa][5] == "0,1" and table[bbb][5] == "0" and table[aaa][8] == "0"
+
+
+def test_gpu_jobs_each_see_the_device_they_were_granted(cli, tmp_path):
+    cluster, run = cli([], env={"ZRES_TEST_FAKE_GPUS": FAKE_GPUS}, nthreads=4)
+    cluster.add_agent(None, name="gpu-node")  # two detected (fake NVML) devices
+    one, two, three = (hold_job(run, tmp_path, name, "GPU=1") for name in ("one", "two",
+                                                                           "three"))
+    wait_until(lambda: started(tmp_path, "one") and started(tmp_path, "two"),
+               message="two GPU=1 jobs on the two devices")
+    table = job_table(run)
+    assert table[three][2] == "queued"
+    devices = {}
+    for name, job in (("one", one), ("two", two)):
+        device = table[job][5]
+        assert started(tmp_path, name) == f"{name} cuda={device} gpus={device} job={job}"
+        devices[name] = device
+    assert sorted(devices.values()) == ["0", "1"]
+    (tmp_path / "one.go").touch()
+    wait_until(lambda: started(tmp_path, "three"), message="the third on the freed device")
+    assert started(tmp_path, "three") == (f"three cuda={devices['one']} gpus={devices['one']} "
+                                          f"job={three}")
+    for name in ("two", "three"):
+        (tmp_path / f"{name}.go").touch()
+    assert run("wait", str(one), str(two), str(three)).returncode == 0
+
+
+@pytest.mark.parametrize("capacity, parallel", [(7, False), (12, True)])
+def test_two_jobs_needing_foo5_run_serially_on_7_and_together_on_12(cli, tmp_path, capacity,
+                                                                     parallel):
+    cluster, run = cli([{"foo": capacity}], nthreads=4)
+    first = hold_job(run, tmp_path, "first", "foo=5")
+    second = hold_job(run, tmp_path, "second", "foo=5")
+    wait_until(lambda: started(tmp_path, "first"), message="the first job")
+    if parallel:
+        wait_until(lambda: started(tmp_path, "second"), message="both at once")
+    else:
+        wait_until(lambda: job_table(run)[second][2] == "queued"
+                   and "foo" in run("jobs").stdout, message="the second job queued for foo")
+        assert not started(tmp_path, "second")
+    (tmp_path / "first.go").touch()
+    wait_until(lambda: started(tmp_path, "second"), message="the second job")
+    (tmp_path / "second.go").touch()
+    assert run("wait", str(first), str(second)).returncode == 0
+
+
+def test_job_needing_three_resources_runs_where_all_three_are(cli, tmp_path):
+    cluster, run = cli([{"foo": 1, "bar": 1}, {"foo": 1, "bar": 1, "baz": 1}], nthreads=2)
+    job = int(run("submit", "-r", "foo=1 bar=1 baz=1", "--", "true").stdout)
+    assert run("wait", str(job)).returncode == 0
+    assert job_table(run)[job][4] == "agent-1"
+
+
+def test_a_thousand_jobs_are_queued_in_seconds_and_run_when_an_agent_joins(cli, tmp_path):
+    cluster, run = cli([])
+    lines = tmp_path / "runs.txt"
+    lines.write_text("".join(f"true {i}\n" for i in range(1000)))
+    began = time.monotonic()
+    ids = [int(i) for i in run("submit", "--file", str(lines)).stdout.split()]
+    took = time.monotonic() - began
+    assert len(set(ids)) == 1000 and took < 10, f"1,000 jobs queued in {took:.1f}s"
+    assert {row[2] for row in job_table(run, all_jobs=False).values()} == {"queued"}
+    cluster.add_agent({"CPU": 2}, name="late")
+    assert run("wait", *map(str, ids)).returncode == 0
+    assert job_table(run, all_jobs=False) == {}
+
+
+def test_jobs_run_where_they_were_submitted_from_unless_told(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    env = clean_env(ZRES_BROKER=cluster.address)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "train.sh").write_text("pwd\n")
+
+    def submit(*args: str) -> int:
+        result = zres_cli("submit", *args, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout)
+
+    here = submit("--", "sh", "train.sh")  # a relative path, as in `python train.py`
+    there = submit("--cwd", "sub", "--", "sh", "-c", "pwd")
+    nowhere = submit("--cwd", str(tmp_path / "missing"), "--name", "nowhere", "--", "true")
+    assert run("wait", str(here), str(there)).returncode == 0
+    assert run("logs", str(here)).stdout == f"{tmp_path}\n"
+    assert run("logs", str(there)).stdout == f"{tmp_path / 'sub'}\n"
+    waited = run("wait", str(nowhere), check=1)
+    assert f"{tmp_path / 'missing'}" in waited.stderr
+
+
+def test_jobs_submitted_before_any_agent_joins_run_when_one_does(cli, tmp_path):
+    cluster, run = cli([])
+    jobs = [int(run("submit", "--", "sh", "-c", f"echo {i}").stdout) for i in range(3)]
+    assert {job_table(run)[j][2] for j in jobs} == {"queued"}, "waiting, not infeasible"
+    cluster.add_agent({"CPU": 2}, name="late")
+    assert run("wait", *map(str, jobs)).returncode == 0
+    assert [run("logs", str(j)).stdout for j in jobs] == ["0\n", "1\n", "2\n"]
+
+
+# -- what cannot run, and bad input --------------------------------------------------------
+
+
+def test_missing_resource_is_reported_not_waited_for(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    result = run("submit", "-r", "nope=1", "--name", "lonely", "--", "true")
+    job = int(result.stdout)
+    assert "no agent offers nope" in result.stderr
+    listing = run("jobs").stdout
+    assert "infeasible" in listing and "no agent offers nope" in listing
+    waited = run("wait", str(job), check=1)
+    assert f"job {job} (lonely): infeasible: no agent offers nope" in waited.stderr
+    # Beside a job that can still finish, wait reports the infeasible one and waits on.
+    held = hold_job(run, tmp_path, "held", "foo=1")
+    wait_until(lambda: started(tmp_path, "held"), message="the held job running")
+    gave_up = run("wait", str(job), str(held), "--timeout", "1", check=1)
+    assert f"still waiting for {held}" in gave_up.stderr
+    (tmp_path / "held.go").touch()
+    waited = run("wait", str(job), str(held), check=1)
+    assert f"job {job} (lonely)" in waited.stderr and f"job {held}" not in waited.stderr
+    refused = run("submit", "-r", "nope=1", "--infeasible", "error", "--", "true", check=1)
+    assert "refused" in refused.stderr and "nope" in refused.stderr
+    assert refused.stdout == ""
+
+
+def test_infeasibility_is_judged_by_the_agents_there_now(cli, tmp_path):
+    cluster, run = cli([])
+    first = hold_job(run, tmp_path, "first", "nope=1")
+    second = hold_job(run, tmp_path, "second", "nope=1")
+    strict = int(run("submit", "-r", "nope=1", "--infeasible", "error", "--name", "strict",
+                     "--", "true").stdout)
+    assert {job_table(run)[j][2] for j in (first, second, strict)} == {"queued"}
+    cluster.add_agent({"foo": 1}, name="foo-node")  # the first agent: nope is not offered
+    wait_until(lambda: {job_table(run)[j][2] for j in (first, second, strict)}
+               == {"infeasible"}, message="the jobs shown infeasible")
+    waited = run("wait", str(first), str(strict), check=1)
+    assert f"job {first} (first): infeasible: no agent offers nope" in waited.stderr
+    assert f"job {strict} (strict): infeasible" in waited.stderr
+    cluster.add_agent({"nope": 1}, name="nope-node")
+    wait_until(lambda: started(tmp_path, "first") or started(tmp_path, "second"),
+               message="one of them running")
+    waiting = second if started(tmp_path, "first") else first
+    assert job_table(run)[waiting][2] == "queued", "still shown infeasible"
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.go").touch()
+    assert run("wait", str(first), str(second)).returncode == 0
+    assert job_table(run)[strict][2] == "infeasible", "--infeasible error refused it for good"
+
+
+@pytest.mark.parametrize("spec, quoted", [("GPU=-1", "GPU=-1"), ("foo", "foo"),
+                                          ("GPU=two", "GPU=two"), ("=3", "=3")])
+def test_malformed_spec_is_refused_before_anything_is_queued(cli, spec, quoted):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    result = run("submit", "-r", spec, "--", "true", check=2)
+    assert quoted in result.stderr and result.stdout == ""
+    assert job_table(run) == {}
+
+
+def test_submit_without_a_command_or_with_a_bad_env_is_refused(cli):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    assert "no command" in run("submit", "-r", "foo=1", check=2).stderr
+    assert "KEY=VALUE" in run("submit", "--env", "JUSTKEY", "--", "true", check=2).stderr
+
+
+# -- running jobs: logs, cancel, exit codes ---------------------------------------------------
+
+
+def test_logs_are_followed_while_the_job_runs_and_kept_after(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    go = tmp_path / "go"
+    script = f'echo first; while [ ! -e "{go}" ]; do sleep 0.02; done; echo second'
+    job = int(run("submit", "--", "sh", "-c", script).stdout)
+    follower = subprocess.Popen([sys.executable, "-m", "zres", "logs", str(job), "--follow"],
+                                stdout=subprocess.PIPE, text=True,
+                                env=clean_env(ZRES_BROKER=cluster.address))
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "first\n", "the log streamed while it ran"
+        assert job_table(run)[job][2] == "running"
+        go.touch()
+        rest, _ = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert rest == "second\n" and follower.returncode == 0
+    assert run("logs", str(job)).stdout == "first\nsecond\n", "kept after the job ended"
+    assert "no job 999" in run("logs", "999", check=1).stderr
+
+
+def test_cancel_kills_the_whole_process_tree_and_frees_resources(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    pids = tmp_path / "pids"
+    script = f'sleep 300 & echo "$$ $!" > "{pids}"; wait'
+    job = int(run("submit", "-r", "foo=1", "--", "sh", "-c", script).stdout)
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2,
+               message="the job and its child")
+    shell, child = map(int, pids.read_text().split())
+    after = int(run("submit", "-r", "foo=1", "--", "true").stdout)
+    assert run("cancel", str(job)).stdout.strip() == f"cancelled {job}"
+    wait_until(lambda: process_gone(shell) and process_gone(child),
+               message="the job's processes to end")
+    assert run("wait", str(after)).returncode == 0, "the freed foo went to the next job"
+    assert job_table(run)[job][2] == "cancelled"
+    assert "already finished" in run("cancel", str(job), check=1).stderr
+
+
+def test_cancel_sigkills_what_ignores_sigterm_after_the_grace_and_only_then_frees(cli,
+                                                                                   tmp_path):
+    logs = tmp_path / "logs"
+    cluster, run = cli([{"foo": 1}], nthreads=2,
+                       env={"ZRES_AGENT__JOB_GRACE": "2", "ZRES_AGENT__JOB_LOGS": str(logs)})
+    pids = tmp_path / "pids"
+    # The shell leaves on SIGTERM; its child ignores SIGTERM and must get SIGKILL.
+    script = (f"trap 'echo got TERM; exit 143' TERM; (trap '' TERM; exec sleep 300) & "
+              f'echo "$$ $!" > "{pids}"; wait')
+    job = int(run("submit", "-r", "foo=1", "--", "sh", "-c", script).stdout)
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2,
+               message="the job and its child")
+    shell, child = map(int, pids.read_text().split())
+    after = int(run("submit", "-r", "foo=1", "--env", f"PIDS={shell} {child}", "--",
+                    "sh", "-c", CHECK_GONE).stdout)
+    run("cancel", str(job))
+    log = logs / f"{job}.log"
+    wait_until(lambda: log.exists() and "got TERM" in log.read_text(), message="SIGTERM")
+    wait_until(lambda: process_gone(shell), message="the shell to leave on SIGTERM")
+    assert not process_gone(child), "SIGKILL came before the grace period was over"
+    wait_until(lambda: process_gone(child), message="SIGKILL after the grace period")
+    assert run("wait", str(after)).returncode == 0
+    assert run("logs", str(after)).stdout == "checked\n", "foo was freed before the tree went"
+    assert job_table(run)[job][2] == "cancelled"
+
+
+def test_exit_codes_reach_the_caller(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    ok = client.submit_command(["sh", "-c", "echo hello $ZRES_JOB_ID"], resources={"foo": 1})
+    bad = client.submit_command("sh -c 'echo oops; exit 7'", name="bad")
+    missing = client.submit_command(["/no/such/program"])
+    result = ok.result(30)
+    assert isinstance(result, zres.CommandResult) and result.exit_code == 0
+    assert Path(result.log).read_text() == f"hello {result.job_id}\n"
+    assert result.agent == "agent-0"
+    with pytest.raises(zres.CommandFailed, match="exited with code 7") as failed:
+        bad.result(30)
+    assert failed.value.exit_code == 7 and "oops" in failed.value.tail
+    with pytest.raises(zres.CommandFailed, match="cannot start"):
+        missing.result(30)
+    env = clean_env(ZRES_BROKER=cluster.address)
+    (bad_id,) = client.job_ids([bad])
+    waited = zres_cli("wait", str(bad_id), str(result.job_id), env=env)
+    assert waited.returncode == 1 and f"job {bad_id} (bad): exit code 7" in waited.stderr
+
+
+def test_run_queue_once_returns_when_every_job_has_finished(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    go = tmp_path / "go"
+    jobs = [int(run("submit", "-r", "foo=1", "--", "sh", "-c",
+                    f'while [ ! -e "{go}" ]; do sleep 0.02; done; exit {i}').stdout)
+            for i in range(3)]
+    queue = subprocess.Popen([sys.executable, "-m", "zres", "run-queue", "--once"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env(ZRES_BROKER=cluster.address))
+    try:
+        assert queue.stdout is not None
+        assert queue.stdout.readline().split(": ")[1].split() == [str(j) for j in jobs]
+        go.touch()
+        _, errors = queue.communicate(timeout=60)
+    finally:
+        queue.kill()
+    assert queue.returncode == 1
+    table = job_table(run)
+    assert [table[j][2] for j in jobs] == ["done", "failed", "failed"]
+    assert f"job {jobs[1]}" in errors and "exit code 1" in errors
+
+
+def test_submit_file_queues_one_job_per_line(cli, tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    commands = tmp_path / "jobs.txt"
+    commands.write_text("sh -c 'echo one'\n\n# a comment\nsh -c 'echo two'  # trailing\n")
+    ids = [int(i) for i in run("submit", "-r", "foo=1", "--file", str(commands)).stdout.split()]
+    assert len(ids) == 2
+    assert run("wait", *map(str, ids)).returncode == 0
+    assert [run("logs", str(i)).stdout for i in ids] == ["one\n", "two\n"]
+    commands.write_text("sh -c 'unbalanced\n")
+    assert "jobs.txt:1" in run("submit", "--file", str(commands), check=2).stderr

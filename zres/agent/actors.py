@@ -1,0 +1,129 @@
+"""The agent's side of actors: one process each, fed calls, reaped when it dies.
+
+An actor holds its slot's resources from construction until its process ends; the agent
+keeps the process fed with at most ``concurrency`` calls so that, when the process dies,
+it can say exactly which calls had started.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from .workers import ActorProcess, Worker, WorkerPool, exit_cause, kill
+
+log = structlog.get_logger("zres.agent")
+
+Report = Callable[[int, str, list[Any], dict[str, Any]], None]
+
+
+class ActorSupervisor:
+    """The actor processes of one agent.
+
+    REPORT(id, outcome, frames, info) sends an outcome to the broker; FREE(placement)
+    gives an ended actor's resources back; EXITED(body) tells the broker a process died.
+    """
+
+    def __init__(self, pool: WorkerPool, report: Report, free: Callable[[int], None],
+                 exited: Callable[[dict[str, Any]], None]) -> None:
+        self._pool = pool
+        self._report = report
+        self._free = free
+        self._exited = exited
+        self.by_id: dict[str, Worker] = {}
+
+    def workers(self) -> list[Worker]:
+        return list(self.by_id.values())
+
+    def start(self, spec: dict[str, Any], slot: int, devices: tuple[str, ...],
+              item: list[Any], frames: list[Any]) -> None:
+        """Start a process of its own for an actor; it constructs the instance first."""
+        if not isinstance(spec.get("actor"), str):
+            raise ProtocolError("assign: malformed actor")
+        actor_id = spec["actor"]
+        old = self.by_id.pop(actor_id, None)
+        if old is not None:  # a restart placed here before we saw the old one end
+            kill(old.proc)
+            self._pool.forget(old)
+        concurrency = max(1, int(spec.get("concurrency", 1)))
+        worker = self._pool.start(slot, devices, concurrency, actor=True)
+        context = {**item[3], "create": True}
+        worker.actor = ActorProcess(actor_id, item[0], concurrency, item[3])
+        worker.actor.sent[item[0]] = None
+        worker.backlog.append(([[item[0], item[1], item[2], context]], frames))
+        self.by_id[actor_id] = worker
+        log.info("actor_starting", actor=actor_id, pid=worker.proc.pid,
+                 gpus=",".join(devices) or "-")
+
+    def call(self, msg: P.Message) -> None:
+        """Pass CALL's method calls to their actors' processes, in the order sent."""
+        items = P.field(msg, "calls", list)
+        groups = P.split_frames(msg.frames, [i[2] + sum(i[3]) for i in items])
+        batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        for (call_id, actor_id, nframes, dep_counts), frames in zip(items, groups):
+            worker = self.by_id.get(actor_id)
+            if worker is None or worker.actor is None:
+                continue  # it ended; the broker requeues or fails the call
+            worker.actor.sent[call_id] = None
+            item = [call_id, nframes, dep_counts, worker.actor.context]
+            if worker.ready:
+                batch = batches[worker.ident]
+                batch[0].append(item)
+                batch[1].extend(frames)
+            else:
+                worker.backlog.append(([item], frames))
+        for ident, (run_items, run_frames) in batches.items():
+            self._pool.run_now(ident, run_items, run_frames)
+
+    def done(self, worker: Worker, items: list[Any], results: list[list[Any]]) -> None:
+        """WORKER's actor finished ITEMS (its construction, or calls)."""
+        actor = worker.actor
+        assert actor is not None
+        for item, result in zip(items, results):
+            actor.sent.pop(item[0], None)
+            if item[0] == actor.placement and item[1] != P.OK:
+                # __init__ raised: the instance never existed; the broker fails its calls.
+                log.warning("actor_init_failed", actor=actor.id)
+                self.by_id.pop(actor.id, None)
+                self._pool.forget(worker)
+                kill(worker.proc)
+                self._free(actor.placement)
+            self._report(item[0], item[1], result, item[3])
+
+    def kill(self, actor_ids: list[Any]) -> None:
+        """End the actors ACTOR_IDS now, as the broker asks."""
+        for actor_id in actor_ids:
+            worker = self.by_id.pop(str(actor_id), None)
+            if worker is not None:
+                log.info("actor_killed", actor=actor_id, pid=worker.proc.pid)
+                kill(worker.proc)
+                self._pool.forget(worker)
+                self._free(worker.actor.placement if worker.actor else -1)
+
+    def stop_all(self, why: str) -> None:
+        """Stop every actor process (the broker no longer counts them)."""
+        for worker in self.by_id.values():
+            log.warning("actor_stopped", pid=worker.proc.pid, why=why)
+            kill(worker.proc)
+            self._pool.forget(worker)
+        self.by_id.clear()
+
+    def reap(self) -> None:
+        """Tell the broker of each actor process that has died, with the calls it started."""
+        for worker in list(self.by_id.values()):
+            code = worker.proc.poll()
+            if code is None or worker.actor is None:
+                continue
+            cause = exit_cause(code)
+            log.warning("actor_process_died", actor=worker.actor.id, pid=worker.proc.pid,
+                        cause=cause)
+            self._exited({"actor": worker.actor.id, "placement": worker.actor.placement,
+                          "cause": cause, "running": worker.actor.started()})
+            del self.by_id[worker.actor.id]
+            self._pool.forget(worker)
+            self._free(worker.actor.placement)

@@ -1,0 +1,203 @@
+"""An agent's worker processes: started on demand, fed over one ipc socket, stopped.
+
+One process serves one slot with one fixed device set (CUDA_VISIBLE_DEVICES is set when it
+starts and never changes), so a CUDA context made by one task is never reused for another
+device; an actor gets a process of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import zmq
+
+from ..core import protocol as P
+from .slots import SlotSpec
+
+log = structlog.get_logger("zres.agent")
+
+
+@dataclass(slots=True)
+class ActorProcess:
+    """What an agent knows of the actor a worker process hosts.
+
+    The process starts calls in the order sent, at most ``concurrency`` at once, and
+    reports each result before it starts the call that takes its place; so when the
+    process dies, the calls that had started are at most the oldest ``concurrency``
+    unfinished ones, and the rest can run on the next instance.
+    """
+
+    id: str
+    placement: int               # the broker's id for this construction
+    concurrency: int
+    context: dict[str, Any]
+    sent: dict[int, None] = field(default_factory=dict)   # unfinished, in the order sent
+
+    def started(self) -> list[int]:
+        if self.placement in self.sent:
+            return [self.placement]
+        return list(self.sent)[:self.concurrency]
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker process: a slot and a fixed device set, or one actor."""
+
+    ident: bytes
+    slot: int
+    gpus: tuple[str, ...]
+    proc: subprocess.Popen[bytes]
+    ready: bool = False
+    backlog: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
+    running: set[int] = field(default_factory=set)
+    actor: ActorProcess | None = None
+
+
+class WorkerPool:
+    """The processes of one agent, by slot and device set and by routing id.
+
+    RUN items for a process are batched until ``flush`` (one message per process per loop
+    turn); a process that has not said READY yet keeps them in its backlog.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], slots: list[SlotSpec], broker_address: str,
+                 job_logs: str) -> None:
+        self._slots = slots
+        self._broker_address = broker_address
+        self._job_logs = job_logs
+        self._tmp = tempfile.mkdtemp(prefix="zres-agent-")
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.address = f"ipc://{self._tmp}/workers"
+        self.sock.bind(self.address)
+        self.by_slot: dict[tuple[int, tuple[str, ...]], Worker] = {}
+        self.by_ident: dict[bytes, Worker] = {}
+        self._runs: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+
+    def alive(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
+        """The running process that serves SLOT with DEVICES, if there is one."""
+        worker = self.by_slot.get((slot, devices))
+        return worker if worker is not None and worker.proc.poll() is None else None
+
+    def start(self, slot: int, devices: tuple[str, ...], nthreads: int, actor: bool = False,
+              keep: Worker | None = None) -> Worker:
+        """Start a process for SLOT with DEVICES (or for an actor), NTHREADS threads.
+
+        An idle process that used these devices may still hold their memory (a CUDA
+        context, an allocator's cache): it is stopped first, unless it is KEEP.
+        """
+        if devices:
+            for other in list(self.by_slot.values()):
+                if (other.slot == slot and set(other.gpus) & set(devices) and not other.running
+                        and other is not keep):
+                    kill(other.proc)
+                    self.forget(other)
+        ident = uuid.uuid4().hex.encode()
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
+        env["ZRES_BROKER"] = self._broker_address
+        env["ZRES_JOB_LOGS"] = self._job_logs
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zres.agent.worker", self.address, ident.decode(),
+             str(nthreads), str(os.getpid()), *(["actor"] if actor else [])], env=env,
+            stdin=subprocess.DEVNULL)
+        worker = Worker(ident, slot, devices, proc)
+        self.by_ident[ident] = worker
+        if not actor:
+            self.by_slot[(slot, devices)] = worker
+        log.info("worker_started", pid=proc.pid, slot=slot, gpus=",".join(devices) or "-",
+                 actor=actor)
+        return worker
+
+    def forget(self, worker: Worker) -> None:
+        """Stop routing to WORKER (it has ended, or is being stopped)."""
+        if self.by_slot.get((worker.slot, worker.gpus)) is worker:
+            del self.by_slot[(worker.slot, worker.gpus)]
+        self.by_ident.pop(worker.ident, None)
+
+    def send(self, worker: Worker, item: list[Any], frames: list[Any]) -> None:
+        """Queue one RUN item for WORKER, sent at the next flush (or once it is ready)."""
+        if worker.ready:
+            batch = self._runs[worker.ident]
+            batch[0].append(item)
+            batch[1].extend(frames)
+        else:
+            worker.backlog.append(([item], frames))
+
+    def touch(self, worker: Worker) -> None:
+        """Send WORKER a RUN at the next flush even with no item: it carries the slot's
+        current capacity."""
+        if worker.ready:
+            self._runs[worker.ident]
+
+    def flush(self) -> None:
+        """Send every batch of RUN items."""
+        for ident, (items, frames) in self._runs.items():
+            self.run_now(ident, items, frames)
+        self._runs.clear()
+
+    def drop_pending(self) -> None:
+        """Forget the RUN items not sent yet."""
+        self._runs.clear()
+
+    def ready(self, worker: Worker) -> None:
+        """WORKER said READY: send it what waited."""
+        worker.ready = True
+        for items, frames in worker.backlog:
+            self.run_now(worker.ident, items, frames)
+        worker.backlog = []
+
+    def tell(self, worker: Worker, kind: str, body: dict[str, Any]) -> None:
+        """Send WORKER a control message, after the RUN items queued before it."""
+        self.flush()
+        P.send(self.sock, [worker.ident, *P.encode(kind, body)])
+
+    def run_now(self, ident: bytes, items: list[Any], frames: list[Any]) -> None:
+        """Send the process IDENT one RUN of ITEMS at once."""
+        body: dict[str, Any] = {"tasks": items}
+        worker = self.by_ident.get(ident)
+        if worker is not None and worker.actor is None:
+            body["capacity"] = self._slots[worker.slot].units
+        P.send(self.sock, [ident, *P.encode(P.RUN, body, frames)])
+
+    def close(self, workers: list[Worker]) -> None:
+        """Stop WORKERS and every pooled process; close the socket."""
+        for worker in [*self.by_slot.values(), *workers]:
+            kill(worker.proc)
+        self.by_slot.clear()
+        self.sock.close(0)
+        try:
+            os.unlink(f"{self._tmp}/workers")
+            os.rmdir(self._tmp)
+        except OSError:
+            pass
+
+
+def exit_cause(code: int) -> str:
+    """Say how a process ended, from its exit status."""
+    return (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+            else f"exited with code {code}")
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a worker process: SIGTERM (it takes its command jobs along), then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass

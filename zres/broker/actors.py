@@ -1,0 +1,352 @@
+"""The broker's side of actors: records, per-caller call queues, placement, death, restarts.
+
+An actor's construction is an ordinary task as far as waiting goes (dependencies, then the
+scheduler), but its grant is not released when ``__init__`` returns: the actor holds those
+resources until it ends. Its method calls are tasks that skip the scheduler: they queue
+per caller (one client connection) in the order made, and go to the actor's agent as soon
+as the actor is up and every earlier call from that caller has been sent. The agent keeps
+the process fed with at most ``concurrency`` calls, so when the process dies it can say
+exactly which calls had started; the others run on the next instance.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from ..core.resources import Units, format_units
+from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..scheduler.policy import Scheduler
+from .graph import TaskGraph
+from .outbox import Batches, Send
+
+log = structlog.get_logger("zres.broker")
+_DEAD_KEPT = 10_000  # dead actors remembered, so late calls get the real cause
+
+
+class ActorState(enum.Enum):
+    PENDING = "pending"          # construction waits for dependencies or resources
+    STARTING = "starting"        # placed; __init__ is running
+    ALIVE = "alive"
+    RESTARTING = "restarting"    # its process or agent was lost; waiting to be placed again
+    DEAD = "dead"
+
+
+_ALLOWED = {
+    ActorState.PENDING: {ActorState.STARTING, ActorState.DEAD},
+    ActorState.STARTING: {ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD},
+    ActorState.ALIVE: {ActorState.RESTARTING, ActorState.DEAD},
+    ActorState.RESTARTING: {ActorState.STARTING, ActorState.DEAD},
+    ActorState.DEAD: set(),
+}
+
+
+@dataclass(slots=True)
+class ActorRecord:
+    id: str
+    name: str                    # "" when unnamed; a named actor outlives its creator
+    cls: str
+    methods: list[str]
+    owner: bytes                 # the creating client
+    units: Units
+    priority: int
+    restarts: int                # restarts left; -1 for no limit
+    concurrency: int
+    ready_task: int              # the construction task (the future of handle.ready())
+    state: ActorState = ActorState.PENDING
+    placement: int = 0           # the scheduler id of the current placement
+    agent: bytes = b""           # where it is placed
+    agent_name: str = ""
+    spawn: list[Any] = field(default_factory=list)   # construction frames, kept for restarts
+    spawn_counts: tuple[int, list[int]] = (0, [])
+    queues: dict[bytes, deque[int]] = field(default_factory=dict)  # caller -> call ids
+    inflight: dict[int, None] = field(default_factory=dict)        # sent, in send order
+    cause: str = ""              # why it died
+    error: tuple[str, list[Any], dict[str, Any]] | None = None     # __init__'s exception
+    starts: int = 0
+
+    def label(self) -> str:
+        return f"actor {self.cls}({self.name or self.id[:8]})"
+
+
+def set_actor_state(actor: ActorRecord, new: ActorState) -> None:
+    """Move ACTOR to NEW, refusing any transition the table does not allow."""
+    if new not in _ALLOWED[actor.state]:
+        raise RuntimeError(f"{actor.label()}: {actor.state.value} -> {new.value}")
+    actor.state = new
+
+
+def check_actor_spec(spec: Any) -> dict[str, Any]:
+    """Validate an actor spec off the wire."""
+    if not isinstance(spec, dict):
+        raise ProtocolError("submit: actor spec must be a map")
+    ok = (isinstance(spec.get("id"), str) and spec["id"]
+          and isinstance(spec.get("name", ""), str) and isinstance(spec.get("cls", ""), str)
+          and isinstance(spec.get("methods", []), list)
+          and all(isinstance(m, str) for m in spec.get("methods", []))
+          and type(spec.get("restarts", 0)) is int and spec.get("restarts", 0) >= -1
+          and type(spec.get("concurrency", 1)) is int and spec.get("concurrency", 1) >= 1)
+    if not ok:
+        raise ProtocolError("submit: malformed actor spec")
+    return spec
+
+
+class ActorRouting:
+    """The broker's actor records and what happens to them.
+
+    Constructions and calls are tasks of GRAPH; placements wait in SCHED; RELEASE(id)
+    gives a placement's grant back to the scheduler when the actor ends or is lost.
+    """
+
+    def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler,
+                 release: Callable[[int], None]) -> None:
+        self._send = send
+        self._graph = graph
+        self._sched = sched
+        self._release = release
+        self.actors: dict[str, ActorRecord] = {}
+        self.dead_actors: OrderedDict[str, ActorRecord] = OrderedDict()
+        self.actor_names: dict[str, str] = {}
+        self.placements: dict[int, ActorRecord] = {}   # scheduler id -> the actor it places
+        self.call_actor: dict[int, ActorRecord] = {}   # call sent to an agent -> its actor
+        self._to_pump: dict[str, None] = {}
+        self._calls = Batches(send, P.CALL, "calls")
+
+    # -- creation and calls ---------------------------------------------------------------
+    def add_actor(self, task: Task, spec: dict[str, Any]) -> bool:
+        """Make the actor TASK constructs; False when it cannot exist (TASK failed)."""
+        actor = ActorRecord(spec["id"], spec.get("name", ""), spec.get("cls", "?"),
+                            list(spec.get("methods", [])), task.client, task.units,
+                            task.priority, spec.get("restarts", 0), spec.get("concurrency", 1),
+                            task.id)
+        task.creates = actor.id
+        actor.placement = task.id
+        if actor.id in self.actors or actor.id in self.dead_actors:
+            raise ProtocolError(f"submit: actor id {actor.id} is already in use")
+        self.actors[actor.id] = actor
+        self.placements[task.id] = actor
+        if actor.name:
+            other = self.actors.get(self.actor_names.get(actor.name, ""))
+            if other is not None:
+                self.dead(actor, f"an actor named {actor.name!r} already exists",
+                                 error_type="ValueError")
+                return False
+            self.actor_names[actor.name] = actor.id
+        log.info("actor_created", actor=actor.label(), id=actor.id,
+                 resources=format_units(actor.units))
+        return True
+
+    def add_call(self, task: Task, actor_id: str) -> bool:
+        """Queue TASK, a method call, behind the caller's earlier calls; False if it failed."""
+        task.actor = actor_id
+        task.units = {}
+        actor = self.actors.get(actor_id)
+        if actor is None:
+            dead = self.dead_actors.get(actor_id)
+            if dead is not None:
+                self.fail_call(dead, task)
+            else:
+                self._graph.fail(task, "ActorDiedError",
+                                 f"unknown actor {actor_id}: it ended long ago, or was made "
+                                 "on a broker that has since restarted")
+            return False
+        actor.queues.setdefault(task.client, deque()).append(task.id)
+        return True
+
+    def fail_call(self, actor: ActorRecord, task: Task, message: str = "") -> None:
+        if actor.error is not None and not message:
+            self._graph.finish(task, *actor.error)
+        else:
+            self._graph.fail(task, "ActorDiedError",
+                             message or f"{actor.label()} is dead: {actor.cause}")
+
+    def call_ready(self, task: Task) -> None:
+        set_state(task, TaskState.QUEUED)
+        self._to_pump[task.actor] = None
+
+    def pump_all(self) -> None:
+        """Send every call that may go now, per caller in the order made; flush batches."""
+        pumps, self._to_pump = self._to_pump, {}
+        for actor_id in pumps:
+            actor = self.actors.get(actor_id)
+            if actor is not None and actor.state is ActorState.ALIVE:
+                self.pump(actor)
+        self._calls.flush()
+
+    def pump(self, actor: ActorRecord) -> None:
+        for caller, queue in list(actor.queues.items()):
+            while queue:
+                task = self._graph.get(queue[0])
+                if task is None or task.state in FINISHED:
+                    queue.popleft()
+                    continue
+                if task.state is not TaskState.QUEUED:
+                    break  # waits for its arguments; later calls from this caller wait too
+                queue.popleft()
+                set_state(task, TaskState.RUNNING)
+                task.agent = actor.agent_name
+                actor.inflight[task.id] = None
+                self.call_actor[task.id] = actor
+                counts, inputs = self._graph.inputs(task)
+                self._calls.add(actor.agent, [task.id, actor.id, len(task.payload), counts],
+                                [*task.payload, *inputs])
+            if not queue:
+                del actor.queues[caller]
+
+    # -- placement and what the agent reports ---------------------------------------------
+    def place(self, actor: ActorRecord, agent_ident: bytes, agent_name: str) -> None:
+        """Note ACTOR's placement and, the first time, keep its construction frames."""
+        task = self._graph.get(actor.ready_task)
+        if actor.starts == 0 and task is not None:
+            counts, inputs = self._graph.inputs(task)
+            actor.spawn = [*task.payload, *inputs]
+            actor.spawn_counts = (len(task.payload), counts)
+        if task is not None and task.state is TaskState.QUEUED:
+            set_state(task, TaskState.RUNNING)
+            task.agent = agent_name
+        set_actor_state(actor, ActorState.STARTING)
+        actor.starts += 1
+        actor.agent, actor.agent_name = agent_ident, agent_name
+
+    def started(self, actor: ActorRecord, outcome: str, frames: list[Any],
+                info: dict[str, Any]) -> None:
+        """The construction ended: OUTCOME ok means the actor is up."""
+        task = self._graph.get(actor.ready_task)
+        if outcome == P.OK:
+            set_actor_state(actor, ActorState.ALIVE)
+            log.info("actor_started", actor=actor.label(), agent=actor.agent_name,
+                     start=actor.starts)
+            if task is not None and task.state is TaskState.RUNNING:
+                self._graph.finish(task, P.OK, frames, {**info, "agent": actor.agent_name})
+            self._to_pump[actor.id] = None
+            return
+        # __init__ raised (the agent ends the process): every call fails with that error.
+        self._release(actor.placement)
+        actor.error = (outcome, frames, info)
+        message = str(info.get("message", "")) or "its __init__ raised"
+        self.dead(actor, f"its __init__ failed: {message}" if outcome != P.RAISED
+                         else "its __init__ raised an exception")
+
+    def exited(self, agent: bytes, actor_id: str, placement: int, cause: str,
+               running: list[int]) -> None:
+        """AGENT says the process of ACTOR_ID's PLACEMENT ended, having started RUNNING."""
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.placement != placement or actor.agent != agent:
+            return  # stale: killed meanwhile
+        self._release(actor.placement)
+        self.lost(actor, f"its process {cause}", set(running))
+
+    def lost(self, actor: ActorRecord, cause: str, started: set[int] | None) -> None:
+        """ACTOR's process or agent is gone (its grant already released): restart or end it.
+
+        STARTED names the calls the process had begun; when the agent itself was lost
+        nobody knows, and the oldest ``concurrency`` calls sent count as begun.
+        """
+        self.placements.pop(actor.placement, None)
+        inflight = list(actor.inflight)
+        actor.inflight.clear()
+        if started is None:
+            started = set(inflight[:actor.concurrency])
+        restart = actor.restarts != 0
+        again: list[Task] = []
+        for call_id in inflight:
+            self.call_actor.pop(call_id, None)
+            task = self._graph.get(call_id)
+            if task is None or task.state is not TaskState.RUNNING:
+                continue
+            if call_id not in started:
+                again.append(task)
+            elif restart and task.retries:
+                task.retries -= 1
+                again.append(task)
+            else:
+                self._graph.fail(task, "ActorDiedError",
+                                 f"{actor.label()} died while running {task.name}: {cause}")
+        for task in reversed(again):  # back at the front, in the order they were made
+            set_state(task, TaskState.QUEUED)
+            actor.queues.setdefault(task.client, deque()).appendleft(task.id)
+        if not restart:
+            self.dead(actor, f"{cause}; no restarts left")
+            return
+        if actor.restarts > 0:
+            actor.restarts -= 1
+        log.warning("actor_restarting", actor=actor.label(), cause=cause,
+                    restarts_left=actor.restarts)
+        set_actor_state(actor, ActorState.RESTARTING)
+        actor.placement = self._graph.new_id()
+        actor.agent, actor.agent_name = b"", ""
+        self.placements[actor.placement] = actor
+        self._sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
+                            queueable=False)
+
+    # -- ending -----------------------------------------------------------------------------
+    def kill(self, actor: ActorRecord, why: str) -> None:
+        """End ACTOR now: stop its process, free its resources, fail what it has not done."""
+        if actor.state in (ActorState.STARTING, ActorState.ALIVE):
+            self._send(actor.agent, P.KILL_ACTOR, {"ids": [actor.id]})
+            self._release(actor.placement)
+        self.dead(actor, why)
+
+    def dead(self, actor: ActorRecord, cause: str, error_type: str = "ActorDiedError") -> None:
+        """Mark ACTOR dead for CAUSE and fail its construction and every call not done."""
+        set_actor_state(actor, ActorState.DEAD)
+        actor.cause = cause
+        log.warning("actor_died", actor=actor.label(), cause=cause)
+        self._sched.dequeue(actor.placement)
+        self.placements.pop(actor.placement, None)
+        ready = self._graph.get(actor.ready_task)
+        if ready is not None and ready.state not in FINISHED:
+            if actor.error is not None:
+                self._graph.finish(ready, *actor.error)
+            else:
+                self._graph.fail(ready, error_type, f"{actor.label()}: {cause}")
+        for call_id in list(actor.inflight):
+            self.call_actor.pop(call_id, None)
+            task = self._graph.get(call_id)
+            if task is not None and task.state not in FINISHED:
+                self.fail_call(actor, task, f"{actor.label()} died while running "
+                                             f"{task.name}: {cause}")
+        actor.inflight.clear()
+        queues, actor.queues = actor.queues, {}
+        for queue in queues.values():
+            for call_id in queue:
+                task = self._graph.get(call_id)
+                if task is not None and task.state not in FINISHED:
+                    self.fail_call(actor, task)
+        if actor.name and self.actor_names.get(actor.name) == actor.id:
+            del self.actor_names[actor.name]
+        del self.actors[actor.id]
+        actor.spawn = []
+        self.dead_actors[actor.id] = actor
+        while len(self.dead_actors) > _DEAD_KEPT:
+            self.dead_actors.popitem(last=False)
+
+    def drop_owned_by(self, client: bytes, name: str) -> None:
+        """End the unnamed actors the client CLIENT (called NAME) made; named ones live
+        until killed."""
+        for actor in [a for a in self.actors.values() if a.owner == client and not a.name]:
+            self.kill(actor, f"its owner, client {name}, disconnected")
+
+    # -- requests -----------------------------------------------------------------------------
+    def on_kill(self, ident: bytes, msg: P.Message, now: float) -> None:
+        actor = self.actors.get(P.field(msg, "actor", str))
+        if actor is not None:
+            self.kill(actor, "killed by zres.kill")
+        self._send(ident, P.KILL_REPLY, {"req": msg.body.get("req")})
+
+    def on_lookup(self, ident: bytes, msg: P.Message, now: float) -> None:
+        name = P.field(msg, "name", str)
+        actor = self.actors.get(self.actor_names.get(name, ""))
+        body: dict[str, Any] = {"req": msg.body.get("req")}
+        if actor is not None:
+            body["actor"] = {"id": actor.id, "name": actor.name, "cls": actor.cls,
+                             "methods": actor.methods}
+        self._send(ident, P.LOOKUP_REPLY, body)

@@ -1,0 +1,159 @@
+"""The agents the broker knows: their registrations, slots and heartbeats.
+
+Each agent offers one or more slots; each slot is a slot of the scheduler, added when the
+agent registers and removed when it is lost. What happens to the work on a lost agent is
+the dispatcher's business (``dispatch.Dispatcher.lose_agent``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from ..core.resources import GPU, UNIT, Units, format_units
+from ..scheduler.policy import Scheduler
+
+log = structlog.get_logger("zres.broker")
+
+
+@dataclass(slots=True)
+class Registration:
+    """What a REGISTER message offers, checked."""
+
+    name: str
+    host: str
+    pid: int
+    units: list[Units]               # per slot
+    gpus: list[list[str]]            # device ids per slot
+    memory: list[list[int]]          # device memory per slot (units), or empty
+
+    def spec(self) -> list[Any]:
+        """What must match for a second registration to be a repeat of the first."""
+        return [self.units, self.gpus, self.memory]
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    ident: bytes
+    name: str
+    host: str
+    pid: int
+    last_seen: float
+    slots: list[int]                 # scheduler slot ids, in the agent's slot order
+    gpus: list[list[str]]            # device ids per slot
+    spec: list[Any]                  # the registration as received, to spot repeats
+
+
+def parse_registration(msg: P.Message) -> Registration:
+    """Check every field of a REGISTER before anything is touched: a bad frame changes
+    nothing."""
+    name = P.field(msg, "name", str)
+    slots = P.field(msg, "slots", list)
+    host, pid = msg.body.get("host", ""), msg.body.get("pid", 0)
+    if not slots or not all(isinstance(s, dict) for s in slots):
+        raise ProtocolError("register: slots must be a non-empty array of maps")
+    if not isinstance(host, str) or type(pid) is not int:
+        raise ProtocolError("register: host must be a string and pid an int")
+    units = [P.check_units(s.get("units"), "register") for s in slots]
+    gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
+    memory = [_int_list(s.get("gpu_memory", []), "register") for s in slots]
+    for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):
+        usable = slot_units.get(GPU, 0)
+        # GPU is how many devices may take work; gpus lists every device the agent has.
+        if usable % UNIT or usable // UNIT > len(slot_gpus) or len(slot_gpus) > 4096 \
+                or len(slot_memory) not in (0, len(slot_gpus)):
+            raise ProtocolError("register: GPU amount, device ids and device memory "
+                                "do not agree")
+    return Registration(name, host, pid, units, gpus, memory)
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
+        raise ProtocolError(f"{what}: expected a list of non-negative ints")
+    return value
+
+
+class AgentRegistry:
+    """Registered agents by routing id, and which agent owns each scheduler slot."""
+
+    def __init__(self, sched: Scheduler, timeout: float) -> None:
+        self.sched = sched
+        self.timeout = timeout
+        self.by_ident: dict[bytes, AgentRecord] = {}
+        self.slot_owner: dict[int, AgentRecord] = {}
+        self._next_slot = 0
+
+    def __len__(self) -> int:
+        return len(self.by_ident)
+
+    def get(self, ident: bytes) -> AgentRecord | None:
+        return self.by_ident.get(ident)
+
+    def named(self, name: str) -> AgentRecord | None:
+        return next((a for a in self.by_ident.values() if a.name == name), None)
+
+    def seen(self, ident: bytes, now: float) -> AgentRecord | None:
+        """Return the agent IDENT and note it is alive, or None if it is unknown."""
+        agent = self.by_ident.get(ident)
+        if agent is not None:
+            agent.last_seen = now
+        return agent
+
+    def is_repeat(self, ident: bytes, reg: Registration) -> bool:
+        """Whether REG repeats IDENT's registration (it crossed our welcome)."""
+        known = self.by_ident.get(ident)
+        return known is not None and known.name == reg.name and known.spec == reg.spec()
+
+    def displaced_by(self, ident: bytes, name: str) -> list[AgentRecord]:
+        """The records a registration of NAME from IDENT replaces: IDENT's own, and any
+        other agent's of the same name."""
+        return [r for r in self.by_ident.values() if r.ident == ident or r.name == name]
+
+    def add(self, ident: bytes, reg: Registration, now: float) -> AgentRecord:
+        """Record the agent and give each of its slots to the scheduler."""
+        slot_ids = []
+        for slot_units, slot_gpus, slot_memory in zip(reg.units, reg.gpus, reg.memory):
+            self._next_slot += 1
+            self.sched.add_slot(self._next_slot, reg.name, slot_units, slot_memory,
+                                devices=len(slot_gpus))
+            slot_ids.append(self._next_slot)
+        record = AgentRecord(ident, reg.name, reg.host, reg.pid, now, slot_ids, reg.gpus,
+                             reg.spec())
+        self.by_ident[ident] = record
+        for slot_id in slot_ids:
+            self.slot_owner[slot_id] = record
+        log.info("agent_joined", agent=reg.name, slots=[format_units(u) for u in reg.units])
+        return record
+
+    def remove(self, agent: AgentRecord) -> None:
+        """Forget AGENT (its scheduler slots are removed by whoever handles its work)."""
+        del self.by_ident[agent.ident]
+        for slot_id in agent.slots:
+            del self.slot_owner[slot_id]
+
+    def silent(self, now: float) -> list[AgentRecord]:
+        """The agents not heard from for longer than the heartbeat timeout."""
+        return [a for a in self.by_ident.values() if now - a.last_seen > self.timeout]
+
+    def set_capacity(self, agent: AgentRecord, changes: Units) -> list[int]:
+        """Set the amounts named in CHANGES on every slot of AGENT (0 removes a name);
+        raise ValueError, changing nothing, if any slot refuses. Return the queued grants
+        that start now."""
+        new = [{n: a for n, a in {**self.sched.slots[s].total, **changes}.items() if a}
+               for s in agent.slots]
+        for slot_id, units in zip(agent.slots, new):  # all slots or none
+            self.sched.check_capacity(slot_id, units)
+        started = []
+        for slot_id, units in zip(agent.slots, new):
+            started += self.sched.set_capacity(slot_id, units)
+        log.info("agent_resources_changed", agent=agent.name,
+                 slots=[format_units(u) for u in self.capacity(agent)])
+        return started
+
+    def capacity(self, agent: AgentRecord) -> list[Units]:
+        """AGENT's total amounts per slot."""
+        return [self.sched.slots[s].total for s in agent.slots]

@@ -1,0 +1,68 @@
+"""The clients the broker knows: who they are, when they were last heard, their task ids.
+
+A client names its tasks with ids of its own (``local``); the broker maps them to its
+task ids per client, so one client can never name another's task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+log = structlog.get_logger("zres.broker")
+
+
+@dataclass(slots=True)
+class ClientRecord:
+    ident: bytes
+    name: str
+    last_seen: float
+    ids: dict[int, int] = field(default_factory=dict)  # local id -> task id
+
+
+class ClientRegistry:
+    """Connected clients by routing id; ON_DROP(client, event) cleans up after one leaves."""
+
+    def __init__(self, timeout: float, on_drop: Callable[[ClientRecord, str], None]) -> None:
+        self.timeout = timeout
+        self._by_ident: dict[bytes, ClientRecord] = {}
+        self._on_drop = on_drop
+
+    def __len__(self) -> int:
+        return len(self._by_ident)
+
+    def idents(self) -> list[bytes]:
+        return list(self._by_ident)
+
+    def get(self, ident: bytes) -> ClientRecord | None:
+        return self._by_ident.get(ident)
+
+    def hello(self, ident: bytes, name: str, now: float) -> bool:
+        """Note a client saying hello; return whether it is new to this broker."""
+        if ident in self._by_ident:
+            return False
+        self._by_ident[ident] = ClientRecord(ident, name, now)
+        log.info("client_joined", client=name)
+        return True
+
+    def seen(self, ident: bytes, now: float) -> ClientRecord | None:
+        """Return the client IDENT and note it is alive, or None if it is unknown."""
+        client = self._by_ident.get(ident)
+        if client is not None:
+            client.last_seen = now
+        return client
+
+    def leave(self, ident: bytes) -> None:
+        """The client said goodbye: drop it and what it left behind."""
+        client = self._by_ident.pop(ident, None)
+        if client is not None:
+            self._on_drop(client, "client_left")
+
+    def expire(self, now: float) -> None:
+        """Drop the clients silent for longer than the timeout."""
+        for client in list(self._by_ident.values()):
+            if now - client.last_seen > self.timeout:
+                del self._by_ident[client.ident]
+                self._on_drop(client, "client_lost")

@@ -1,0 +1,133 @@
+"""The task graph: every task the broker holds, its dependencies, outcome and result.
+
+A task is held by its client's reference and by each unfinished dependent, and dropped
+once it has finished and nobody holds it. Outcomes pass down the graph: a result readies
+the dependents that waited only for it; a failure fails every dependent, transitively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..core import protocol as P
+from ..core.tasks import FINISHED, Task, TaskState, set_state
+
+
+class TaskGraph:
+    """Tasks by id, linked to their dependencies.
+
+    ON_READY(task) is called when a task's last dependency has its result (the caller
+    queues it); ON_RECORDED(task) after a task's outcome is recorded, before it is passed
+    on to its dependents (the caller delivers it and updates jobs and actors).
+    """
+
+    def __init__(self, on_ready: Callable[[Task], None],
+                 on_recorded: Callable[[Task], None]) -> None:
+        self.tasks: dict[int, Task] = {}
+        self._next_id = 0
+        self._on_ready = on_ready
+        self._on_recorded = on_recorded
+
+    def new_id(self) -> int:
+        """Return a task id never used before by this broker."""
+        self._next_id += 1
+        return self._next_id
+
+    def get(self, task_id: int) -> Task | None:
+        return self.tasks.get(task_id)
+
+    def add(self, task: Task) -> None:
+        """Hold TASK (link its dependencies next, unless it fails first)."""
+        self.tasks[task.id] = task
+
+    def link(self, task: Task, deps: list[int]) -> None:
+        """Make TASK wait for DEPS (ids of tasks held here); ready or fail it at once if
+        they have all finished already."""
+        failed_dep: Task | None = None
+        for dep_id in deps:
+            dep = self.tasks[dep_id]
+            task.deps.append(dep.id)
+            dep.holders += 1
+            if dep.state is TaskState.FAILED:
+                failed_dep = dep
+            elif dep.state is not TaskState.DONE:
+                task.missing += 1
+                dep.dependents.append(task.id)
+        if failed_dep is not None:
+            self.finish(task, failed_dep.outcome, failed_dep.result, failed_dep.info)
+        elif task.missing == 0:
+            self._on_ready(task)
+
+    def inputs(self, task: Task) -> tuple[list[int], list[Any]]:
+        """Return how many frames each dependency's result has, and those frames in order:
+        what a worker needs besides the call itself."""
+        counts: list[int] = []
+        frames: list[Any] = []
+        for dep_id in task.deps:
+            result = self.tasks[dep_id].result
+            counts.append(len(result))
+            frames.extend(result)
+        return counts, frames
+
+    def unhold(self, task: Task) -> None:
+        """One holder of TASK let go (its client, or a dependent that finished)."""
+        task.holders -= 1
+        if task.holders <= 0 and task.state in FINISHED:
+            del self.tasks[task.id]
+            for dep_id in task.deps:
+                if dep_id in self.tasks:
+                    self.unhold(self.tasks[dep_id])
+            task.deps = []
+
+    def fail(self, task: Task, error: str, message: str) -> None:
+        """Fail TASK with the zres error type ERROR (a class name) and MESSAGE."""
+        self.finish(task, P.FAILED, [], {"type": error, "message": message})
+
+    def finish(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
+        """Record TASK's outcome and pass a failure on to its dependents.
+
+        A worklist, not recursion: a failure at the head of a chain of 100,000 tasks fails
+        them all without overflowing the stack.
+        """
+        work = [task]
+        while work:
+            current = work.pop()
+            failed = self._record(current, outcome, frames, info)
+            if outcome != P.OK:
+                work.extend(failed)
+
+    def _record(self, task: Task, outcome: str, frames: list[Any],
+                info: dict[str, Any]) -> list[Task]:
+        """Finish one task; return the waiting dependents a failure must also fail."""
+        set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
+        task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
+        self._on_recorded(task)
+        failed: list[Task] = []
+        for dependent_id in task.dependents:
+            dependent = self.tasks.get(dependent_id)
+            if dependent is None or dependent.state is not TaskState.WAITING:
+                continue
+            if outcome != P.OK:
+                failed.append(dependent)
+            else:
+                dependent.missing -= 1
+                if dependent.missing == 0:
+                    self._on_ready(dependent)
+        task.dependents = []
+        # The dependencies' results are no longer needed by this task.
+        for dep_id in task.deps:
+            if dep_id in self.tasks:
+                self.unhold(self.tasks[dep_id])
+        task.deps = []
+        if task.holders <= 0:
+            self.tasks.pop(task.id, None)
+        return failed
+
+    def waiting_for(self, task: Task) -> str:
+        """Say which dependencies a waiting TASK still waits for."""
+        names = [self.tasks[d].name for d in task.deps
+                 if d in self.tasks and self.tasks[d].state not in FINISHED]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                         else "")
+        return f"waiting for {task.missing} of {len(task.deps)} dependencies: {shown}"

@@ -1,0 +1,213 @@
+"""The broker's side of command jobs: the job table, and the jobs/cancel/logs requests.
+
+A job is a task (its id is the task's id) with a record that outlives the task: who ran
+it, where, on which GPUs, when, and its exit code, so ``zres jobs --all`` can show
+finished jobs and ``zres logs`` can find the agent that holds a job's log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from ..core.resources import Units
+from ..core.tasks import FINISHED, Task, TaskState
+from .agents import AgentRegistry
+from .clients import ClientRegistry
+from .graph import TaskGraph
+from .outbox import Send
+
+_FINISHED_KEPT = 10_000  # finished jobs remembered for `zres jobs --all` and `zres logs`
+
+# How a failed job's error type reads in the table.
+_FAILED_STATES = {"CancelledError": "cancelled", "InfeasibleError": "infeasible",
+                  "AgentLostError": "lost", "WorkerLostError": "lost",
+                  "BrokerLostError": "lost"}
+
+
+@dataclass(slots=True)
+class JobRecord:
+    id: int
+    name: str
+    argv: list[str]
+    units: dict[str, int]
+    detached: bool               # outlives the client that submitted it
+    submitted: float             # wall-clock seconds
+    state: str = "queued"        # queued, running, done, failed, cancelled, infeasible, lost
+    agent: str = ""
+    gpus: list[str] = field(default_factory=list)
+    started: float | None = None
+    finished: float | None = None
+    exit_code: int | None = None
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
+                "state": self.state, "agent": self.agent, "gpus": self.gpus,
+                "submitted": self.submitted, "started": self.started,
+                "finished": self.finished, "exit_code": self.exit_code, "error": self.error}
+
+
+def check_job_spec(spec: Any) -> dict[str, Any]:
+    """Validate a job spec {argv, detached} off the wire."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("argv"), list) \
+            or not spec["argv"] or not all(isinstance(a, str) for a in spec["argv"]):
+        raise ProtocolError("submit: a job needs argv, a non-empty array of strings")
+    return spec
+
+
+class JobTable:
+    """The job table, and the requests about jobs.
+
+    It reads tasks from GRAPH and agents from AGENTS, maps a client's task ids through
+    CLIENTS, explains a waiting job with WHY and INFEASIBLE, and stops one with CANCEL.
+    """
+
+    def __init__(self, send: Send, graph: TaskGraph, clients: ClientRegistry,
+                 agents: AgentRegistry, why: Callable[[Task], str],
+                 infeasible: Callable[[Units], str | None],
+                 cancel: Callable[[Task], None]) -> None:
+        self._send = send
+        self._graph = graph
+        self._clients = clients
+        self._agents = agents
+        self._why = why
+        self._infeasible = infeasible
+        self._cancel = cancel
+        self.active: dict[int, JobRecord] = {}
+        self.done: OrderedDict[int, JobRecord] = OrderedDict()
+        self._tokens = itertools.count(1)
+        self._log_requests: dict[int, tuple[bytes, Any, int, bool]] = {}
+
+    def get(self, job_id: int) -> JobRecord | None:
+        return self.active.get(job_id) or self.done.get(job_id)
+
+    def add(self, task: Task, spec: dict[str, Any]) -> None:
+        """Make TASK a command job described by SPEC (checked by ``check_job_spec``)."""
+        self.active[task.id] = JobRecord(task.id, task.name, spec["argv"], dict(task.units),
+                                         bool(spec.get("detached")), time.time())
+
+    def detached(self, task: Task) -> bool:
+        job = self.active.get(task.id)
+        return job is not None and job.detached
+
+    def started(self, task: Task, agent: str, gpus: list[str]) -> None:
+        job = self.active.get(task.id)
+        if job is not None:
+            job.state, job.agent, job.gpus, job.started = "running", agent, gpus, time.time()
+
+    def requeued(self, task: Task) -> None:
+        job = self.active.get(task.id)
+        if job is not None:
+            job.state, job.agent, job.gpus, job.started = "queued", "", [], None
+
+    def finished(self, task: Task, outcome: str, info: dict[str, Any]) -> None:
+        job = self.active.pop(task.id, None)
+        if job is None:
+            return
+        job.finished = time.time()
+        code = info.get("exit_code")
+        job.exit_code = code if isinstance(code, int) else None
+        if outcome == P.OK:
+            job.state = "done"
+        elif outcome == P.RAISED:
+            job.state = "failed"
+            job.error = str(info.get("error", ""))
+        else:
+            job.state = _FAILED_STATES.get(str(info.get("type")), "failed")
+            job.error = str(info.get("message", ""))
+        self.done[job.id] = job
+        while len(self.done) > _FINISHED_KEPT:
+            self.done.popitem(last=False)
+
+    def _describe(self, job: JobRecord) -> dict[str, Any]:
+        entry = job.as_dict()
+        task = self._graph.get(job.id)
+        if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):
+            # Judged now, not when it was queued: an agent may have joined or left since.
+            infeasible = self._infeasible(task.units)
+            entry["state"] = "infeasible" if infeasible else "queued"
+            entry["reason"] = infeasible or self._why(task)
+        elif task is not None and job.state == "queued":  # granted into a slot's queue
+            entry["reason"] = self._why(task)
+        return entry
+
+    # -- requests ---------------------------------------------------------------------------
+    def on_jobs(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """List jobs: active ones, finished ones too with ``all``, or exactly ``jobs``."""
+        body: dict[str, Any] = {"req": msg.body.get("req")}
+        wanted = msg.body.get("jobs")
+        if isinstance(wanted, list):
+            records = []
+            for job_id in wanted:
+                job = self.get(job_id) if type(job_id) is int else None
+                records.append(self._describe(job) if job is not None
+                               else {"id": job_id, "state": "unknown"})
+            body["jobs"] = records
+        else:
+            jobs = list(self.active.values())
+            if msg.body.get("all"):
+                jobs = list(self.done.values()) + jobs
+            body["jobs"] = [self._describe(j) for j in sorted(jobs, key=lambda j: j.id)]
+        local = msg.body.get("ids")
+        client = self._clients.get(ident)
+        if isinstance(local, list) and client is not None:
+            body["ids"] = [client.ids.get(i) for i in local]
+        self._send(ident, P.JOBS_REPLY, body)
+
+    def on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
+        job_id = P.field(msg, "job", int)
+        body: dict[str, Any] = {"req": msg.body.get("req")}
+        task = self._graph.get(job_id)
+        job = self.get(job_id)
+        if job is None:
+            body["error"] = f"no job {job_id}"
+        elif task is None or task.state in FINISHED or job_id not in self.active:
+            body["error"] = f"job {job_id} has already finished ({job.state})"
+        else:
+            self._cancel(task)
+        self._send(ident, P.JOB_CANCEL_REPLY, body)
+
+    def on_logs(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """Fetch part of a job's log from the agent that ran it."""
+        job_id, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
+        req = msg.body.get("req")
+        job = self.get(job_id)
+        if job is None:
+            self._send(ident, P.LOGS_REPLY, {"req": req, "error": f"no job {job_id}"})
+            return
+        finished = job.finished is not None
+        agent = self._agents.named(job.agent)
+        if not job.agent:
+            self._send(ident, P.LOGS_REPLY, {"req": req, "data": b"", "finished": finished,
+                                               "state": self._describe(job)["state"]})
+        elif agent is None:
+            self._send(ident, P.LOGS_REPLY, {
+                "req": req, "finished": finished,
+                "error": f"job {job_id}'s log is on agent {job.agent}, which is not connected"})
+        else:
+            token = next(self._tokens)
+            # "finished" as of now: a job that had finished has its whole log on disk.
+            self._log_requests[token] = (ident, req, job_id, finished)
+            self._send(agent.ident, P.LOGS, {"token": token, "job": job_id, "offset": offset})
+
+    def on_logs_reply(self, ident: bytes, msg: P.Message, now: float) -> None:
+        request = self._log_requests.pop(msg.body.get("token", -1), None)
+        if request is None:
+            return
+        client, req, job_id, finished = request
+        job = self.get(job_id)
+        body = {"req": req, "finished": finished,
+                "state": self._describe(job)["state"] if job is not None else "unknown"}
+        if "error" in msg.body:
+            body["error"] = str(msg.body["error"])
+        else:
+            data = msg.body.get("data", b"")
+            body["data"] = data if isinstance(data, bytes) else b""
+        self._send(client, P.LOGS_REPLY, body)

@@ -1,0 +1,35 @@
+"""Sending to peers: the one function every broker part sends with, and per-peer batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class Send(Protocol):
+    """Send one message of KIND to the peer with routing id IDENT."""
+
+    def __call__(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
+                 frames: Sequence[Any] = ()) -> None: ...
+
+
+class Batches:
+    """Items gathered per peer and sent as one message each: ``{KEY: [items]}`` with the
+    items' payload frames after it, in item order."""
+
+    def __init__(self, send: Send, kind: str, key: str) -> None:
+        self._send = send
+        self._kind = kind
+        self._key = key
+        self._pending: dict[bytes, tuple[list[Any], list[Any]]] = {}
+
+    def add(self, ident: bytes, item: Any, frames: Sequence[Any] = ()) -> None:
+        items, out = self._pending.setdefault(ident, ([], []))
+        items.append(item)
+        out.extend(frames)
+
+    def flush(self) -> None:
+        """Send every peer's batch."""
+        pending, self._pending = self._pending, {}
+        for ident, (items, frames) in pending.items():
+            self._send(ident, self._kind, {self._key: items}, frames)

@@ -1,0 +1,322 @@
+"""The broker: one ROUTER socket, the loop, and the routing of each message to its part.
+
+A thin shell: it decodes control frames (msgpack only; payload frames pass through
+untouched) and hands each message to the part that owns what it is about: the task graph
+(``graph``), clients (``clients``), agents (``agents``), the dispatcher that moves tasks
+to agents and back (``dispatch``), actors (``actors``), command jobs (``jobs``), and the
+explainer (``status``). The placement policy is the pure ``zres.scheduler``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+import zmq
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from ..core.tasks import FINISHED, Task
+from ..scheduler.policy import Scheduler
+from .actors import ActorRouting, ActorState
+from .agents import AgentRegistry, parse_registration
+from .clients import ClientRecord, ClientRegistry
+from .dispatch import Dispatcher
+from .graph import TaskGraph
+from .jobs import JobTable
+from .outbox import Batches
+from .status import Explainer
+from .submit import parse_submit
+
+log = structlog.get_logger("zres.broker")
+_BATCH = 2000  # messages handled per loop turn before scheduling
+
+Handler = Callable[[bytes, P.Message, float], None]
+
+
+class Broker:
+    """Route messages between clients and agents; own the parts that keep the records."""
+
+    def __init__(self, listen: str, heartbeat_interval: float = 0.5,
+                 heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
+                 starvation_after: float = 5.0, context: zmq.Context | None = None,
+                 prefetch: int = 32) -> None:
+        self.ctx = context or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.bind(listen)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.epoch = random.getrandbits(48)
+        self.hb_interval = heartbeat_interval
+        self._last_beat = 0.0
+        self._stopping = False
+        # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
+        self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
+        self.clients = ClientRegistry(client_timeout, self._drop_client)
+        self.agents = AgentRegistry(self.sched, heartbeat_timeout)
+        # The parts name each other's methods through lambdas where each needs one made
+        # after it: objects that refer to each other, modules that do not.
+        self.graph = TaskGraph(on_ready=lambda task: self.dispatch.make_ready(task),
+                               on_recorded=self._recorded)
+        self.actors = ActorRouting(self._send, self.graph, self.sched,
+                                   release=lambda task_id: self.dispatch.release(task_id))
+        self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
+        self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
+                             self.explain.brief, self.sched.infeasible_reason,
+                             cancel=lambda task: self.dispatch.cancel(task))
+        self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
+                                   self.actors, self.jobs)
+        self._results = Batches(self._send, P.RESULTS, "results")
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self._handlers: dict[str, Handler] = {
+            P.HELLO: self._on_hello, P.SUBMIT: self._on_submit, P.RELEASE: self._on_release,
+            P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
+            P.REGISTER: self._on_register, P.DONE: self._on_done,
+            P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
+            P.RESOURCES: self._on_resources, P.KILL: self.actors.on_kill,
+            P.LOOKUP: self.actors.on_lookup, P.ACTOR_EXIT: self._on_actor_exit,
+            P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
+            P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
+        }
+
+    # -- loop -----------------------------------------------------------------------
+    def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until stop() or SIGINT/SIGTERM; call READY once signals are handled."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.stop())
+        if ready is not None:
+            ready()
+        log.info("broker_started", address=self.address, epoch=self.epoch, pid=os.getpid())
+        while not self._stopping:
+            self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
+        log.info("broker_stopped", address=self.address)
+        self.sock.close(0)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def poll_once(self, now: float, timeout: float = 0.0) -> None:
+        """Handle what has arrived, run the scheduler, send batches, check heartbeats."""
+        if self.poller.poll(int(timeout * 1000)):
+            for _ in range(_BATCH):
+                try:
+                    frames = P.recv(self.sock)
+                except zmq.Again:
+                    break
+                self._dispatch(frames, time.monotonic())
+        now = time.monotonic()
+        if self.sched.needs_pass():
+            try:
+                self.dispatch.assign(self.sched.schedule(now))
+            except Exception:  # a bug must not take the broker down for everyone
+                log.exception("scheduling_failed")
+        if now - self._last_beat >= self.hb_interval:
+            self._last_beat = now
+            try:
+                self._heartbeats(now)
+            except Exception:
+                log.exception("heartbeat_failed")
+        self.actors.pump_all()
+        self._results.flush()
+
+    def _dispatch(self, frames: list[Any], now: float) -> None:
+        ident = frames[0].bytes
+        try:
+            msg = P.decode(frames[1:])
+            handler = self._handlers.get(msg.kind)
+            if handler is None:
+                raise ProtocolError(f"{msg.kind} is not a message for the broker")
+            handler(ident, msg, now)
+        except ProtocolError as exc:
+            log.warning("bad_message", peer=ident.hex(), error=str(exc))
+        except Exception:  # a bug must not take the broker down for everyone
+            log.exception("message_failed", peer=ident.hex())
+
+    def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
+              frames: Sequence[Any] = ()) -> None:
+        P.send(self.sock, [ident, *P.encode(kind, body, frames)])
+
+    def _heartbeats(self, now: float) -> None:
+        for agent in self.agents.silent(now):
+            self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
+        self.clients.expire(now)
+        beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
+        for ident in [*self.agents.by_ident, *self.clients.idents()]:
+            P.send(self.sock, [ident, *beat])
+
+    def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
+        if self.agents.seen(ident, now) is None and self.clients.seen(ident, now) is None:
+            self._send(ident, P.UNKNOWN)
+
+    # -- clients --------------------------------------------------------------------
+    def _client(self, ident: bytes, now: float) -> ClientRecord | None:
+        client = self.clients.seen(ident, now)
+        if client is None:
+            self._send(ident, P.UNKNOWN)
+        return client
+
+    def _on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
+        new = self.clients.hello(ident, str(msg.body.get("client", ident.hex())), now)
+        # "new" tells a client we had dropped (silent too long) that its tasks are gone.
+        self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval,
+                                      "new": new})
+
+    def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
+        self.clients.leave(ident)
+
+    def _drop_client(self, client: ClientRecord, event: str) -> None:
+        log.info(event, client=client.name)
+        self.actors.drop_owned_by(client.ident, client.name)
+        self.dispatch.drop_work_of(client.ident, list(client.ids.values()))
+        for task_id in list(client.ids.values()):
+            task = self.graph.get(task_id)
+            if task is not None:
+                self.graph.unhold(task)
+        client.ids.clear()
+
+    def _on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        for sub in parse_submit(msg):
+            task = Task(self.graph.new_id(), client.ident, sub.local, sub.units, sub.priority,
+                        sub.retries, sub.name, sub.strict, sub.payload, [], kind=sub.kind)
+            self.graph.add(task)
+            client.ids[sub.local] = task.id
+            if sub.job is not None:
+                self.jobs.add(task, sub.job)
+            if sub.actor is not None and not self.actors.add_actor(task, sub.actor):
+                continue
+            if sub.call is not None and not self.actors.add_call(task, sub.call):
+                continue
+            deps = [client.ids.get(local, -1) for local in sub.deps]
+            unknown = next((local for local, dep in zip(sub.deps, deps)
+                            if self.graph.get(dep) is None), None)
+            if unknown is not None:
+                self.graph.fail(task, "ZresError", f"dependency {unknown} is unknown to the "
+                                "broker (released, or lost in a broker restart)")
+                continue
+            self.graph.link(task, deps)
+
+    def _on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        for local in P.field(msg, "ids", list):
+            task = self.graph.get(client.ids.pop(local, -1))
+            if task is not None:
+                self.graph.unhold(task)
+
+    def _on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        for local in P.field(msg, "ids", list):
+            task = self.graph.get(client.ids.get(local, -1))
+            if task is not None and task.state not in FINISHED:
+                self.dispatch.cancel(task)
+
+    def _recorded(self, task: Task) -> None:
+        """TASK has its outcome: update its job and actor, and send it to its client."""
+        self.jobs.finished(task, task.outcome, task.info)
+        actor = self.actors.actors.get(task.creates) if task.creates else None
+        if actor is not None and task.outcome != P.OK and actor.state is ActorState.PENDING:
+            # It never started (a failed argument, infeasible): calls fail the same way.
+            actor.error = (task.outcome, task.result, task.info)
+            self.actors.dead(actor, str(task.info.get("message", "its construction failed")))
+        client = self.clients.get(task.client)
+        if client is not None and client.ids.get(task.local_id) == task.id:
+            self._results.add(client.ident, [task.local_id, task.outcome, len(task.result),
+                                             task.info], task.result)
+
+    def _on_why(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self._client(ident, now)
+        if client is None:
+            return
+        local = P.field(msg, "id", int)
+        task = self.graph.get(client.ids.get(local, -1))
+        self._send(ident, P.WHY_REPLY, {"id": local, "reason": self.explain.why(task),
+                                        "req": msg.body.get("req")})
+
+    def _on_status(self, ident: bytes, msg: P.Message, now: float) -> None:
+        # Like resources, answered to any peer: zres status uses a throw-away socket.
+        self._send(ident, P.STATUS_REPLY, {**self.status(), "req": msg.body.get("req")})
+
+    def status(self) -> dict[str, Any]:
+        """Describe agents, task counts and every task that cannot run, as plain data."""
+        return self.explain.report(self.address, self.epoch, len(self.clients))
+
+    # -- agents ---------------------------------------------------------------------
+    def _on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
+        reg = parse_registration(msg)
+        welcome = {"epoch": self.epoch, "agent": reg.name, "heartbeat": self.hb_interval}
+        if self.agents.is_repeat(ident, reg):
+            # A repeated registration (it crossed our welcome): keep what runs there.
+            self.agents.seen(ident, now)
+            self._send(ident, P.WELCOME, {**welcome, "kept": True})
+            return
+        displaced = self.agents.displaced_by(ident, reg.name)
+        for record in displaced:
+            if record.ident == ident:
+                self.dispatch.lose_agent(record, "agent re-registered", recheck=False)
+            else:
+                # The newcomer wins (a restarted agent); the old one, if alive, is told to
+                # stop rather than re-register and evict the newcomer in turn.
+                self._send(record.ident, P.UNKNOWN, {"replaced": True})
+                self.dispatch.lose_agent(record, "replaced by a new agent of the same name",
+                                         recheck=False)
+        self.agents.add(ident, reg, now)
+        self._send(ident, P.WELCOME, welcome)
+        # With no agent, nothing was infeasible; the first one to join decides what is.
+        if displaced or len(self.agents) == 1:
+            self.dispatch.recheck_feasibility()
+
+    def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
+        name = P.field(msg, "agent", str)
+        changes = P.check_units(msg.body.get("units"), "resources")
+        reply: dict[str, Any] = {"req": msg.body.get("req")}
+        agent = self.agents.named(name)
+        if agent is None:
+            known = ", ".join(sorted(a.name for a in self.agents.by_ident.values())) or "none"
+            self._send(ident, P.RESOURCES_REPLY,
+                       {**reply, "error": f"no agent named {name!r} (agents: {known})"})
+            return
+        try:
+            started = self.agents.set_capacity(agent, changes)
+        except ValueError as exc:
+            self._send(ident, P.RESOURCES_REPLY, {**reply, "error": f"agent {name}: {exc}"})
+            return
+        self._send(agent.ident, P.RESOURCES, {"slots": self.agents.capacity(agent)})
+        self._send(ident, P.RESOURCES_REPLY, {**reply, "slots": self.agents.capacity(agent)})
+        self.dispatch.capacity_changed(started)
+
+    def _agent(self, ident: bytes, now: float) -> Any:
+        agent = self.agents.seen(ident, now)
+        if agent is None:
+            self._send(ident, P.UNKNOWN)
+        return agent
+
+    def _on_done(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._agent(ident, now)
+        if agent is None:
+            return
+        items = P.field(msg, "results", list)
+        if not all(isinstance(i, list) and len(i) == 4 for i in items):
+            raise ProtocolError("done: each result must be a 4-item array")
+        self.dispatch.done(agent, items, P.split_frames(msg.frames, [i[2] for i in items]), now)
+
+    def _on_actor_exit(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._agent(ident, now)
+        if agent is None:
+            return
+        self.actors.exited(agent.ident, P.field(msg, "actor", str),
+                           P.field(msg, "placement", int),
+                           str(msg.body.get("cause", "ended")), P.field(msg, "running", list))

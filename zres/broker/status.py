@@ -1,0 +1,93 @@
+"""What the broker tells people: why a task waits, and the cluster's status as plain data."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ..core.tasks import Task, TaskState
+from ..scheduler.policy import Scheduler
+from .actors import ActorRouting, ActorState
+from .agents import AgentRegistry
+from .graph import TaskGraph
+
+_LISTED = 200           # waiting tasks listed in a status reply
+_LISTED_INFEASIBLE = 1000  # ... infeasible ones, which matter more, up to this many
+
+
+class Explainer:
+    """Answer ``why`` and ``status`` from the graph, the scheduler, agents and actors."""
+
+    def __init__(self, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
+                 actors: ActorRouting) -> None:
+        self._graph = graph
+        self._sched = sched
+        self._agents = agents
+        self._actors = actors
+
+    def why(self, task: Task | None, count_ahead: bool = True) -> str:
+        """Say why TASK is not running yet, or where it runs.
+
+        COUNT_AHEAD counts the tasks queued before it (O(waiting)): fine for one question,
+        left out when describing many tasks at once.
+        """
+        if task is None:
+            return "unknown task (finished and released, or lost in a broker restart)"
+        if task.state is TaskState.WAITING:
+            return self._graph.waiting_for(task)
+        if task.state is TaskState.QUEUED and task.actor:
+            actor = self._actors.actors.get(task.actor)
+            state = actor.state.value if actor is not None else "dead"
+            return f"queued for actor {task.actor[:8]} ({state}) behind the caller's earlier calls"
+        if task.state is TaskState.QUEUED:
+            return self._sched.why(task.id, count_ahead)
+        if task.state is TaskState.RUNNING:
+            grant = self._sched.running.get(task.id)
+            if grant is not None and not grant.started:
+                return self._sched.why(task.id)
+            return f"running on {task.agent}"
+        return task.state.value
+
+    def brief(self, task: Task) -> str:
+        """WHY without counting what is ahead: for lists of many tasks."""
+        return self.why(task, count_ahead=False)
+
+    def report(self, address: str, epoch: int, clients: int) -> dict[str, Any]:
+        """Describe agents, task counts and every task that cannot run, as plain data."""
+        agents = []
+        for agent in sorted(self._agents.by_ident.values(), key=lambda a: a.name):
+            slots = [self._sched.slots[s] for s in agent.slots]
+            agents.append({"name": agent.name, "host": agent.host, "pid": agent.pid,
+                           "slots": [{"total": s.total, "free": s.free,
+                                      "running": len(s.running), "gpus": g}
+                                     for s, g in zip(slots, agent.gpus)]})
+        counts: dict[str, int] = defaultdict(int)
+        blocked: list[dict[str, Any]] = []
+        for task in self._graph.tasks.values():
+            grant = self._sched.running.get(task.id)
+            # A grant waiting in a slot's queue has not started: it counts as queued.
+            counts["queued" if grant is not None and not grant.started
+                   else task.state.value] += 1
+            if task.state is TaskState.QUEUED:
+                reason = self._sched.infeasible_reason(task.units)
+                if len(blocked) < _LISTED or (reason is not None
+                                              and len(blocked) < _LISTED_INFEASIBLE):
+                    blocked.append({"id": task.id, "name": task.name, "units": task.units,
+                                    "reason": self.brief(task)})
+        return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
+                "counts": dict(counts), "waiting": blocked, "actors": self._actor_status()}
+
+    def _actor_status(self) -> list[dict[str, Any]]:
+        out = []
+        for actor in sorted(self._actors.actors.values(), key=lambda a: a.ready_task):
+            entry = {"id": actor.id, "name": actor.name, "cls": actor.cls,
+                     "state": actor.state.value, "agent": actor.agent_name,
+                     "units": actor.units, "restarts_left": actor.restarts,
+                     "starts": actor.starts, "running": len(actor.inflight),
+                     "queued": sum(len(q) for q in actor.queues.values())}
+            if actor.placement in self._sched.waiting:
+                entry["reason"] = self._sched.why(actor.placement, count_ahead=False)
+            elif actor.state is ActorState.PENDING:
+                entry["reason"] = self.why(self._graph.get(actor.ready_task), False)
+            out.append(entry)
+        return out

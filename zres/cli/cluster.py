@@ -1,0 +1,147 @@
+"""``zres broker / agent / status / resources / demo``: running and looking at a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .. import config, logs
+from ..core import protocol as P
+from ..core.errors import ZresError
+from ..core.resources import format_amount, format_units, parse_spec
+from .options import UsageError, add_daemon_options, broker_address, request, seconds
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the cluster commands to the zres command line."""
+    broker = sub.add_parser("broker", help="run the broker (one per cluster)")
+    broker.add_argument("--listen", help=f"address to bind (default {config.DEFAULT_ADDRESS})")
+    broker.add_argument("--prefetch", type=int, help="short tasks each slot may hold queued, "
+                        "to hide the round trip between them (default 32; 0: none)")
+    add_daemon_options(broker)
+
+    agent = sub.add_parser("agent", help="run a node agent")
+    agent.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
+    agent.add_argument("--resources", "-r", help='what this node offers, e.g. "GPU=2 foo=1"')
+    agent.add_argument("--nworkers", type=int, help="worker processes (slots), default 1")
+    agent.add_argument("--nthreads", type=int, help="threads per worker (default: cores)")
+    agent.add_argument("--name", help="agent name (default host-pid)")
+    agent.add_argument("--job-logs", help="where command jobs' logs are kept "
+                       "(default: zres-jobs-UID in the temporary directory)")
+    agent.add_argument("--job-grace", type=seconds, help="seconds a cancelled command job "
+                       "has between SIGTERM and SIGKILL (default 5)")
+    agent.add_argument("--no-detect", action="store_true",
+                       help="offer only CPU=threads and --resources, no detected MEMORY/GPU")
+    add_daemon_options(agent)
+
+    status = sub.add_parser("status", help="show agents, resources and waiting tasks")
+    status.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
+    status.add_argument("--timeout", type=seconds, default=10.0)
+
+    res = sub.add_parser("resources", help="change an agent's capacity while it runs")
+    res.add_argument("agent", help="agent name, as zres status shows it")
+    res.add_argument("spec", help='new amounts, e.g. "GPU=1 foo=3" (0 removes a name)')
+    res.add_argument("--broker", help="broker address (default $ZRES_BROKER)")
+    res.add_argument("--timeout", type=seconds, default=10.0)
+
+    demo = sub.add_parser("demo", help="run the example on a local cluster")
+    demo.add_argument("--inputs", type=int, default=20)
+
+
+def broker(args: argparse.Namespace) -> int:
+    from ..broker.server import Broker
+    settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch},
+                           path=args.config)
+    logs.setup(args.log_format, args.log_level)
+    broker = Broker(settings["listen"], settings["heartbeat_interval"],
+                    settings["heartbeat_timeout"], settings["client_timeout"],
+                    settings["starvation_after"], prefetch=settings["prefetch"])
+    _exit_with(args, broker.stop)
+    broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
+    return 0
+
+
+def agent(args: argparse.Namespace) -> int:
+    from ..agent.daemon import Agent
+    from ..agent.slots import plan_slots
+    settings = config.load("agent", {"broker": args.address, "resources": args.resources,
+                                     "nworkers": args.nworkers, "nthreads": args.nthreads,
+                                     "name": args.name, "job_logs": args.job_logs,
+                                     "job_grace": args.job_grace},
+                           path=args.config)
+    if not settings["broker"]:
+        raise UsageError("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
+    logs.setup(args.log_format, args.log_level)
+    slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
+                       detect=not args.no_detect)
+    os.environ["ZRES_JOB_GRACE"] = str(settings["job_grace"])  # read by its workers' jobs
+    agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
+                  settings["heartbeat_timeout"], settings["job_logs"])
+    _exit_with(args, agent.stop)
+    agent.run()
+    return agent.exit_code
+
+
+def _exit_with(args: argparse.Namespace, stop: Any) -> None:
+    if args.exit_with is not None:
+        from ..local import exit_with
+        exit_with(args.exit_with, stop)
+
+
+def status(args: argparse.Namespace) -> int:
+    print(render_status(request(broker_address(args.address), P.STATUS, {}, args.timeout)))
+    return 0
+
+
+def resources(args: argparse.Namespace) -> int:
+    units = parse_spec(args.spec)
+    reply = request(broker_address(args.broker), P.RESOURCES,
+                    {"agent": args.agent, "units": units}, args.timeout)
+    if "error" in reply:
+        raise ZresError(reply["error"])
+    for index, slot in enumerate(reply["slots"]):
+        label = args.agent if len(reply["slots"]) == 1 else f"{args.agent}[{index}]"
+        print(f"{label}: {format_units(slot)}")
+    return 0
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """Format a broker status reply for people."""
+    lines = [f"broker {status['address']}  clients: {status['clients']}", "", "agents:"]
+    if not status["agents"]:
+        lines.append("  (none)")
+    for agent in status["agents"]:
+        for index, slot in enumerate(agent["slots"]):
+            label = agent["name"] if len(agent["slots"]) == 1 else f"{agent['name']}[{index}]"
+            amounts = "  ".join(
+                f"{n}={format_amount(n, slot['free'].get(n, 0))}/{format_amount(n, t)}"
+                for n, t in sorted(slot["total"].items()))
+            gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
+            lines.append(f"  {label:<20} running={slot['running']:<4} free/total: "
+                         f"{amounts}{gpus}")
+    counts = status["counts"]
+    lines += ["", "tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                               or "none")]
+    if status.get("actors"):
+        lines += ["", "actors:"]
+        for actor in status["actors"]:
+            label = f"{actor['cls']}({actor['name'] or actor['id'][:8]})"
+            where = f" on {actor['agent']}" if actor["agent"] else ""
+            why = f": {actor['reason']}" if actor.get("reason") else ""
+            lines.append(f"  {label:<24} {actor['state']}{where}  {format_units(actor['units'])}"
+                         f"  calls: {actor['running']} sent, {actor['queued']} queued"
+                         f"  restarts left: {actor['restarts_left']}{why}")
+    if status["waiting"]:
+        lines += ["", "waiting:"]
+        lines += [f"  {t['name']} (id {t['id']}): {t['reason']}" for t in status["waiting"]]
+    return "\n".join(lines)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from ..demo import run
+    return run(args.inputs)
+
+
+COMMANDS = {"broker": broker, "agent": agent, "status": status, "resources": resources,
+            "demo": demo}

@@ -1,0 +1,241 @@
+"""``zres submit / jobs / logs / cancel / wait / run-queue``: command jobs from a shell.
+
+    zres submit -r "GPU=1" --name aaa -- python train.py --lr 0.1   # prints the job id
+    zres jobs [--all]
+    zres logs JOB [--follow]
+    zres cancel JOB
+    zres wait [JOB ...]            # exit status 1 if any failed or cannot run
+    zres run-queue --once          # wait for every queued job
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+from ..core import protocol as P
+from ..core.errors import ZresError
+from ..core.resources import format_units, parse_spec, units_to_float
+from .options import broker_address, request, seconds
+
+_FINAL = {"done", "failed", "cancelled", "lost", "infeasible", "unknown"}
+_POLL = 0.2  # seconds between looks at the job table while waiting or following
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the job commands to the zres command line."""
+    submit = sub.add_parser("submit", help="queue a shell command as a job")
+    submit.add_argument("--resources", "-r", default="",
+                        help='what it needs, e.g. "GPU=1" or "gpu0=1 gpu1=1"')
+    submit.add_argument("--name", help="a name shown by zres jobs")
+    submit.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
+                        help="set an environment variable for the job (repeatable)")
+    submit.add_argument("--cwd", help="the job's working directory on the agent (default: "
+                        "this directory, as for sbatch; a relative one is taken from here)")
+    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--retries", type=int, default=0,
+                        help="run again elsewhere if its agent is lost (default 0)")
+    submit.add_argument("--infeasible", choices=["warn", "error"], default="warn",
+                        help="error: refuse a job no agent could ever run")
+    submit.add_argument("--file", help="queue one job per line of this file ('-': stdin), "
+                        "each with these options; prints one id per line")
+    submit.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
+                        help="-- then the command and its arguments")
+    _broker_option(submit)
+
+    jobs = sub.add_parser("jobs", help="list queued and running jobs")
+    jobs.add_argument("--all", action="store_true", help="finished jobs too")
+    _broker_option(jobs)
+
+    logs = sub.add_parser("logs", help="print a job's output")
+    logs.add_argument("job", type=int)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    _broker_option(logs)
+
+    cancel = sub.add_parser("cancel", help="stop a job (SIGTERM, then SIGKILL)")
+    cancel.add_argument("job", type=int, nargs="+")
+    _broker_option(cancel)
+
+    wait = sub.add_parser("wait", help="block until jobs finish; non-zero if any failed")
+    wait.add_argument("job", type=int, nargs="*", help="default: every queued or running job")
+    wait.add_argument("--timeout", type=seconds, help="give up after this many seconds")
+    _broker_option(wait)
+
+    queue = sub.add_parser("run-queue", help="watch the queue; --once returns when it is empty")
+    queue.add_argument("--once", action="store_true")
+    _broker_option(queue)
+
+
+def _broker_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--broker", help="broker address (default $ZRES_BROKER)")
+
+
+def _request(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    return request(broker_address(args.broker), kind, body, 10.0)
+
+
+def submit(args: argparse.Namespace) -> int:
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    commands = [command] if command else []
+    if args.file:
+        if command:
+            raise ValueError("give a command or --file, not both")
+        commands = _read_commands(args.file)
+    if not commands:
+        raise ValueError("no command given: zres submit [options] -- COMMAND [ARGS...]")
+    resources = parse_spec(args.resources) if args.resources.strip() else {}
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    # `zres submit -- python train.py` runs train.py from here, as typed.
+    cwd = os.path.abspath(args.cwd or os.getcwd())
+    from ..client.client import Client
+    from ..client.io import InfeasibleWarning
+    with Client(broker_address(args.broker), connect_timeout=10.0) as client, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", InfeasibleWarning)  # said below, without a traceback
+        futures = [client.submit_command(argv, resources=units_to_float(resources), env=env,
+                                         cwd=cwd, name=args.name, retries=args.retries,
+                                         priority=args.priority, infeasible=args.infeasible,
+                                         detached=True) for argv in commands]
+        ids = client.job_ids(futures)
+        table = _request(args, P.JOBS, {"jobs": ids})["jobs"]
+    refused = [j for j in table if j["state"] == "infeasible" and j.get("error")]
+    if refused:  # --infeasible error refused them (all alike: same resources)
+        raise ZresError(f"refused: {refused[0]['error']}")
+    for job in table:
+        print(job["id"])
+        if job["state"] == "infeasible":
+            print(f"zres submit: job {job['id']} is queued, but no agent can run it now: "
+                  f"{job.get('reason')}", file=sys.stderr)
+    return 0
+
+
+def _read_commands(path: str) -> list[list[str]]:
+    """One command per non-blank line, split as a shell would; # starts a comment."""
+    import shlex
+    text = sys.stdin.read() if path == "-" else open(path).read()
+    commands = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            argv = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}: {line!r}") from None
+        if argv:
+            commands.append(argv)
+    return commands
+
+
+def jobs(args: argparse.Namespace) -> int:
+    table = _request(args, P.JOBS, {"all": args.all})["jobs"]
+    print(render_jobs(table))
+    return 0
+
+
+def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
+    """Format the job table for people."""
+    now = now or time.time()
+    rows = [("ID", "NAME", "STATE", "RESOURCES", "AGENT", "GPUS", "START", "DURATION", "EXIT")]
+    for job in table:
+        started, finished = job.get("started"), job.get("finished")
+        duration = ((finished or now) - started) if started else None
+        exit_code = job.get("exit_code")
+        rows.append((str(job["id"]), job.get("name", ""), job["state"],
+                     format_units(job.get("units", {})) or "-", job.get("agent") or "-",
+                     ",".join(job.get("gpus", [])) or "-",
+                     time.strftime("%H:%M:%S", time.localtime(started)) if started else "-",
+                     f"{duration:.1f}s" if duration is not None else "-",
+                     "-" if exit_code is None else str(exit_code)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    for job in table:
+        if job.get("reason") and job["state"] in ("queued", "infeasible"):
+            lines.append(f"  job {job['id']} waits: {job['reason']}")
+    return "\n".join(lines)
+
+
+def logs(args: argparse.Namespace) -> int:
+    offset = 0
+    while True:
+        reply = _request(args, P.LOGS, {"job": args.job, "offset": offset})
+        if "error" in reply:
+            raise ZresError(reply["error"])
+        data = reply.get("data", b"")
+        if data:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            offset += len(data)
+            continue
+        if not args.follow or reply.get("finished") or reply.get("state") in _FINAL:
+            return 0
+        time.sleep(_POLL)
+
+
+def cancel(args: argparse.Namespace) -> int:
+    failed = 0
+    for job_id in args.job:
+        reply = _request(args, P.JOB_CANCEL, {"job": job_id})
+        if "error" in reply:
+            print(f"zres cancel: {reply['error']}", file=sys.stderr)
+            failed = 1
+        else:
+            print(f"cancelled {job_id}")
+    return failed
+
+
+def wait(args: argparse.Namespace) -> int:
+    """Wait for the given jobs (or all active ones); report any that failed or cannot run."""
+    wanted = list(args.job) or [j["id"] for j in _request(args, P.JOBS, {})["jobs"]]
+    return _wait_for(args, wanted, args.timeout)
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    if args.once:
+        wanted = [j["id"] for j in _request(args, P.JOBS, {})["jobs"]]
+        print(f"waiting for {len(wanted)} job(s): {' '.join(map(str, wanted))}", flush=True)
+        return _wait_for(args, wanted, None)
+    seen: dict[int, str] = {}
+    while True:  # watch forever (until Ctrl-C), saying what changes
+        for job in _request(args, P.JOBS, {"all": True})["jobs"]:
+            if seen.get(job["id"]) != job["state"]:
+                seen[job["id"]] = job["state"]
+                print(f"job {job['id']} {job.get('name', '')}: {job['state']}", flush=True)
+        time.sleep(_POLL * 5)
+
+
+def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        table = _request(args, P.JOBS, {"jobs": wanted})["jobs"] if wanted else []
+        # Infeasible counts as final: such jobs are reported, not awaited.
+        pending = [j for j in table if j["state"] not in _FINAL]
+        if not pending:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"zres wait: gave up after {timeout:g}s; still waiting for "
+                  f"{', '.join(str(j['id']) for j in pending)}", file=sys.stderr)
+            return 1
+        time.sleep(_POLL)
+    status = 0
+    for job in table:
+        if job["state"] == "done":
+            continue
+        status = 1
+        detail = job.get("reason") or job.get("error") or ""
+        code = job.get("exit_code")
+        what = f"exit code {code}" if code is not None else job["state"]
+        print(f"job {job['id']} ({job.get('name', '')}): {what}" + (f": {detail}" if detail
+                                                                     else ""),
+              file=sys.stderr)
+    return status
+
+
+COMMANDS = {"submit": submit, "jobs": jobs, "logs": logs, "cancel": cancel, "wait": wait,
+            "run-queue": run_queue}

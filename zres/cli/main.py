@@ -1,0 +1,42 @@
+"""The ``zres`` command: one parser, one module per group of subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import zmq
+
+from ..core.errors import ZresError
+from . import cluster, jobs
+from .options import EXIT_USAGE, Parser, UsageError
+
+_COMMANDS = {**cluster.COMMANDS, **jobs.COMMANDS}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="zres", description="Resource-aware task scheduler.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    cluster.add_parsers(sub)
+    jobs.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the zres command line; exit with its status."""
+    parser = _parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_usage(sys.stderr)
+        sys.exit(EXIT_USAGE)
+    args = parser.parse_args(argv)
+    try:
+        code = _COMMANDS[args.command](args)
+    except (UsageError, ValueError) as exc:  # bad input: resource specs, config, flags
+        print(f"zres {args.command}: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except (ZresError, zmq.ZMQError) as exc:  # e.g. no broker answered, address in use
+        print(f"zres {args.command}: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

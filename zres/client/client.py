@@ -1,0 +1,331 @@
+"""``Client``: submits work to a broker; its I/O thread (``io``) resolves the futures.
+
+User threads pickle the call and hand the message to the I/O thread, which alone touches
+the socket. The newest open client is the default for ``zres.submit`` and friends.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import inspect
+import itertools
+import os
+import pickle
+import shlex
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from ..agent.commands import run_command
+from ..core import protocol as P
+from ..core.errors import ZresError
+from ..core.resources import mapping_to_units, task_request, units_to_float
+from ..core.serialize import CallPickler
+from . import registry
+from .actors import ActorHandle
+from .annotations import current_annotations
+from .futures import Future, gather
+from .io import IOThread
+
+_INFEASIBLE_MODES = ("warn", "error")
+
+
+class Client(cf.Executor):
+    """Connect to a broker, or start a private local cluster when none is named.
+
+    ``Client()`` uses ``$ZRES_BROKER`` if set, else starts a broker and one agent with
+    this machine's resources (a ``LocalCluster``) that it stops on ``close()``.
+    """
+
+    def __init__(self, address: str | None = None, *, name: str | None = None,
+                 infeasible: str = "warn", connect_timeout: float = 30.0,
+                 broker_timeout: float | None = None) -> None:
+        _check_infeasible(infeasible)
+        self.infeasible = infeasible
+        self.cluster = None
+        address = address or os.environ.get("ZRES_BROKER")
+        if not address:
+            from ..local import LocalCluster
+            self.cluster = LocalCluster()
+            address = self.cluster.address
+        self.address = address
+        self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._ids = itertools.count(1)
+        self._pickler = CallPickler(Future)
+        self._io = IOThread(self.name, address, broker_timeout)
+        self._closed = False
+        try:
+            self._io.connected.wait_for(connect_timeout)
+        except TimeoutError:
+            self.close()
+            raise ZresError(f"no zres broker answered at {address} within "
+                            f"{connect_timeout:g}s") from None
+        registry.add(self)
+
+    # -- submitting ---------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], /, *args: Any,  # type: ignore[override]
+               resources: Mapping[str, Any] | None = None, retries: int | None = None,
+               priority: int | None = None, infeasible: str | None = None,
+               key: str | None = None,
+               **kwargs: Any) -> Future:
+        """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
+
+        KEY names the task in status and errors (default: the function's name and id).
+        """
+        opts = self._options(resources, retries, priority, infeasible, key)
+        deps: list[Any] = []
+        index: dict[int, int] = {}
+        fn_frame = self._pickler.function(fn, deps, index)
+        frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
+        future = self._make_future(fn, key, frames, deps, opts)
+        self._io.wake()
+        return future
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],  # type: ignore[override]
+            resources: Mapping[str, Any] | None = None, retries: int | None = None,
+            priority: int | None = None, infeasible: str | None = None,
+            key: str | None = None, **kwargs: Any) -> list[Future]:
+        """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does)."""
+        opts = self._options(resources, retries, priority, infeasible, key)
+        fn_deps: list[Any] = []
+        fn_index: dict[int, int] = {}
+        fn_frame = self._pickler.function(fn, fn_deps, fn_index)
+        futures = []
+        for args in zip(*iterables):
+            deps, index = list(fn_deps), dict(fn_index)
+            frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
+            futures.append(self._make_future(fn, key, frames, deps, opts))
+            if len(futures) % 256 == 0:
+                self._io.wake()  # the first tasks start while the rest are pickled
+        self._io.wake()
+        return futures
+
+    def _options(self, resources: Mapping[str, Any] | None, retries: int | None,
+                 priority: int | None, infeasible: str | None,
+                 key: str | None) -> dict[str, Any]:
+        self._check_open()
+        ann = current_annotations()
+        resources = ann.get("resources") if resources is None else resources
+        retries = ann.get("retries", 0) if retries is None else retries
+        priority = ann.get("priority", 0) if priority is None else priority
+        infeasible = ann.get("infeasible", self.infeasible) if infeasible is None else infeasible
+        for label, value in (("retries", retries), ("priority", priority)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{label} must be an int, not {type(value).__name__}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        _check_infeasible(infeasible)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        return {"units": task_request(resources), "retries": retries, "priority": priority,
+                "strict": infeasible == "error"}
+
+    def _make_future(self, fn: Any, name: str | None, frames: list[Any],
+                     deps: list[Future], opts: dict[str, Any],
+                     extra: dict[str, Any] | None = None) -> Future:
+        for dep in deps:
+            if dep.client is not self:
+                raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
+        task_id = next(self._ids)
+        label = name or f"{getattr(fn, '__name__', fn)}-{task_id}"
+        future = Future(self, task_id, label)
+        item = [task_id, opts["units"], opts["priority"], opts["retries"],
+                [d.id for d in deps], len(frames), label, opts["strict"]]
+        if extra:
+            item.append(extra)
+        with self._io.lock:  # against close() and a broker loss failing what is pending
+            self._check_open()
+            self._io.pending[task_id] = future
+            self._io.outbox.append((P.SUBMIT, item, frames))
+        return future
+
+    # -- command jobs -----------------------------------------------------------------------
+    def submit_command(self, argv: str | Iterable[str], *,
+                       resources: Mapping[str, Any] | None = None,
+                       env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None
+                       = None, name: str | None = None, retries: int | None = None,
+                       priority: int | None = None, infeasible: str | None = None,
+                       detached: bool = False) -> Future:
+        """Queue a shell command as a job; return a future of its ``CommandResult``.
+
+        It runs on an agent with RESOURCES free, in a process group of its own, with
+        CUDA_VISIBLE_DEVICES set to the granted devices and ZRES_JOB_ID, ZRES_GPU_IDS in
+        its environment; its output goes to a log on that agent (``zres logs``). A
+        non-zero exit fails the future with ``CommandFailed``. A string ARGV is split as a
+        shell would (no shell runs it). A DETACHED job outlives this client.
+        """
+        args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+        if not args or not all(isinstance(a, str) for a in args):
+            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+        extra_env = dict(env or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
+            raise TypeError("env must map strings to strings")
+        opts = self._options(resources, retries, priority, infeasible, name)
+        deps: list[Any] = []
+        index: dict[int, int] = {}
+        frames = self._pickler.call(self._pickler.function(run_command, deps, index),
+                                    (args, extra_env, None if cwd is None else os.fspath(cwd)),
+                                    {}, deps, index)
+        label = name or os.path.basename(args[0])
+        future = self._make_future(run_command, f"{label}", frames, deps, opts,
+                                   {"job": {"argv": args, "detached": bool(detached)}})
+        self._io.wake()
+        return future
+
+    def job_ids(self, futures: Iterable[Future], timeout: float = 10.0) -> list[int | None]:
+        """Return the broker's job id of each command-job future (None if unknown)."""
+        ids = [f.id for f in futures]
+        return list(self._io.request(P.JOBS, {"ids": ids, "jobs": []}, timeout)["ids"])
+
+    def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
+        """Return the job table: queued and running jobs, finished ones too with ALL."""
+        return list(self._io.request(P.JOBS, {"all": all}, timeout)["jobs"])
+
+    # -- actors ---------------------------------------------------------------------------
+    def actor(self, cls: type, /, *args: Any, resources: Mapping[str, Any] | None = None,
+              max_concurrency: int = 1, restarts: int = 0, name: str | None = None,
+              priority: int | None = None, infeasible: str | None = None,
+              **kwargs: Any) -> ActorHandle:
+        """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
+
+        The actor holds RESOURCES until it ends. Its methods run in its own process, calls
+        from one client in the order made, up to MAX_CONCURRENCY at once (threads; coroutine
+        methods on its event loop). If its process or agent dies it is started again, up
+        to RESTARTS times (-1: no limit). A NAMEd actor can be found with ``get_actor`` and
+        outlives this client; an unnamed one ends when this client disconnects.
+        """
+        if not inspect.isclass(cls):
+            raise TypeError(f"actor() needs a class, not {type(cls).__name__}")
+        for label, value, low in (("max_concurrency", max_concurrency, 1),
+                                  ("restarts", restarts, -1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{label} must be an int >= {low}, got {value!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        opts = self._options(resources, 0, priority, infeasible, None)
+        actor_id = uuid.uuid4().hex
+        methods = sorted(m for m in dir(cls)
+                         if not m.startswith("__") and callable(getattr(cls, m, None)))
+        deps: list[Any] = []
+        index: dict[int, int] = {}
+        frames = self._pickler.call(self._pickler.function(cls, deps, index), args, kwargs,
+                                    deps, index)
+        spec = {"id": actor_id, "name": name or "", "cls": cls.__qualname__,
+                "methods": methods, "restarts": restarts, "concurrency": max_concurrency}
+        ready = self._make_future(cls, f"{cls.__qualname__}.__init__-{name or actor_id[:8]}",
+                                  frames, deps, opts, {"actor": spec})
+        self._io.wake()
+        if name is not None:
+            # Sent after the construction, so the broker answers with the name's owner.
+            owner = self._io.request(P.LOOKUP, {"name": name}, 30.0).get("actor") or {}
+            if owner.get("id", actor_id) != actor_id:
+                raise ValueError(f"an actor named {name!r} already exists")
+        return ActorHandle(actor_id, cls.__qualname__, methods, name or "", self, ready)
+
+    def get_actor(self, name: str, timeout: float = 10.0) -> ActorHandle:
+        """Return a handle to the live actor called NAME; ValueError if there is none."""
+        found = self._io.request(P.LOOKUP, {"name": name}, timeout).get("actor")
+        if not found:
+            raise ValueError(f"no live actor named {name!r}")
+        return ActorHandle(found["id"], found["cls"], found["methods"], found["name"], self)
+
+    def kill(self, actor: ActorHandle, timeout: float = 10.0) -> None:
+        """End ACTOR now: its resources are free when this returns; later calls fail
+        with ActorDiedError."""
+        if not isinstance(actor, ActorHandle):
+            raise TypeError(f"kill() needs an ActorHandle, not {type(actor).__name__}")
+        self._io.request(P.KILL, {"actor": actor._zres_id}, timeout)
+
+    def _call(self, actor: ActorHandle, method: str, args: tuple[Any, ...],
+              kwargs: dict[str, Any], retries: int, key: str | None) -> Future:
+        opts = self._options({}, retries, 0, "warn", key)
+        deps: list[Any] = []
+        frames = self._pickler.call(pickle.dumps(method, protocol=5), args, kwargs, deps, {})
+        label = key or f"{actor._zres_cls}.{method}"
+        future = self._make_future(label, key, frames, deps, opts, {"call": actor._zres_id})
+        self._io.wake()
+        return future
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ZresError("this client is closed")
+        if self._io.dead:
+            raise ZresError("this client's connection thread has stopped; make a new Client")
+
+    # -- other requests -------------------------------------------------------------------
+    def gather(self, futures: Any, timeout: float | None = None) -> Any:
+        """Return the results of FUTURES, keeping their list/tuple/dict structure."""
+        return gather(futures, timeout)
+
+    def why(self, future: Future, timeout: float = 10.0) -> str:
+        """Ask the broker why FUTURE's task is not running yet."""
+        if future.done():
+            return "finished"
+        return str(self._io.request(P.WHY, {"id": future.id}, timeout)["reason"])
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Return the broker's view: agents with total and free resources, task counts."""
+        return self._io.request(P.STATUS, {}, timeout)
+
+    def set_resources(self, agent: str, resources: Mapping[str, Any],
+                      timeout: float = 10.0) -> list[dict[str, float]]:
+        """Change AGENT's capacity while it runs: names given are set, 0 removes one.
+
+        Waiting tasks that now fit start at once; lowering below what is in use lets
+        running tasks finish and starts no new ones there until they fit.
+        """
+        reply = self._io.request(P.RESOURCES, {"agent": agent,
+                                               "units": mapping_to_units(resources)}, timeout)
+        if "error" in reply:
+            raise ZresError(reply["error"])
+        return [units_to_float(units) for units in reply["slots"]]
+
+    def _cancel(self, future: Future) -> None:
+        self._io.pending.pop(future.id, None)
+        self._io.outbox.append((P.CANCEL, future.id, ()))
+        future._release_when_dropped = True
+        self._io.wake()
+
+    def _release(self, task_id: int) -> None:
+        if not self._closed:
+            self._io.outbox.append((P.RELEASE, task_id, ()))
+            self._io.wake()
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Disconnect; tasks still pending fail; stop the local cluster if this client owns one."""
+        with self._io.lock:
+            if self._closed:
+                return
+            self._closed = True
+        registry.remove(self)
+        self._io.stop()
+        self._io.lose_all("the client was closed before the task finished", ZresError)
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<zres.Client {self.address}{' closed' if self._closed else ''}>"
+
+
+def _check_infeasible(mode: str) -> None:
+    if mode not in _INFEASIBLE_MODES:
+        raise ValueError(f"infeasible must be 'warn' or 'error', not {mode!r}")
+
+
+
+def default_client() -> Client:
+    """Return the newest open client, starting one (and maybe a local cluster) if none."""
+    return cast(Client, registry.default())
+
+
+registry.set_factory(Client)

@@ -1,0 +1,290 @@
+"""The client's I/O thread: the one thread that owns its DEALER socket.
+
+User threads never touch the socket: they append a message to ``outbox`` and wake this
+thread through a pipe (only when it is not already awake). It sends everything queued as
+one batch per kind, heartbeats, and resolves futures as results arrive.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import os
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections import deque
+from typing import Any
+
+import structlog
+import zmq
+
+from ..core import errors
+from ..core import protocol as P
+from ..core.errors import BrokerLostError, InfeasibleError, ZresError
+from ..core.serialize import loads, loads_exception
+from .futures import Future
+
+log = structlog.get_logger("zres.client")
+
+
+class InfeasibleWarning(UserWarning):
+    """A task asks for resources that no connected agent could ever provide."""
+
+
+def settle(future: Future, result: Any = None, exception: BaseException | None = None) -> None:
+    """Resolve FUTURE, unless it was cancelled meanwhile."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except cf.InvalidStateError:
+        pass  # cancelled meanwhile
+
+
+_ERRORS: dict[str, type[BaseException]] = {
+    "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
+    "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
+    "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
+    "CommandFailed": errors.CommandFailed,
+    "CancelledError": cf.CancelledError, "ZresError": ZresError,
+}
+
+
+
+class IOThread:
+    """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
+
+    def __init__(self, client_name: str, address: str, broker_timeout: float | None) -> None:
+        self.client_name = client_name
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.connect(address)
+        self.outbox: deque[tuple[str, Any, Any]] = deque()
+        self.pending: dict[int, Future] = {}
+        self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
+        self._request_ids = itertools.count(1)
+        self.connected = Flag()
+        self.epoch: int | None = None
+        self.hb_interval = 0.5
+        self.broker_timeout = broker_timeout or float(os.environ.get(
+            "ZRES_CLIENT__BROKER_TIMEOUT", 30.0))
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        # Closed only when nothing can use them any more: a user thread may still call
+        # wake() as the I/O thread ends, and a closed descriptor's number can be reused.
+        # Not at exit: the thread may still be running then (a client never closed).
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w).atexit = False
+        self._awake = False
+        self._stop = False
+        self.dead = False  # the thread has ended: nothing more is sent or received
+        self.lock = threading.Lock()  # guards swapping `pending` against inserts
+        self._last_heard = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        if not self._awake and not self.dead:
+            self._awake = True
+            os.write(self._wake_w, b"x")
+
+    def request(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        reply: cf.Future = cf.Future()  # type: ignore[type-arg]
+        self.outbox.append((kind, (body, reply), ()))
+        self.wake()
+        try:
+            return reply.result(timeout)  # type: ignore[no-any-return]
+        except cf.TimeoutError:
+            raise ZresError(f"the broker did not answer {kind} within {timeout:g}s") from None
+
+    def stop(self) -> None:
+        self._stop = True
+        self.wake()
+        self._thread.join(5)
+
+    # -- the thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        self._hello()
+        last_beat = time.monotonic()
+        try:
+            while not self._stop:
+                poller.poll(int(self.hb_interval * 500))
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                # Only once the pipe is empty: a wake() after this writes a new byte (cleared
+                # before, a wake() between the two would be swallowed until the next beat).
+                self._awake = False
+                self._send_outbox()
+                self._receive()
+                now = time.monotonic()
+                if now - last_beat >= self.hb_interval:
+                    last_beat = now
+                    P.send(self.sock, P.encode(P.HEARTBEAT))
+                    if now - self._last_heard > self.broker_timeout and self.pending:
+                        lost = self.lose_all(
+                            f"no word from the broker for {self.broker_timeout:g}s")
+                        # Should the same broker come back, it must not run them for nobody.
+                        for task_id in lost:
+                            self.outbox.append((P.CANCEL, task_id, ()))
+                            self.outbox.append((P.RELEASE, task_id, ()))
+            P.send(self.sock, P.encode(P.BYE))
+        except Exception as exc:  # a bug: say so on every waiting future, never hang them
+            log.exception("client_io_failed")
+            self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
+        finally:
+            self.dead = True
+            self.sock.close(linger=200)
+
+    def _hello(self) -> None:
+        P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name}))
+
+    def _send_outbox(self) -> None:
+        """Send everything queued: submits in batches, then cancels and releases."""
+        submits: list[Any] = []
+        frames: list[Any] = []
+        releases: list[int] = []
+        cancels: list[int] = []
+
+        def flush_submits() -> None:
+            if submits:
+                self._send(P.SUBMIT, {"tasks": list(submits)}, list(frames))
+                submits.clear()
+                frames.clear()
+
+        while self.outbox:
+            kind, item, item_frames = self.outbox.popleft()
+            if kind == P.SUBMIT:
+                submits.append(item)
+                frames.extend(item_frames)
+                if len(submits) >= 1000:
+                    flush_submits()
+            elif kind == P.RELEASE:
+                releases.append(item)
+            elif kind == P.CANCEL:
+                cancels.append(item)
+            else:  # a request: the broker must see what was queued before it first
+                flush_submits()
+                if cancels:
+                    self._send(P.CANCEL, {"ids": cancels})
+                    cancels = []
+                body, reply = item
+                req = next(self._request_ids)
+                self.requests[req] = reply
+                self._send(kind, {**body, "req": req})
+        flush_submits()
+        if cancels:
+            self._send(P.CANCEL, {"ids": cancels})
+        if releases:
+            self._send(P.RELEASE, {"ids": releases})
+
+    def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+        P.send(self.sock, P.encode(kind, body, frames))
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = P.recv(self.sock)
+            except zmq.Again:
+                return
+            try:
+                self._handle(P.decode(frames))
+            except errors.ProtocolError as exc:
+                log.warning("bad_message", error=str(exc))
+
+    def _handle(self, msg: P.Message) -> None:
+        self._last_heard = time.monotonic()
+        if msg.kind == P.RESULTS:
+            self._on_results(msg)
+        elif msg.kind == P.WELCOME:
+            self._on_welcome(msg)
+        elif msg.kind == P.HEARTBEAT:
+            if self.epoch is not None and msg.body.get("epoch") != self.epoch:
+                self._hello()
+        elif msg.kind == P.UNKNOWN:
+            self._hello()
+        elif msg.kind == P.WARN:
+            self._on_warn(msg)
+        elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY, P.KILL_REPLY,
+                          P.LOOKUP_REPLY, P.JOBS_REPLY):
+            reply = self.requests.pop(msg.body.get("req", -1), None)
+            if reply is not None:
+                reply.set_result(msg.body)
+
+    def _on_welcome(self, msg: P.Message) -> None:
+        epoch = msg.body.get("epoch")
+        self.hb_interval = float(msg.body.get("heartbeat", 0.5))
+        if self.epoch is not None and epoch != self.epoch:
+            self.lose_all("the broker restarted and lost the task")
+        elif self.epoch is not None and msg.body.get("new"):
+            self.lose_all("the broker had dropped this client (silent too long) and "
+                          "cancelled its tasks")
+        self.epoch = epoch
+        self.connected.set()
+
+    def lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> list[int]:
+        """Fail every pending future and request with ERROR(WHY); return the task ids."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        for future in pending.values():
+            settle(future, exception=error(f"task {future.name}: {why}"))
+        requests, self.requests = self.requests, {}
+        for reply in requests.values():
+            reply.set_exception(error(why))
+        return list(pending)
+
+    def _on_results(self, msg: P.Message) -> None:
+        items = msg.body["results"]
+        for (task_id, outcome, _, info), frames in zip(
+                items, P.split_frames(msg.frames, [i[2] for i in items])):
+            future = self.pending.pop(task_id, None)
+            if future is None:
+                continue
+            future.agent = info.get("agent")
+            future._release_when_dropped = True
+            if outcome == P.OK:
+                try:
+                    settle(future, loads(frames))
+                except Exception as exc:
+                    settle(future, exception=errors.RemoteError(
+                        f"the result of {future.name} cannot be unpickled here: {exc!r}"))
+            elif outcome == P.RAISED:
+                settle(future, exception=loads_exception(frames))
+            else:
+                error = _ERRORS.get(str(info.get("type")), ZresError)
+                settle(future, exception=error(info.get("message", "task failed")))
+
+    def _on_warn(self, msg: P.Message) -> None:
+        future = self.pending.get(msg.body.get("id", -1))
+        reason = str(msg.body.get("reason"))
+        name = future.name if future is not None else "a task"
+        if future is not None:
+            future.infeasible = reason
+        try:
+            warnings.warn(f"zres: {name} cannot run on any connected agent: {reason}",
+                          InfeasibleWarning, stacklevel=1)
+        except Exception:  # warnings made errors: nobody can catch them in this thread
+            log.warning("task_infeasible", task=name, reason=reason)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+class Flag(threading.Event):
+    def wait_for(self, timeout: float) -> None:
+        if not self.wait(timeout):
+            raise TimeoutError

@@ -1,0 +1,45 @@
+"""The open clients, newest last: the newest is the default for ``zres.submit`` and friends.
+
+Actor handles made inside tasks find their client here without importing the client
+module (which imports them): ``zres.client.client`` tells this module how to start a
+default client.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_open: list[Any] = []
+_lock = threading.Lock()
+_start: Callable[[], Any] | None = None
+
+
+def set_factory(start: Callable[[], Any]) -> None:
+    """Use START() to make a client when one is needed and none is open."""
+    global _start
+    _start = start
+
+
+def add(client: Any) -> None:
+    with _lock:
+        _open.append(client)
+
+
+def remove(client: Any) -> None:
+    with _lock:
+        if client in _open:
+            _open.remove(client)
+
+
+def default() -> Any:
+    """Return the newest open client, starting one (closed at exit) if none is open."""
+    with _lock:
+        if _open:
+            return _open[-1]
+    assert _start is not None, "zres.client.client sets the factory when it is imported"
+    client = _start()
+    atexit.register(client.close)
+    return client

@@ -1,0 +1,39 @@
+"""The task context: where and with what the current task runs (set by the worker)."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ZresError
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """Where and with what the current task runs."""
+
+    task_id: int
+    agent: str
+    resources: dict[str, float]
+    gpu_ids: list[str] = field(default_factory=list)
+    attempt: int = 0
+    # What the task tells the broker besides its result (a command's exit code, say):
+    # plain msgpack-able values only, sent with the result and never unpickled.
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+_task: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "zres_task", default=None)
+
+
+def get_task_context() -> TaskContext:
+    """Return the running task's id, agent, granted resources and GPU ids."""
+    ctx = _task.get()
+    if ctx is None:
+        raise ZresError("get_task_context() was called outside a zres task")
+    return ctx
+
+
+def set_task_context(ctx: TaskContext | None) -> contextvars.Token[TaskContext | None]:
+    return _task.set(ctx)
