@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .agent.commands import CommandResult
+from .agent.jobs import CommandResult
 from .client.actors import ActorHandle, ActorMethod
 from .client.annotations import annotate
 from .client.client import Client, default_client

@@ -31,13 +31,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-              "job_logs": None, "job_grace": 5.0},
+              "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
     "client": {"broker": None, "broker_timeout": 30.0},
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float, "job_grace": float,
+          "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int}
-_ZERO_OK = {"prefetch"}  # prefetch=0 turns pipelining off
+_ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
 
 
 class _Parsed(dict[str, int]):

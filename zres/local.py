@@ -34,7 +34,8 @@ class LocalCluster:
                  nthreads: int | None = None, nworkers: int = 1,
                  address: str = "tcp://127.0.0.1:0", heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, env: Mapping[str, str] | None = None,
-                 start_timeout: float = 60.0, names: Sequence[str] | None = None) -> None:
+                 start_timeout: float = 60.0, names: Sequence[str] | None = None,
+                 drain_grace: float = 0.0) -> None:
         self._env = {**os.environ, **(env or {}),
                      "ZRES_BROKER__HEARTBEAT_INTERVAL": str(heartbeat_interval),
                      "ZRES_BROKER__HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
@@ -43,6 +44,9 @@ class LocalCluster:
         self._env.pop("ZRES_BROKER", None)
         self.nthreads = nthreads
         self.nworkers = nworkers
+        # Closing a local cluster stops its work at once (agents give back what has not
+        # started and say goodbye); DRAIN_GRACE lets running work finish first.
+        self.drain_grace = drain_grace
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.broker: subprocess.Popen[bytes] | None = None
         specs: list[Mapping[str, Any] | None] = [None] if agents is None else list(agents)
@@ -75,7 +79,7 @@ class LocalCluster:
         """Start one more agent offering RESOURCES, e.g. {"GPU": 2} (None: detect them)."""
         args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
                 "--nworkers", str(self.nworkers), "--log-format", "json", *self._exit_with,
-                *extra_args]
+                "--drain-grace", str(self.drain_grace), *extra_args]
         if self.nthreads:
             args += ["--nthreads", str(self.nthreads)]
         if resources is not None:

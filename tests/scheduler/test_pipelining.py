@@ -1,5 +1,6 @@
 """Pipelining in the pure scheduler: tasks granted into a slot's queue ahead of time start
-there in order as room frees, never beyond the slot's capacity."""
+there when their agent says so; what has started never exceeds a slot's capacity, and a
+task that fits now is never held back by a queue."""
 
 from __future__ import annotations
 
@@ -23,7 +24,21 @@ def check_started_fit(sched: Scheduler) -> None:
             assert used <= total and slot.free.get(name, 0) == total - used
 
 
-def test_blocked_tasks_are_queued_on_a_slot_and_start_in_order_as_room_frees():
+def agent_starts(sched: Scheduler, slot_id: int) -> list[int]:
+    """Start what an agent would: queued grants in (priority, seq) order, each that fits
+    beside what has started (backfill), reported to the scheduler."""
+    slot = sched.slots[slot_id]
+    order = sorted(slot.queue, key=lambda t: (-sched.running[t].priority, sched.running[t].seq))
+    begun = []
+    for task in order:
+        grant = sched.running[task]
+        if all(slot.free.get(n, 0) >= a for n, a in grant.taken.items()):
+            sched.started(task)
+            begun.append(task)
+    return begun
+
+
+def test_blocked_tasks_are_queued_on_a_slot_and_start_when_their_agent_says_so():
     sched = Scheduler(prefetch=2)
     sched.add_slot(1, "a", cap(CPU=2))
     for task in range(1, 6):
@@ -32,23 +47,68 @@ def test_blocked_tasks_are_queued_on_a_slot_and_start_in_order_as_room_frees():
     assert placed(grants) == {1: 1, 2: 1, 3: 1, 4: 1}
     assert [g.started for g in grants] == [True, True, False, False]
     assert 5 in sched.waiting, "a queue holds at most PREFETCH grants"
-    assert sched.release(2) == [3] and sched.release(1) == [4]
-    assert started(sched) == {3, 4}
+    sched.release(2)
+    assert started(sched) == {1}, "the broker never predicts a start"
+    assert agent_starts(sched, 1) == [3]
+    sched.release(1)
+    assert agent_starts(sched, 1) == [4]
     check_started_fit(sched)
     assert placed(sched.schedule()) == {5: 1}
     assert sched.why(5).startswith("queued on a, where it starts when room frees")
 
 
-def test_a_slot_with_a_queue_takes_no_immediate_grant():
+def test_a_task_that_fits_beside_a_queue_is_granted_at_once():
     sched = Scheduler(prefetch=2)
-    sched.add_slot(1, "a", cap(CPU=2))
-    sched.enqueue(1, req(CPU=2))
-    sched.enqueue(2, req(CPU=2))
+    sched.add_slot(1, "a", cap(CPU=4))
+    sched.enqueue(1, req(CPU=3))
+    sched.enqueue(2, req(CPU=3))
     assert [g.started for g in sched.schedule()] == [True, False]
-    sched.enqueue(3, req(CPU=0))  # would fit now, but must not start ahead of task 2
-    grant = sched.schedule()
-    assert [(g.task, g.started) for g in grant] == [(3, False)]
-    assert sched.release(1) == [2, 3]
+    sched.enqueue(3, req(CPU=1))  # 1 CPU is free, but task 2 will need it when 1 ends
+    assert placed(sched.schedule()) == {3: 1}, "it joins the queue; the agent backfills"
+    assert [g.started for g in sched.running.values() if g.task == 3] == [False]
+    sched.enqueue(4, req(CPU=0))  # takes nothing the queue needs: it goes now
+    (grant,) = sched.schedule()
+    assert (grant.task, grant.started) == (4, True)
+
+
+def test_an_agent_that_reports_its_starts_late_never_runs_beyond_capacity():
+    # The agent starts queued grants on its own and the broker hears of each start a
+    # little later; meanwhile the broker keeps granting. What truly runs on the agent
+    # must never exceed the slot, whatever the order.
+    rng = random.Random(3)
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=4, foo=2))
+    total = sched.slots[1].total
+    running: set[int] = set()        # what truly runs on the agent
+    unreported: list[int] = []       # queued grants it started, not reported yet
+    held: set[int] = set()           # grants it has received
+
+    def true_use(name: str) -> int:
+        return sum(sched.running[t].taken.get(name, 0) for t in running)
+
+    for task in range(1, 300):
+        sched.enqueue(task, req(CPU=rng.randint(0, 2), foo=rng.randint(0, 1)))
+        for grant in sched.schedule():
+            held.add(grant.task)
+            if grant.started:
+                running.add(grant.task)  # a direct grant starts on arrival
+        for queued in sorted(held - running, key=lambda t: sched.running[t].seq):
+            need = sched.running[queued].taken
+            if all(true_use(n) + a <= total.get(n, 0) for n, a in need.items()):
+                running.add(queued)
+                unreported.append(queued)
+        for name in total:
+            assert true_use(name) <= total[name], f"{name} over capacity on the agent"
+        if unreported and rng.random() < 0.5:
+            for begun in unreported:
+                sched.started(begun)
+            unreported.clear()
+        if running and rng.random() < 0.5:
+            end = rng.choice(sorted(set(running) - set(unreported)) or [0])
+            if end:
+                running.discard(end)
+                held.discard(end)
+                sched.release(end)
 
 
 def test_gpu_tasks_and_actors_are_never_queued():
@@ -74,16 +134,46 @@ def test_a_slot_an_earlier_blocked_task_could_use_is_not_queued_on():
     assert placed(grants) == {4: 2}, "task 4 must not queue on a, ahead of task 3"
 
 
-def test_releasing_a_queued_grant_that_never_started_frees_the_next():
+def test_no_queue_forms_behind_long_work():
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.finished("long", 30.0)
+    sched.finished("short", 0.001)
+    sched.enqueue(1, req(CPU=1), kind="long")
+    assert placed(sched.schedule()) == {1: 1}
+    sched.enqueue(2, req(CPU=1), kind="short")
+    assert sched.schedule() == [], "it would wait behind a task of 30 s"
+    assert 2 in sched.waiting
+    sched.add_slot(2, "b", cap(CPU=1))
+    assert placed(sched.schedule()) == {2: 2}, "so a newcomer takes it at once"
+
+
+def test_a_queued_grant_that_never_started_leaves_the_queue_when_released():
     sched = Scheduler(prefetch=3)
     sched.add_slot(1, "a", cap(CPU=1))
     for task in range(1, 4):
         sched.enqueue(task, req(CPU=1))
     sched.schedule()
     assert sched.queued(1) == [2, 3]
-    assert sched.release(2) == []          # cancelled at the agent before it started
-    assert sched.release(1) == [3]
+    sched.release(2)                       # cancelled at the agent before it started
+    assert sched.queued(1) == [3] and sched.slots[1].free["CPU"] == 0
+    sched.release(1)
+    assert agent_starts(sched, 1) == [3]
     assert sched.remove_slot(1) == [3]
+
+
+def test_queued_grants_keep_their_priority_for_the_agent():
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=4, slot=1))
+    sched.enqueue(1, req(slot=1))
+    assert placed(sched.schedule()) == {1: 1}
+    sched.enqueue(2, req(slot=1), priority=1)
+    sched.enqueue(3, req(slot=1), priority=2)
+    sched.enqueue(4, req(slot=1), priority=0)
+    assert sorted(g.task for g in sched.schedule()) == [2, 3, 4]
+    assert "2 queued there before it" in sched.why(4)
+    sched.release(1)
+    assert agent_starts(sched, 1) == [3], "the highest priority first"
 
 
 def test_prefetch_zero_queues_nothing():
@@ -95,6 +185,17 @@ def test_prefetch_zero_queues_nothing():
     assert 2 in sched.waiting
 
 
+def test_a_closed_slot_takes_no_new_grant_until_opened():
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=2))
+    sched.set_open(1, False)
+    sched.enqueue(1, req(CPU=1))
+    assert sched.schedule() == []
+    assert "takes no new work" in sched.why(1)
+    sched.set_open(1, True)
+    assert placed(sched.schedule()) == {1: 1}
+
+
 def test_random_workload_never_starts_beyond_capacity():
     rng = random.Random(7)
     sched = Scheduler(prefetch=3)
@@ -103,14 +204,13 @@ def test_random_workload_never_starts_beyond_capacity():
     next_id = 1
     for _ in range(400):
         if rng.random() < 0.6:
-            sched.enqueue(next_id, req(CPU=rng.randint(0, 2), foo=rng.randint(0, 1)))
+            sched.enqueue(next_id, req(CPU=rng.randint(0, 2), foo=rng.randint(0, 1)),
+                          priority=rng.randint(0, 2))
             next_id += 1
         sched.schedule()
         running = sorted(started(sched))
         if running and rng.random() < 0.5:
             sched.release(rng.choice(running))
+        for slot in sched.slots:
+            agent_starts(sched, slot)
         check_started_fit(sched)
-        for slot in sched.slots.values():  # a queue's head never fits while it waits
-            if slot.queue:
-                head = sched.running[slot.queue[0]]
-                assert any(slot.free.get(n, 0) < a for n, a in head.taken.items())

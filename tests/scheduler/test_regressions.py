@@ -73,7 +73,7 @@ def test_distinct_shapes_do_not_pile_up_in_caches():
     while sched.waiting:
         for grant in sched.schedule():
             sched.release(grant.task)
-    assert len(sched._infeasible_cache) < 10 and len(sched._could_fit) < 10
+    assert len(sched.table._infeasible) < 10 and len(sched.table._could_fit) < 10
 
 
 

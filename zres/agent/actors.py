@@ -1,13 +1,14 @@
 """The agent's side of actors: one process each, fed calls, reaped when it dies.
 
-An actor holds its slot's resources from construction until its process ends; the agent
-keeps the process fed with at most ``concurrency`` calls so that, when the process dies,
-it can say exactly which calls had started.
+An actor holds its slot's resources from construction until its process ends. Each
+construction and call is reported held before it is handed to the process (the broker
+counts it as possibly started from then on), and the process logs each start: when it
+dies, the calls it had not started run on the next instance, uncharged.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -15,26 +16,26 @@ import structlog
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from .running import Events
 from .workers import ActorProcess, Worker, WorkerPool, exit_cause, kill
 
 log = structlog.get_logger("zres.agent")
-
-Report = Callable[[int, str, list[Any], dict[str, Any]], None]
 
 
 class ActorSupervisor:
     """The actor processes of one agent.
 
-    REPORT(id, outcome, frames, info) sends an outcome to the broker; FREE(placement)
-    gives an ended actor's resources back; EXITED(body) tells the broker a process died.
+    EVENTS takes what the broker must hear; FREE(placement) gives an ended actor's
+    resources back; EXITED(body) reports a process that died (after earlier results).
     """
 
-    def __init__(self, pool: WorkerPool, report: Report, free: Callable[[int], None],
+    def __init__(self, pool: WorkerPool, events: Events, free: Callable[[int], object],
                  exited: Callable[[dict[str, Any]], None]) -> None:
         self._pool = pool
-        self._report = report
+        self._events = events
         self._free = free
         self._exited = exited
+        self._runs = itertools.count(1)
         self.by_id: dict[str, Worker] = {}
 
     def workers(self) -> list[Worker]:
@@ -52,9 +53,11 @@ class ActorSupervisor:
             self._pool.forget(old)
         concurrency = max(1, int(spec.get("concurrency", 1)))
         worker = self._pool.start(slot, devices, concurrency, actor=True)
-        context = {**item[3], "create": True}
+        run = next(self._runs)
+        context = {**item[3], "create": True, "run": run}
         worker.actor = ActorProcess(actor_id, item[0], concurrency, item[3])
-        worker.actor.sent[item[0]] = None
+        worker.actor.sent[item[0]] = run
+        self._events.held(item[0])
         worker.backlog.append(([[item[0], item[1], item[2], context]], frames))
         self.by_id[actor_id] = worker
         log.info("actor_starting", actor=actor_id, pid=worker.proc.pid,
@@ -64,21 +67,15 @@ class ActorSupervisor:
         """Pass CALL's method calls to their actors' processes, in the order sent."""
         items = P.field(msg, "calls", list)
         groups = P.split_frames(msg.frames, [i[2] + sum(i[3]) for i in items])
-        batches: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         for (call_id, actor_id, nframes, dep_counts), frames in zip(items, groups):
             worker = self.by_id.get(actor_id)
             if worker is None or worker.actor is None:
                 continue  # it ended; the broker requeues or fails the call
-            worker.actor.sent[call_id] = None
-            item = [call_id, nframes, dep_counts, worker.actor.context]
-            if worker.ready:
-                batch = batches[worker.ident]
-                batch[0].append(item)
-                batch[1].extend(frames)
-            else:
-                worker.backlog.append(([item], frames))
-        for ident, (run_items, run_frames) in batches.items():
-            self._pool.run_now(ident, run_items, run_frames)
+            run = next(self._runs)
+            worker.actor.sent[call_id] = run
+            self._events.held(call_id)
+            self._pool.send(worker, [call_id, nframes, dep_counts,
+                                     {**worker.actor.context, "run": run}], frames)
 
     def done(self, worker: Worker, items: list[Any], results: list[list[Any]]) -> None:
         """WORKER's actor finished ITEMS (its construction, or calls)."""
@@ -93,7 +90,7 @@ class ActorSupervisor:
                 self._pool.forget(worker)
                 kill(worker.proc)
                 self._free(actor.placement)
-            self._report(item[0], item[1], result, item[3])
+            self._events.result(item[0], item[1], result, item[3])
 
     def kill(self, actor_ids: list[Any]) -> None:
         """End the actors ACTOR_IDS now, as the broker asks."""
@@ -113,6 +110,10 @@ class ActorSupervisor:
             self._pool.forget(worker)
         self.by_id.clear()
 
+    def holding(self) -> list[int]:
+        """The placements and calls the actor processes hold."""
+        return [task for w in self.by_id.values() if w.actor for task in w.actor.sent]
+
     def reap(self) -> None:
         """Tell the broker of each actor process that has died, with the calls it started."""
         for worker in list(self.by_id.values()):
@@ -120,10 +121,11 @@ class ActorSupervisor:
             if code is None or worker.actor is None:
                 continue
             cause = exit_cause(code)
-            log.warning("actor_process_died", actor=worker.actor.id, pid=worker.proc.pid,
-                        cause=cause)
-            self._exited({"actor": worker.actor.id, "placement": worker.actor.placement,
-                          "cause": cause, "running": worker.actor.started()})
-            del self.by_id[worker.actor.id]
+            actor = worker.actor
+            log.warning("actor_process_died", actor=actor.id, pid=worker.proc.pid, cause=cause)
+            started = self._pool.started_by(worker)
+            self._exited({"actor": actor.id, "placement": actor.placement, "cause": cause,
+                          "running": [t for t, run in actor.sent.items() if run in started]})
+            del self.by_id[actor.id]
             self._pool.forget(worker)
-            self._free(worker.actor.placement)
+            self._free(actor.placement)

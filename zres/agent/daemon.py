@@ -1,15 +1,23 @@
 """The node daemon (``zres agent``): registers this node's capacity, runs what the broker
 assigns, reports outcomes and losses.
 
-The agent keeps no queue of tasks waiting for resources: the broker assigns a task only
-when it fits (or queues it on a slot, see ``running``). The daemon holds the link to the
-broker and routes its messages: tasks to the ``running`` slots, actors to ``actors``,
-processes live in the ``workers`` pool.
+The agent keeps one connection (one routing id) to its broker for its whole life, and a
+*session*: the broker's record of it. A pause on either side, or a reconnection, resumes
+the session: running work carries on and its results count. Its work is fenced by a
+*lease*: the broker counts it alive only while it hears from it; the agent and its
+workers start nothing once the broker may have given up on it (the lease runs from when
+the agent sent a heartbeat the broker has since echoed, on the agent's own clock), and an
+agent that comes back to find its session ended stops everything of the old session
+before it registers anew.
+
+The daemon holds the link and routes messages: tasks to ``running`` (slots, queued
+grants), actors to ``actors``, command jobs to ``jobs``; news goes out in ``reports``.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import time
@@ -18,17 +26,20 @@ from typing import Any
 
 import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
-from . import commands
 from .actors import ActorSupervisor
-from .running import TaskRunner
+from .jobs import GRACE, JobRunner, default_log_dir, read_log
+from .reports import Reports
+from .running import Grant, TaskRunner
 from .slots import SlotSpec
 from .workers import WorkerPool
 
 log = structlog.get_logger("zres.agent")
+DRAIN_GRACE = 30.0   # seconds running work has to finish once the agent is told to stop
 
 
 class Agent:
@@ -36,51 +47,59 @@ class Agent:
 
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0,
-                 job_logs: str | None = None) -> None:
+                 job_logs: str | None = None, job_grace: float = GRACE,
+                 drain_grace: float = DRAIN_GRACE) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
-        self.job_logs = job_logs or commands.default_log_dir()
+        self.job_logs = job_logs or default_log_dir()
         os.makedirs(self.job_logs, exist_ok=True)
         self.slots = slots
         self.broker_address = broker
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.poller = zmq.Poller()
-        self.broker = self._connect()
+        self.broker = self.ctx.socket(zmq.DEALER)
+        self.broker.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        self.broker.setsockopt(zmq.LINGER, 0)
+        self._monitor = self.broker.get_monitor_socket(zmq.EVENT_CONNECTED
+                                                       | zmq.EVENT_DISCONNECTED)
+        self.broker.connect(broker)
+        self.poller.register(self.broker, zmq.POLLIN)
+        self.poller.register(self._monitor, zmq.POLLIN)
+        self.reports = Reports()
         self.pool = WorkerPool(self.ctx, slots, broker, self.job_logs)
-        self.runner = TaskRunner(slots, self.pool, self._report)
-        self.actors = ActorSupervisor(self.pool, self._report, self.runner.free,
-                                      self._actor_exited)
+        self.runner = TaskRunner(slots, self.pool, self.reports, self._lease_valid)
+        self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
+                                      self.reports.exited)
+        self.jobs = JobRunner(self.job_logs, self.name, self._job_ended, job_grace,
+                              watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
+                              unwatch=self.poller.unregister)
+        self.poller.register(self.pool.sock, zmq.POLLIN)
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
+        self.drain_grace = drain_grace
+        self.session = _new_session()
         self.epoch: int | None = None
         self.registered = False
+        self._lease_len = 0.0
+        self._lease_until = 0.0
         self._last_heard = time.monotonic()
         self._last_beat = 0.0
         self._last_register = 0.0
+        self._registered_at = 0.0
         self._last_reap = 0.0
+        self._draining_until: float | None = None
+        self._drain_asked = False
+        self._silent = False
+        self._deferred: list[P.Message] = []    # grants that came while the lease lapsed
+        self._job_starts: list[tuple[int, dict[str, Any], list[str]]] = []
         self._stopping = False
         self.exit_code = 0
-        self._done: tuple[list[Any], list[Any]] = ([], [])
-        self.poller.register(self.pool.sock, zmq.POLLIN)
-
-    def _connect(self) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.broker_address)
-        self.poller.register(sock, zmq.POLLIN)
-        return sock
-
-    def _reconnect(self) -> None:
-        """Start over with a fresh socket, so no stale queued message reaches the broker."""
-        self.poller.unregister(self.broker)
-        self.broker.close(0)
-        self.broker = self._connect()
 
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until stop() or SIGINT/SIGTERM; then stop the worker processes."""
+        """Serve until stop() (SIGTERM, SIGINT: drain first); then stop the workers."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self.stop())
+            # Only a flag: the loop sends; a handler must not interleave a message.
+            signal.signal(sig, lambda *_: self._ask_drain())
         log.info("agent_started", agent=self.name, broker=self.broker_address,
                  slots=[format_units(s.units) for s in self.slots])
         # One GPU-less worker per slot starts now, so the first task does not wait for it.
@@ -93,40 +112,70 @@ class Agent:
             self.shutdown()
 
     def stop(self) -> None:
+        """Stop at once: what runs here is killed (and lost, for the broker)."""
         self._stopping = True
 
+    def _ask_drain(self) -> None:
+        if self._drain_asked:
+            self.stop()
+        self._drain_asked = True
+
+    def drain(self) -> None:
+        """Stop gracefully: take no new work, give back what has not started, let what
+        runs finish within the drain grace, then say goodbye. A second call stops at once."""
+        if self._draining_until is not None or not self.registered:
+            self.stop()
+            return
+        self._draining_until = time.monotonic() + self.drain_grace
+        log.info("agent_draining", agent=self.name, grace=self.drain_grace)
+        P.send(self.broker, P.encode(P.DRAIN, {"session": self.session}))
+        self._give_back_unstarted()
+
     def shutdown(self) -> None:
+        self.jobs.stop_all()
         self.pool.close(self.actors.workers())
         self.actors.by_id.clear()
         self.broker.close(0)
+        self._monitor.close(0)
         log.info("agent_stopped", agent=self.name)
 
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
         """Move messages between broker and workers; heartbeat; reap dead workers."""
         events = dict(self.poller.poll(int(timeout * 1000)))
+        if self._monitor in events:
+            self._on_connection_events()
         if self.broker in events:
-            self._drain(self.broker, self._from_broker)
+            self._drain_socket(self.broker, self._from_broker)
         if self.pool.sock in events:
-            self._drain(self.pool.sock, self._from_worker)
-        self.pool.flush()
+            self._drain_socket(self.pool.sock, self._from_worker)
+        if self._drain_asked and self._draining_until is None:
+            self.drain()
         now = time.monotonic()
-        if now - self._last_reap >= 0.1:
+        if self.jobs.exited(events) or now - self._last_reap >= 0.1:
             self._last_reap = now
             self.actors.reap()
             self.runner.reap()
-        self._flush_done()
+            self.jobs.reap()
+        if self._draining_until is not None:
+            self._drain_step(now)
+        # The report first, then the hand-offs it announces (see reports).
+        self._send_report()
+        self.pool.flush()
+        for task_id, spec, devices in self._job_starts:
+            self.jobs.start(task_id, spec, devices)
+        self._job_starts.clear()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            P.send(self.broker, P.encode(P.HEARTBEAT))
-        silent = now - self._last_heard > self.hb_timeout
-        if (not self.registered or silent) and now - self._last_register >= self.hb_timeout / 2:
-            if silent:
-                if self.registered:
-                    log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
-                self._reconnect()
+            P.send(self.broker, P.encode(P.HEARTBEAT, {"t": now, "session": self.session}))
+            silent = self.registered and now - self._last_heard > self.hb_timeout
+            if silent and not self._silent:
+                log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
+            self._silent = silent
+        if not self.registered and not self._stopping \
+                and now - self._last_register >= self.hb_timeout / 2:
             self._register(now)
 
-    def _drain(self, sock: zmq.Socket, handle: Any) -> None:
+    def _drain_socket(self, sock: zmq.Socket, handle: Any) -> None:
         for _ in range(1000):
             try:
                 frames = P.recv(sock)
@@ -139,39 +188,127 @@ class Agent:
             except Exception:  # a bug must not take the node's running work down
                 log.exception("message_failed")
 
-    # -- broker side ------------------------------------------------------------------
-    def _register(self, now: float) -> None:
-        self._last_register = now
-        self.registered = False
-        P.send(self.broker, P.encode(P.REGISTER, {
-            "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
-            "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
-                      for s in self.slots]}))
+    def _on_connection_events(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_CONNECTED and self.registered:
+                # A new connection: messages in flight on the old one may be lost. Resume
+                # the session: the broker compares what it granted with what we hold.
+                self._register(time.monotonic(), resume=True)
 
+    # -- the session -------------------------------------------------------------------
+    def _lease_valid(self) -> bool:
+        return self.registered and time.monotonic() < self._lease_until
+
+    def _renew_lease(self, anchor: float) -> None:
+        """The broker heard a heartbeat we sent at ANCHOR (our clock)."""
+        was_valid = self._lease_valid()
+        self._lease_until = max(self._lease_until, anchor + self._lease_len)
+        self.pool.lease.set(self._lease_until)
+        if not was_valid and self._lease_valid():
+            deferred, self._deferred = self._deferred, []
+            for msg in deferred:
+                self._on_assign(msg)
+            self.runner.lease_renewed()
+
+    def _register(self, now: float, resume: bool = False) -> None:
+        self._last_register = now
+        self._registered_at = now
+        body: dict[str, Any] = {
+            "name": self.name, "session": self.session, "host": socket.gethostname(),
+            "pid": os.getpid(), "t": now,
+            "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
+                      for s in self.slots]}
+        if resume:
+            body["resume"] = True
+            body["epoch"] = self.epoch
+        P.send(self.broker, P.encode(P.REGISTER, body))
+
+    def _on_welcome(self, msg: P.Message) -> None:
+        epoch = msg.body.get("epoch")
+        if msg.body.get("session") not in (None, self.session):
+            return  # an answer to a session we have since left
+        if self.epoch is not None and epoch != self.epoch and self._holds_work():
+            # A new broker counts none of our work as running: stop it, or its
+            # resources would be granted twice.
+            self._fence("the broker restarted")
+            return
+        self.epoch = epoch
+        self._lease_len = float(msg.body.get("lease", self.hb_timeout / 2))
+        starve = float(msg.body.get("starve", self.runner.starve))
+        self.runner.starve = self.pool.starve = starve
+        first = not self.registered
+        self.registered = True
+        self._last_heard = time.monotonic()
+        self._renew_lease(self._registered_at)
+        self._acked(msg)
+        if msg.body.get("resumed"):
+            # Send again what it may not have had, then say what we hold, after it.
+            for message in self.reports.unacked():
+                P.send(self.broker, message)
+            P.send(self.broker, P.encode(P.HOLDING, {
+                "session": self.session, "tasks": self._holding()}))
+            log.info("agent_resumed", agent=self.name, epoch=epoch)
+        elif first:
+            log.info("agent_registered", agent=self.name, epoch=epoch)
+
+    def _fence(self, why: str) -> None:
+        """The broker no longer counts our work: stop all of it, forget the old session's
+        news, and register as a new session."""
+        log.warning("agent_fenced", agent=self.name, why=why)
+        self.runner.abandon(why)
+        self.actors.stop_all(why)
+        self.jobs.stop_all()
+        self.pool.drop_pending()
+        self._deferred.clear()
+        self._job_starts.clear()
+        self.reports.reset()
+        self.session = _new_session()
+        self.registered = False
+        self._lease_until = 0.0
+        self.pool.lease.set(0.0)
+        self._last_register = 0.0
+        self.epoch = None
+
+    def _holds_work(self) -> bool:
+        return self.runner.busy() or bool(self.actors.by_id) or bool(self.jobs.jobs)
+
+    def _holding(self) -> list[int]:
+        return [*self.runner.holding(), *self.actors.holding(), *self.jobs.holding()]
+
+    def _acked(self, msg: P.Message) -> None:
+        ack = msg.body.get("ack")
+        if type(ack) is int:
+            self.reports.acked(ack)
+
+    def _send_report(self) -> None:
+        message = self.reports.take(self.session)
+        if message is not None:
+            P.send(self.broker, message)
+
+    # -- broker side ------------------------------------------------------------------
     def _from_broker(self, frames: list[Any]) -> None:
         msg = P.decode(frames)
         self._last_heard = time.monotonic()
         if msg.kind == P.ASSIGN:
+            self._acked(msg)
             self._on_assign(msg)
+        elif msg.kind == P.HEARTBEAT or msg.kind == P.ACK:
+            self._acked(msg)
+            if msg.kind == P.HEARTBEAT and self.registered:
+                if msg.body.get("epoch") != self.epoch:
+                    self.registered = False  # a new broker: register again
+                    self._last_register = 0.0
+                elif isinstance(msg.body.get("echo"), float):
+                    self._renew_lease(msg.body["echo"])
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.UNKNOWN:
-            if msg.body.get("replaced"):
-                log.error("agent_replaced", agent=self.name,
-                          why="another agent registered with the same name; stopping")
-                self.exit_code = 1
-                self.stop()
-            elif self.registered:
-                log.warning("broker_forgot_us")
-                self.registered = False
-                self._last_register = 0.0
-        elif msg.kind == P.HEARTBEAT:
-            if self.registered and msg.body.get("epoch") != self.epoch:
-                self.registered = False
-                self._last_register = 0.0
+            self._on_unknown(msg)
         elif msg.kind == P.CANCEL:
             for task_id in P.field(msg, "ids", list):
                 self.runner.cancel(task_id)
+                self.jobs.cancel(task_id)
         elif msg.kind == P.CALL:
             self.actors.call(msg)
         elif msg.kind == P.LOGS:
@@ -186,57 +323,98 @@ class Agent:
             log.info("agent_resources_changed", slots=[format_units(s.units)
                                                        for s in self.slots])
 
-    def _on_welcome(self, msg: P.Message) -> None:
-        epoch = msg.body.get("epoch")
-        if (self.runner.busy() or self.actors.by_id) and not (msg.body.get("kept")
-                                                              and epoch == self.epoch):
-            # The broker that welcomes us (a new one, or the old one that gave us up for
-            # lost and retried our tasks) counts none of them as running: stop them, or
-            # their resources would be granted twice.
-            self._abandon_running("broker restarted")
-        self.epoch = epoch
-        self.registered = True
-        log.info("agent_registered", agent=self.name, epoch=epoch)
-
-    def _abandon_running(self, why: str) -> None:
-        self.runner.abandon(why)
-        self.actors.stop_all(why)
-        self.pool.drop_pending()
-        self._done = ([], [])
+    def _on_unknown(self, msg: P.Message) -> None:
+        if self._stopping:
+            return  # told to stop (replaced): nothing more to learn
+        if msg.body.get("replaced"):
+            log.error("agent_replaced", agent=self.name,
+                      why="another agent registered with the same name; stopping")
+            self.exit_code = 1
+            self.stop()
+        elif msg.body.get("ended") or msg.body.get("refused"):
+            if msg.body.get("refused"):
+                log.error("agent_refused", agent=self.name, why=msg.body["refused"])
+                self.exit_code = 1
+                self.stop()
+                return
+            if msg.body.get("session") in (None, self.session):
+                self._fence(str(msg.body.get("ended")))
+        elif self.registered:
+            log.warning("broker_forgot_us")
+            self.registered = False
+            self._last_register = 0.0
 
     def _on_assign(self, msg: P.Message) -> None:
+        if not self._lease_valid() and self._draining_until is None:
+            # The broker may have given up on us: hold these until it is heard again (or
+            # the session is found ended, and they go with it).
+            self._deferred.append(msg)
+            return
         items = P.field(msg, "tasks", list)
         groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
+        now = time.monotonic()
+        grants: list[Grant] = []
         for (task_id, slot, units, gpus, nframes, dep_counts, *extra), frames in zip(
                 items, groups):
             spec = self.slots[slot]
             opts = extra[0] if extra and isinstance(extra[0], dict) else {}
             devices = tuple(spec.gpus[pos] for pos in gpus) or token_devices(units)
+            if self._draining_until is not None:
+                self.reports.give_back(task_id)  # it crossed our goodbye
+                continue
             context = {"agent": self.name, "resources": units_to_float(units),
-                       "gpus": list(devices)}
+                       "gpus": list(devices), "attempt": opts.get("attempt", 0)}
             item = [task_id, nframes, dep_counts, context]
             taken = P.check_units(opts.get("taken", units), "assign")
             if "actor" in opts:
                 self.runner.hold(slot, task_id, taken)
                 self.actors.start(opts, slot, devices, item, frames)
-            elif opts.get("queued"):
-                self.runner.queue(slot, (task_id, taken, devices, item, frames))
-            else:  # the broker started it: it fits here by the same accounting
+            elif "job" in opts:
+                # Started after this turn's report has said so (see poll_once).
                 self.runner.hold(slot, task_id, taken)
-                self.runner.run(slot, devices, item, frames)
+                self.reports.held(task_id)
+                self.reports.started(task_id)
+                self._job_starts.append((task_id, opts["job"], list(devices)))
+            else:
+                grants.append(Grant(task_id, slot, taken, devices, item, frames,
+                                    (-int(opts.get("priority", 0)), int(opts.get("seq", 0))),
+                                    now, direct=not opts.get("queued")))
+        self.runner.add(grants)
+
+    def _job_ended(self, task_id: int, outcome: str, frames: list[Any],
+                   info: dict[str, Any]) -> None:
+        self.runner.free(task_id)
+        self.reports.result(task_id, outcome, frames, info)
 
     def _on_logs(self, msg: P.Message) -> None:
         job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
         body: dict[str, Any] = {"token": msg.body.get("token"), "job": job}
         try:
-            body["data"] = commands.read_log(self.job_logs, job, max(offset, 0))
+            body["data"] = read_log(self.job_logs, job, max(offset, 0))
         except OSError as exc:
             body["error"] = f"agent {self.name} has no log for job {job}: {exc.strerror or exc}"
         P.send(self.broker, P.encode(P.LOGS_REPLY, body))
 
-    def _actor_exited(self, body: dict[str, Any]) -> None:
-        self._flush_done()  # results it sent before dying go first
-        P.send(self.broker, P.encode(P.ACTOR_EXIT, body))
+    # -- draining ---------------------------------------------------------------------
+    def _give_back_unstarted(self) -> None:
+        """Hand the broker back every grant not handed to a worker yet."""
+        self._deferred.clear()  # (the broker gives back what a lapsed lease held)
+        self.runner.give_back_unstarted()
+
+    def _drain_step(self, now: float) -> None:
+        assert self._draining_until is not None
+        # Actors never finish on their own: they are stopped once the tasks are done.
+        tasks_left = bool(self.runner.grants) or bool(self.jobs.jobs)
+        if tasks_left and now < self._draining_until:
+            return
+        if tasks_left:
+            log.warning("agent_drain_timeout", agent=self.name, grace=self.drain_grace)
+        # What still runs is stopped: the workers' deaths report its tasks as lost.
+        self.actors.stop_all("the agent is shutting down")
+        self.jobs.stop_all()
+        self._send_report()
+        P.send(self.broker, P.encode(P.BYE, {"session": self.session}))
+        self.stop()
 
     # -- worker side --------------------------------------------------------------------
     def _from_worker(self, frames: list[Any]) -> None:
@@ -254,12 +432,6 @@ class Agent:
             else:
                 self.runner.done(worker, msg.body, results)
 
-    def _report(self, task_id: int, outcome: str, frames: list[Any],
-                info: dict[str, Any]) -> None:
-        self._done[0].append([task_id, outcome, len(frames), info])
-        self._done[1].extend(frames)
 
-    def _flush_done(self) -> None:
-        if self._done[0]:
-            P.send(self.broker, P.encode(P.DONE, {"results": self._done[0]}, self._done[1]))
-            self._done = ([], [])
+def _new_session() -> int:
+    return random.getrandbits(62)

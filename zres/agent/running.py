@@ -1,18 +1,28 @@
 """Running granted tasks on a node's slots, and starting queued grants as room frees.
 
-Each slot counts what runs there as the broker granted it (``used``), and keeps the grants
-the broker queued on it (pipelining) in order; the head starts when it fits beside what
-runs, the rule the broker applies to the same events, so both agree on what has started.
-While one worker process runs everything a slot runs, the agent hands it the queue's
-head (``delegated``), and that process starts them itself with no round trip.
+The broker's grants arrive as *direct* (they fit now, by the broker's accounting: start at
+once) or *queued* (pipelining: start when room frees here). Queued grants start highest
+priority first, each when it fits beside what runs; one that does not fit is passed over
+(backfill) until it has waited ``starve`` seconds.
+
+The rule that keeps every attempt fenced: nothing starts that the broker has not been told
+about first. Before a task is handed to a worker process, a ``held`` event naming it goes
+out ahead of the hand-off; the broker counts a held task as possibly started, and every
+other grant of a lost agent as never started. While one worker process runs everything
+a slot runs, the agent hands it up to ``DELEGATE`` queued grants (also reported as held)
+that it starts on its own the moment room frees, with no round trip. When a worker dies,
+its start log says which of its tasks had started (lost) and which had not (they run in a
+new process, uncharged). Nothing starts while the lease has lapsed.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
+import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -23,96 +33,214 @@ from .workers import Worker, WorkerPool, exit_cause, kill
 
 log = structlog.get_logger("zres.agent")
 
-# A grant waiting for room: task id, taken units, devices, RUN item, payload frames.
-QueuedGrant = tuple[int, Units, tuple[str, ...], list[Any], list[Any]]
-Report = Callable[[int, str, list[Any], dict[str, Any]], None]
+# Queued grants a worker may hold to start on its own. Each may have started when its agent
+# is lost, so the broker charges them a retry then (fails them, with none): fewer means
+# less charged in a loss, more means fewer round trips between worker and agent.
+DELEGATE = 16
+
+
+class Events(Protocol):
+    """Where the runner's news for the broker goes (the agent's next report)."""
+
+    def held(self, task_id: int) -> None: ...
+
+    def started(self, task_id: int) -> None: ...
+
+    def result(self, task_id: int, outcome: str, frames: list[Any],
+               info: dict[str, Any]) -> None: ...
+
+    def give_back(self, task_id: int) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Grant:
+    """A grant this agent holds, from its arrival until its task ends here."""
+
+    task: int
+    slot: int
+    taken: Units
+    devices: tuple[str, ...]
+    item: list[Any]              # the RUN item: [task id, nframes, dep counts, context]
+    frames: list[Any]
+    key: tuple[int, int]         # (-priority, seq): the broker's order
+    since: float                 # when it arrived, for starvation
+    direct: bool                 # fits now by the broker's accounting
+    run: int = 0                 # its run number, once handed to a worker process
+    worker: Worker | None = None
+    running: bool = False        # its resources are counted in use
 
 
 @dataclass(slots=True)
 class SlotState:
-    """What runs on one slot now, and the grants waiting for room there, in order."""
+    """What runs on one slot, and the grants waiting for room there."""
 
     spec: SlotSpec
-    used: dict[str, int] = field(default_factory=dict)   # the broker's grants, as taken
-    queue: deque[QueuedGrant] = field(default_factory=deque)
-    # The queue's head, handed to the one worker process that runs everything this slot
-    # runs; kept here until they start, to queue them again if that process dies.
-    delegated: dict[int, QueuedGrant] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    waiting: list[Grant] = field(default_factory=list)        # not handed over, in order
+    delegated: dict[int, Grant] = field(default_factory=dict)  # handed to the delegate
+    delegated_taken: dict[str, int] = field(default_factory=dict)
     delegate: Worker | None = None
     cancelling: set[int] = field(default_factory=set)  # delegated, cancel sent, not answered
+    runners: dict[int, int] = field(default_factory=dict)  # id(worker) -> grants running
+    placements: int = 0          # actors and jobs running here, outside the pool
 
     def fits(self, taken: Units) -> bool:
-        return all(self.spec.units.get(n, 0) - self.used.get(n, 0) >= a
-                   for n, a in taken.items())
+        """Whether TAKEN fits beside what runs and what the delegate may start."""
+        return all(self.spec.units.get(n, 0) - self.used.get(n, 0)
+                   - self.delegated_taken.get(n, 0) >= a for n, a in taken.items())
+
+
+def _add(into: dict[str, int], amounts: Units, sign: int = 1) -> None:
+    for name, amount in amounts.items():
+        into[name] = into.get(name, 0) + sign * amount
 
 
 class TaskRunner:
     """The node's slots, the tasks running on them and the grants queued there.
 
-    REPORT(id, outcome, frames, info) sends an outcome to the broker.
+    EVENTS collects what the broker must hear; LEASE_VALID() says whether the broker still
+    counts on this agent (nothing starts otherwise); STARVE is how long a queued grant may
+    be passed over.
     """
 
-    def __init__(self, specs: list[SlotSpec], pool: WorkerPool, report: Report) -> None:
+    def __init__(self, specs: list[SlotSpec], pool: WorkerPool, events: Events,
+                 lease_valid: Callable[[], bool], starve: float = 5.0) -> None:
         self.slots = [SlotState(spec) for spec in specs]
         self._pool = pool
-        self._report_to_broker = report
-        self.task_worker: dict[int, Worker] = {}
-        self.held: dict[int, tuple[int, Units]] = {}   # task or actor placement -> slot, taken
+        self._events = events
+        self._lease_valid = lease_valid
+        self.starve = starve
+        self.grants: dict[int, Grant] = {}
+        self.placements: dict[int, tuple[int, Units]] = {}   # actors and jobs: slot, taken
+        self._runs = itertools.count(1)
+        self._giving_back: set[int] = set()   # delegated grants asked back, to return
+        self.draining = False                 # the agent is leaving: nothing new starts
+
+    # -- the books: every change of what runs goes through these ------------------------
+    def _run(self, grant: Grant, worker: Worker) -> None:
+        """GRANT runs in WORKER from now: count it."""
+        state = self.slots[grant.slot]
+        _add(state.used, grant.taken)
+        grant.running, grant.worker = True, worker
+        state.runners[id(worker)] = state.runners.get(id(worker), 0) + 1
+        worker.running.add(grant.task)
+
+    def _unrun(self, grant: Grant) -> None:
+        """GRANT no longer runs (it ended, or its process died before starting it)."""
+        if not grant.running:
+            return
+        state = self.slots[grant.slot]
+        _add(state.used, grant.taken, -1)
+        grant.running = False
+        key = id(grant.worker)
+        state.runners[key] -= 1
+        if not state.runners[key]:
+            del state.runners[key]
+        if grant.worker is not None:
+            grant.worker.running.discard(grant.task)
+
+    def _undelegate(self, state: SlotState, task_id: int) -> Grant | None:
+        grant = state.delegated.pop(task_id, None)
+        if grant is not None:
+            _add(state.delegated_taken, grant.taken, -1)
+        return grant
 
     # -- grants -------------------------------------------------------------------------
+    def add(self, grants: list[Grant]) -> None:
+        """Grants arrived (one ASSIGN's): start what may start, queue the rest."""
+        touched = set()
+        for grant in grants:
+            self.grants[grant.task] = grant
+            bisect.insort(self.slots[grant.slot].waiting, grant, key=_order)
+            touched.add(grant.slot)
+        for slot in sorted(touched):
+            self.start_ready(slot)
+
     def hold(self, slot: int, task_id: int, taken: Units) -> None:
-        """Count TAKEN as in use on SLOT, for TASK_ID (a task, or an actor's placement)."""
-        used = self.slots[slot].used
-        for name, amount in taken.items():
-            used[name] = used.get(name, 0) + amount
-        self.held[task_id] = (slot, taken)
-
-    def free(self, task_id: int) -> None:
-        """TASK_ID has ended here: return what it took and start what now fits."""
-        held = self.held.pop(task_id, None)
-        if held is None:
-            return
-        slot, taken = held
-        used = self.slots[slot].used
-        for name, amount in taken.items():
-            used[name] -= amount
-        self.start_queued(slot)
-
-    def queue(self, slot: int, grant: QueuedGrant) -> None:
-        """Queue GRANT on SLOT behind the grants there; it starts when it fits."""
-        self.slots[slot].queue.append(grant)
-        self.start_queued(slot)
-
-    def start_queued(self, slot: int) -> None:
-        """Start SLOT's queued grants in order while the head fits (the broker's rule)."""
+        """Count TAKEN in use on SLOT for TASK_ID, a placement run outside the pool (an
+        actor's process, a command job)."""
         state = self.slots[slot]
-        if state.delegated:
-            return  # ahead of the rest; the worker holding them starts them
-        while state.queue and state.fits(state.queue[0][1]):
-            task_id, taken, devices, item, frames = state.queue.popleft()
-            self.hold(slot, task_id, taken)
-            self.run(slot, devices, item, frames)
-        while state.queue:
-            worker = self._delegate_to(slot, state.queue[0][2])
-            if worker is None:
-                return
-            entry = state.queue.popleft()
-            task_id, taken, _, item, frames = entry
-            state.delegated[task_id] = entry
-            state.delegate = worker
-            self._pool.send(worker, [item[0], item[1], item[2],
-                                     {**item[3], "taken": taken, "queued": True}], frames)
+        _add(state.used, taken)
+        state.placements += 1
+        self.placements[task_id] = (slot, taken)
+
+    def free(self, task_id: int, start: bool = True) -> int | None:
+        """TASK_ID has ended here: give back what it took and (START) start what now
+        fits. Return its slot."""
+        placement = self.placements.pop(task_id, None)
+        if placement is not None:
+            slot, taken = placement
+            _add(self.slots[slot].used, taken, -1)
+            self.slots[slot].placements -= 1
+        else:
+            grant = self.grants.pop(task_id, None)
+            if grant is None:
+                return None
+            slot = grant.slot
+            self._unrun(grant)
+        if start:
+            self.start_ready(slot)
+        return slot
+
+    def start_ready(self, slot: int) -> None:
+        """Start what may start on SLOT now; hand the delegate the next queued grants."""
+        if self.draining or not self._lease_valid():
+            return
+        state = self.slots[slot]
+        now = None
+        index = 0
+        # Grants asking the same amounts fit or fail alike: one look per distinct request.
+        failed: set[tuple[tuple[str, int], ...]] = set()
+        while index < len(state.waiting):
+            grant = state.waiting[index]
+            shape = tuple(grant.taken.items())
+            if grant.direct or (shape not in failed and state.fits(grant.taken)):
+                del state.waiting[index]
+                self._hand_over(grant)
+                continue
+            failed.add(shape)
+            now = now if now is not None else time.monotonic()
+            if now - grant.since >= self.starve:
+                break  # it has waited long enough: nothing behind it overtakes
+            index += 1
+        # The delegate is topped up in batches, when half is used: one message, several.
+        if not state.waiting or len(state.delegated) > DELEGATE // 2:
+            return
+        worker = self._delegate_to(slot, state.waiting[0].devices)
+        if worker is None:
+            return
+        state.delegate = worker
+        while state.waiting and len(state.delegated) < DELEGATE \
+                and state.waiting[0].devices == worker.gpus:
+            grant = state.waiting.pop(0)
+            grant.run, grant.worker = next(self._runs), worker
+            state.delegated[grant.task] = grant
+            _add(state.delegated_taken, grant.taken)
+            self._events.held(grant.task)
+            self._pool.send(worker, [grant.item[0], grant.item[1], grant.item[2], {
+                **grant.item[3], "taken": grant.taken, "queued": True, "run": grant.run,
+                "priority": -grant.key[0], "seq": grant.key[1], "since": grant.since}],
+                grant.frames)
+
+    def _hand_over(self, grant: Grant) -> None:
+        """Start GRANT in its slot's worker process (it is reported held first)."""
+        worker = self.worker(grant.slot, grant.devices)
+        grant.run = next(self._runs)
+        self._run(grant, worker)
+        self._events.held(grant.task)
+        self._pool.send(worker, [grant.item[0], grant.item[1], grant.item[2], {
+            **grant.item[3], "taken": grant.taken, "run": grant.run}], grant.frames)
 
     def _delegate_to(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
-        """Return the process that may hold SLOT's queue: the one running all it runs."""
+        """The process that may hold SLOT's queued grants: the one running all it runs
+        (it counts the slot's use itself)."""
         state = self.slots[slot]
         worker = self._pool.by_slot.get((slot, devices))
-        if worker is None or worker.proc.poll() is not None or (
+        if worker is None or worker.proc.returncode is not None or state.placements or (
                 state.delegate is not None and state.delegate is not worker):
             return None
-        for task_id, (held_slot, _) in self.held.items():
-            if held_slot == slot and self.task_worker.get(task_id) is not worker:
-                return None  # an actor, or a process with other devices, shares the slot
+        if any(key != id(worker) for key in state.runners):
+            return None  # a process with other devices shares the slot
         return worker
 
     def _end_delegation_if_done(self, slot: int) -> None:
@@ -120,31 +248,19 @@ class TaskRunner:
         state = self.slots[slot]
         if not state.delegated:
             state.delegate = None
-            self.start_queued(slot)
-
-    def run(self, slot: int, devices: tuple[str, ...], item: list[Any],
-            frames: list[Any]) -> None:
-        """Run ITEM, held on SLOT already, in the process for SLOT and DEVICES."""
-        worker = self.worker(slot, devices)
-        self.task_worker[item[0]] = worker
-        worker.running.add(item[0])
-        # What it took, for the worker's accounting of the slot should it hold the queue.
-        held = self.held.get(item[0])
-        if held is not None:
-            item[3]["taken"] = held[1]
-        self._pool.send(worker, item, frames)
+        self.start_ready(slot)
 
     def worker(self, slot: int, devices: tuple[str, ...]) -> Worker:
-        """The live process for SLOT and DEVICES, started if there is none."""
-        worker = self._pool.alive(slot, devices)
-        if worker is not None:
+        """The live process for SLOT and DEVICES, started if there is none. (One that died
+        unnoticed is found by the next reap: what it was handed but had not started runs
+        again elsewhere, uncharged.)"""
+        worker = self._pool.by_slot.get((slot, devices))
+        if worker is not None and worker.proc.returncode is None:
             return worker
-        if self._pool.by_slot.get((slot, devices)) is not None:
-            # Died while idle (or about to be reaped): start afresh. Reaping may itself
-            # start this slot's queued grants on a new process.
-            self.reap()
-            worker = self._pool.alive(slot, devices)
-            if worker is not None:
+        if worker is not None:
+            self.reap()  # it died while idle: what it held goes to a new process
+            worker = self._pool.by_slot.get((slot, devices))
+            if worker is not None and worker.proc.returncode is None:
                 return worker
         return self._pool.start(slot, devices, self.slots[slot].spec.nthreads,
                                 keep=self.slots[slot].delegate)
@@ -154,121 +270,145 @@ class TaskRunner:
         for index, state in enumerate(self.slots):
             if state.delegate is not None:
                 self._pool.touch(state.delegate)  # a RUN carries the new capacity
-            self.start_queued(index)
+            self.start_ready(index)
+
+    def lease_renewed(self) -> None:
+        for index in range(len(self.slots)):
+            self.start_ready(index)
 
     # -- cancels, outcomes, deaths ---------------------------------------------------
     def cancel(self, task_id: int) -> None:
-        """Stop TASK_ID if it has not started; a running command job's process group is
-        stopped by its worker; a running Python call cannot be interrupted safely. Either
-        way the broker has already failed it."""
-        for slot, state in enumerate(self.slots):
-            delegate = state.delegate
-            if task_id not in state.delegated or delegate is None:
-                pass
-            elif delegate.ready and delegate.proc.poll() is None:
-                # The worker drops it unless it has started it, and says which.
-                self._pool.tell(delegate, P.CANCEL, {"ids": [task_id]})
-                state.cancelling.add(task_id)
-            else:
-                # Nobody to ask: a starting process has not been sent it yet, and a dead
-                # one's queue is taken back, so it has not started: drop it here.
-                del state.delegated[task_id]
-                delegate.backlog = [(i, f) for i, f in delegate.backlog if i[0][0] != task_id]
-                self._report_cancelled(task_id)
-                self._end_delegation_if_done(slot)
-            if any(entry[0] == task_id for entry in state.queue):  # granted, not started
-                state.queue = deque(e for e in state.queue if e[0] != task_id)
-                self._report_cancelled(task_id)
-                self.start_queued(slot)
-        worker = self.task_worker.get(task_id)
-        if worker is None:
+        """Stop TASK_ID if it has not started (the broker has already failed it); a running
+        Python call cannot be interrupted safely and finishes unobserved."""
+        grant = self.grants.get(task_id)
+        if grant is None:
             return
-        if worker.ready:  # after the task itself, which may still be in a batch
-            self._pool.tell(worker, P.CANCEL, {"ids": [task_id]})
-        kept = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
-        if len(kept) != len(worker.backlog):
-            worker.backlog = kept
-            worker.running.discard(task_id)
+        state = self.slots[grant.slot]
+        if any(g is grant for g in state.waiting):
+            state.waiting.remove(grant)
+            del self.grants[task_id]
             self._report_cancelled(task_id)
-            self.free(task_id)
+        elif task_id in state.delegated and grant.worker is not None:
+            if grant.worker.ready and grant.worker.proc.returncode is None:
+                # The worker drops it unless it has started it, and says which.
+                self._pool.tell(grant.worker, P.CANCEL, {"ids": [task_id]})
+                state.cancelling.add(task_id)
+            else:  # nobody to ask: a process that has not started has not started it
+                self._undelegate(state, task_id)
+                del self.grants[task_id]
+                grant.worker.backlog = [(i, f) for i, f in grant.worker.backlog
+                                        if i[0][0] != task_id]
+                self._report_cancelled(task_id)
+                self._end_delegation_if_done(grant.slot)
 
     def done(self, worker: Worker, body: dict[str, Any], results: list[list[Any]]) -> None:
-        """WORKER reports: queued grants it started, results, and grants it dropped."""
+        """WORKER reports: tasks it started, results, and queued grants it dropped."""
         state = self.slots[worker.slot]
-        for task_id in body.get("started", ()):  # queued grants it has started
+        for task_id in body.get("started", ()):
             state.cancelling.discard(task_id)
-            entry = state.delegated.pop(task_id, None)
-            if entry is not None:
-                self.hold(worker.slot, task_id, entry[1])
-                self.task_worker[task_id] = worker
-                worker.running.add(task_id)
+            grant = self._undelegate(state, task_id)
+            if grant is not None:  # a queued grant it started on its own
+                self._run(grant, worker)
+            if task_id in self.grants:
+                self._events.started(task_id)
         for item, result in zip(body["results"], results):
-            worker.running.discard(item[0])
-            self.free(item[0])
-            if self.task_worker.pop(item[0], None) is not None:
-                self._report(item[0], item[1], result, item[3])
+            if item[0] in self.grants:
+                self.free(item[0], start=False)
+                self._events.result(item[0], item[1], result, item[3])
         for task_id in body.get("dropped", ()):  # cancelled before it started
             state.cancelling.discard(task_id)
-            if state.delegated.pop(task_id, None) is not None:
-                self._report_cancelled(task_id)
+            if self._undelegate(state, task_id) is not None:
+                self.grants.pop(task_id, None)
+                if task_id in self._giving_back:
+                    self._giving_back.discard(task_id)
+                    self._events.give_back(task_id)
+                else:
+                    self._report_cancelled(task_id)
         self._end_delegation_if_done(worker.slot)
 
     def reap(self) -> None:
-        """Fail the tasks of worker processes that died; their queues run on new ones."""
+        """Fail the started tasks of worker processes that died; the rest run again."""
         for worker in list(self._pool.by_slot.values()):
             code = worker.proc.poll()
             if code is None:
                 continue
             cause = exit_cause(code)
-            log.warning("worker_died", pid=worker.proc.pid, cause=cause,
-                        tasks=len(worker.running))
-            for task_id in sorted(worker.running):
-                self._report(task_id, P.FAILED, [], {
-                    "type": "WorkerLostError",
-                    "message": f"the worker process running the task {cause}"})
-            self._forget(worker)
-            for state in self.slots:
-                if state.delegate is worker:  # not reported started: they run on a new one
-                    for task_id in sorted(state.cancelling):  # ... unless cancelled meanwhile
-                        if state.delegated.pop(task_id, None) is not None:
-                            self._report_cancelled(task_id)
-                    state.queue.extendleft(reversed(state.delegated.values()))
-                    state.delegated.clear()
-                    state.cancelling.clear()
-                    state.delegate = None
-            for task_id in sorted(worker.running):
-                self.free(task_id)
-            self.start_queued(worker.slot)
+            started = self._pool.started_by(worker)
+            mine = sorted((g for g in self.grants.values() if g.worker is worker),
+                          key=lambda g: g.key)
+            log.warning("worker_died", pid=worker.proc.pid, cause=cause, tasks=len(mine))
+            self._pool.forget(worker)
+            state = self.slots[worker.slot]
+            if state.delegate is worker:
+                state.delegate = None
+            for grant in mine:
+                self._undelegate(state, grant.task)
+                cancelled = grant.task in state.cancelling
+                state.cancelling.discard(grant.task)
+                if grant.run in started:
+                    self.free(grant.task, start=False)
+                    self._events.result(grant.task, P.FAILED, [], {
+                        "type": "WorkerLostError",
+                        "message": f"the worker process running the task {cause}"})
+                elif cancelled:
+                    self.free(grant.task, start=False)
+                    self._report_cancelled(grant.task)
+                elif self.draining:  # it never started, and the agent is leaving
+                    self.free(grant.task, start=False)
+                    self._giving_back.discard(grant.task)
+                    self._events.give_back(grant.task)
+                else:  # it never started: it runs in a new process, uncharged
+                    self._unrun(grant)
+                    grant.worker, grant.run = None, 0
+                    bisect.insort(state.waiting, grant, key=_order)
+            self.start_ready(worker.slot)
 
     def abandon(self, why: str) -> None:
         """Stop everything running or queued here: the broker no longer counts it."""
-        holding = {id(state.delegate) for state in self.slots}
         for worker in list(self._pool.by_slot.values()):
-            if worker.running or worker.backlog or id(worker) in holding:
+            if worker.running or worker.backlog or any(
+                    g.worker is worker for g in self.grants.values()):
                 log.warning("worker_stopped", pid=worker.proc.pid, why=why,
                             tasks=len(worker.running) + len(worker.backlog))
                 kill(worker.proc)
-                self._forget(worker)
+                self._pool.forget(worker)
+        self.slots = [SlotState(state.spec) for state in self.slots]
+        self.grants.clear()
+        self.placements.clear()
+        self._giving_back.clear()
+
+    def give_back_unstarted(self) -> None:
+        """Give the broker back every grant that has not started (the agent is leaving):
+        those waiting at once, delegated ones once their worker has dropped them."""
+        self.draining = True
         for state in self.slots:
-            state.used.clear()
-            state.queue.clear()
-            state.delegated.clear()
-            state.delegate = None
-        self.held.clear()
+            for grant in state.waiting:
+                self.grants.pop(grant.task, None)
+                self._events.give_back(grant.task)
+            state.waiting.clear()
+            for task_id, grant in list(state.delegated.items()):
+                if grant.worker is not None and grant.worker.ready \
+                        and grant.worker.proc.returncode is None:
+                    self._pool.tell(grant.worker, P.CANCEL, {"ids": [task_id]})
+                    self._giving_back.add(task_id)
+                else:
+                    self._undelegate(state, task_id)
+                    self.grants.pop(task_id, None)
+                    self._events.give_back(task_id)
+
+    def holding(self) -> list[int]:
+        """Every grant this agent holds (waiting, handed over or running)."""
+        return [*self.grants, *self.placements]
 
     def busy(self) -> bool:
-        """Whether any task runs here (or is being handed to a process)."""
-        return bool(self.task_worker)
-
-    def _forget(self, worker: Worker) -> None:
-        self._pool.forget(worker)
-        for task_id in worker.running:
-            self.task_worker.pop(task_id, None)
+        """Whether anything is held here."""
+        return bool(self.grants or self.placements)
 
     def _report_cancelled(self, task_id: int) -> None:
-        self._report(task_id, P.FAILED, [], {"type": "CancelledError", "message": "cancelled"})
+        self._events.result(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                    "message": "cancelled"})
 
-    def _report(self, task_id: int, outcome: str, frames: list[Any],
-                info: dict[str, Any]) -> None:
-        self.task_worker.pop(task_id, None)
-        self._report_to_broker(task_id, outcome, frames, info)
+
+def _order(grant: Grant) -> tuple[bool, tuple[int, int]]:
+    """Direct grants first (they fit by the broker's accounting), then priority, then seq."""
+    return not grant.direct, grant.key

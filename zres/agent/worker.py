@@ -5,30 +5,35 @@ sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task g
 different device set, so a CUDA context made by one task is never reused for another
 device. Tasks run on a pool of threads; results go back to the agent in batches.
 
-Pipelining: while this process runs everything its slot runs, the agent hands it the
-slot's queued grants too (``queued`` in a task's context). They start here strictly in
-order, each when its ``taken`` amounts fit the slot's ``capacity`` beside what runs here:
-the rule the agent and the broker apply to the same grants, so all three agree on what
-has started, and the next short task starts the moment one ends, with no round trip.
-Started and dropped (cancelled) queued grants are reported as soon as they are.
+Every start is written to this process's start log (shared with the agent, see
+``shared``) before the task's body runs, and reported to the agent with the next batch:
+should this process die, the agent knows exactly which of its tasks had started.
+
+Pipelining: while this process runs everything its slot runs, the agent hands it a few of
+the slot's queued grants (``queued`` in a task's context). This process starts them itself
+the moment room frees, with no round trip: highest priority first, each when its
+``taken`` amounts fit the slot's ``capacity`` beside what runs here; one that does not fit
+is passed over by those behind it (backfill) until it has waited ``starve`` seconds. It
+starts them only while the agent's lease holds, so a stopped or cut-off agent's worker
+soon starts nothing on its own.
 
 An actor gets a process of its own (``actor`` as the last argument): its first task
 constructs the instance, and every later one calls a method on it, on NTHREADS threads
 (the actor's ``max_concurrency``); coroutines run on the actor's own event loop.
 
-    python -m zres.agent.worker ADDRESS IDENTITY NTHREADS AGENT_PID [actor]
+    python -m zres.agent.worker ADDRESS IDENTITY NTHREADS AGENT_PID LEASE STARTS [actor]
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 import os
 import queue
-import signal
 import sys
 import threading
-from collections import deque
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,16 +42,39 @@ import zmq
 from ..core import protocol as P
 from ..core.context import TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps, dumps_exception, loads
-from . import commands
+from .actor_host import ActorHost
+from .shared import Lease, StartLog
 
 _MAX_THREADS = 1024
+_PR_SET_PDEATHSIG = 1
+
+# A queued grant as this process keeps it: (order key, queued since, taken, call).
+Queued = tuple[tuple[int, int], float, dict[str, int], tuple[Any, ...]]
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process the moment PARENT (the agent) dies.
+
+    A worker with no agent has nobody to report to, and must not run on with grants the
+    broker will give to someone else. Linux only; elsewhere the main loop's check of the
+    parent process is the backstop.
+    """
+    import ctypes
+    import signal
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(0)
 
 
 class WorkerProcess:
     """Receive RUN batches from the agent, run them on threads, send DONE batches back."""
 
     def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int,
-                 actor: bool = False) -> None:
+                 lease: str, starts: str, actor: bool = False) -> None:
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.agent = self.ctx.socket(zmq.DEALER)
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
@@ -59,45 +87,44 @@ class WorkerProcess:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._wake_pending = False   # a byte is in the pipe: no need for another
-        # Every task the agent sends starts at once: the broker has already checked its
-        # resources (CPU included), so a task never waits here for a thread, and "assigned"
-        # means "running" when a loss is charged to a retry budget. Threads are made on
-        # demand and reused; NTHREADS is what the slot offers as CPU.
-        # An actor's calls are paced by the agent, never more than NTHREADS at once.
+        # Every task the agent sends starts at once: its resources are free, the broker
+        # and the agent have checked. Threads are made on demand and reused; NTHREADS is
+        # what the slot offers as CPU. An actor's calls are paced by the agent, never more
+        # than NTHREADS at once.
         self.pool = ThreadPoolExecutor(nthreads if actor else max(_MAX_THREADS, nthreads),
                                        thread_name_prefix="zres-task")
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
+        self.lease = Lease(lease)
+        self.starts = StartLog(starts)
         # The slot's accounting, for queued grants (see the module's docstring). Task
-        # threads update it too: a thread that ends a task starts the queue's head itself
-        # if it fits, and runs it, with no hand-off to another thread.
+        # threads update it too: a thread that ends a task starts the next queued grant
+        # itself if it fits, and runs it, with no hand-off to another thread.
         self._lock = threading.Lock()
         self.capacity: dict[str, int] = {}
+        self.starve = 5.0
         self.used: dict[str, int] = {}
         self.taken: dict[int, dict[str, int]] = {}        # running task -> what it took
-        self.queued: deque[tuple[dict[str, int], tuple[Any, ...]]] = deque()
-        self.started: list[int] = []                      # queued grants started since
-        self.dropped: list[int] = []                      # ... and cancelled unstarted
+        self.queued: list[Queued] = []                    # in order (priority, then seq)
+        self.started: list[int] = []                      # starts not reported yet
+        self.dropped: list[int] = []                      # ... and queued grants cancelled
 
     def run(self) -> None:
-        # Stopped by the agent: take running command jobs' process groups along.
-        signal.signal(signal.SIGTERM, _stop)
         P.send(self.agent, P.encode(P.READY, {"pid": os.getpid()}))
         poller = zmq.Poller()
         poller.register(self.agent, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         while True:
-            events = dict(poller.poll(1000))
+            # Starts are reported with the next results; a start with none soon after is
+            # reported on its own a few milliseconds later.
+            events = dict(poller.poll(5 if self.started else 1000))
             if self.agent in events:
                 self._receive()
-            if self._wake_r in events:
+            if self._wake_r in events or (not events and self.started):
                 self._send_results()
             if os.getppid() != self.agent_pid:
-                # The agent died (maybe before we started): nobody is left to report to,
-                # and a task stuck in a thread must not keep this process alive.
-                commands.terminate_all()
-                os._exit(0)
+                os._exit(0)  # the agent died and no kernel told us (not Linux)
 
     def _receive(self) -> None:
         while True:
@@ -111,10 +138,10 @@ class WorkerProcess:
                 continue
             if msg.kind != P.RUN:
                 continue
-            capacity = msg.body.get("capacity")
-            if capacity is not None:
+            if "capacity" in msg.body:
                 with self._lock:
-                    self.capacity = capacity
+                    self.capacity = msg.body["capacity"]
+                    self.starve = float(msg.body.get("starve", self.starve))
             items = msg.body["tasks"]
             groups = P.split_frames(msg.frames, [i[1] + sum(i[2]) for i in items])
             for (task_id, nframes, dep_counts, context), frames_ in zip(items, groups):
@@ -123,18 +150,23 @@ class WorkerProcess:
                 if self.actor is not None:
                     self.actor.waiting.append(call)
                 elif context.get("queued"):
+                    key = (-int(context.get("priority", 0)), int(context.get("seq", 0)))
                     with self._lock:
-                        self.queued.append((context["taken"], call))
+                        bisect.insort(self.queued, (key, float(context.get("since", 0.0)),
+                                                    context["taken"], call),
+                                      key=lambda q: q[0])
                 else:
                     with self._lock:
-                        self._take(call)
+                        self._begin(call)
                     self.pool.submit(self._run_tasks, call)
             if self._start_queued():
                 self._send_results()  # report the starts now (see _send_results)
             self._start_actor_calls()
 
-    def _take(self, call: tuple[Any, ...]) -> None:
-        """Count CALL's resources as in use (under the lock)."""
+    def _begin(self, call: tuple[Any, ...]) -> None:
+        """CALL starts now (under the lock): log it, report it, count what it takes."""
+        self.starts.record(call[3]["run"])
+        self.started.append(call[0])
         taken = call[3].get("taken")
         if taken:
             self.taken[call[0]] = taken
@@ -142,7 +174,7 @@ class WorkerProcess:
                 self.used[name] = self.used.get(name, 0) + amount
 
     def _next_queued(self, ended: int | None = None) -> tuple[Any, ...] | None:
-        """Return what ENDED gave back; start and return the queue's head if it now fits."""
+        """Give back what ENDED took; start and return the first queued grant that fits."""
         with self._lock:
             taken = self.taken.pop(ended, None) if ended is not None else None
             if taken:
@@ -150,16 +182,21 @@ class WorkerProcess:
                     self.used[name] -= amount
             if not self.queued:
                 return None
-            head, call = self.queued[0]
-            if any(self.capacity.get(n, 0) - self.used.get(n, 0) < a for n, a in head.items()):
-                return None
-            self.queued.popleft()
-            self.started.append(call[0])
-            self._take(call)
-            return call
+            now = time.monotonic()
+            if not self.lease.valid(now):
+                return None  # the broker may no longer count on this agent: start nothing
+            for index, (_, since, need, call) in enumerate(self.queued):
+                if all(self.capacity.get(n, 0) - self.used.get(n, 0) >= a
+                       for n, a in need.items()):
+                    del self.queued[index]
+                    self._begin(call)
+                    return call
+                if now - since >= self.starve:
+                    return None  # it has waited long enough: nothing behind it overtakes
+            return None
 
     def _start_queued(self) -> int:
-        """Start queued grants in order while the head fits the slot's free amounts."""
+        """Start queued grants while one fits the slot's free amounts."""
         count = 0
         while (call := self._next_queued()) is not None:
             self.pool.submit(self._run_tasks, call)
@@ -183,15 +220,10 @@ class WorkerProcess:
         # Results before the cancel are reported first: the agent and the broker replay
         # these events in the order this process saw them.
         self._send_results()
-        for task_id in ids:
-            with self._lock:
-                kept = deque(q for q in self.queued if q[1][0] != task_id)
-                found = len(kept) != len(self.queued)
-                if found:
-                    self.queued = kept
-                    self.dropped.append(task_id)
-            if not found:
-                commands.terminate(task_id)  # a running Python call cannot be stopped safely
+        with self._lock:
+            kept = [q for q in self.queued if q[3][0] not in ids]
+            self.dropped += [q[3][0] for q in self.queued if q[3][0] in ids]
+            self.queued = kept
         self._start_queued()
         self._send_results()
 
@@ -200,7 +232,9 @@ class WorkerProcess:
         actor = self.actor
         while actor is not None and actor.waiting and actor.free > 0:
             actor.free -= 1
-            self.pool.submit(self._run_task, *actor.waiting.popleft())  # no accounting
+            call = actor.waiting.popleft()
+            self.starts.record(call[3]["run"])
+            self.pool.submit(self._run_task, *call)  # no accounting
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> None:
@@ -257,10 +291,7 @@ class WorkerProcess:
             if self.actor is not None:
                 self.actor.finished(outcome)
         # Read after the results: a queued grant is marked started before its result is
-        # put, so no result goes out ahead of its grant's start. Starts go out as soon as
-        # they happen: should this process die, the agent runs the grants it has not heard
-        # started again elsewhere, so only one started in the instant before the death can
-        # run twice.
+        # put, so no result goes out ahead of its start.
         with self._lock:
             started, dropped = self.started, self.dropped
             self.started, self.dropped = [], []
@@ -273,64 +304,14 @@ class WorkerProcess:
         self._start_actor_calls()
 
 
-class ActorHost:
-    """Hold one actor instance; run its construction and method calls.
-
-    The construction runs alone; then up to CONCURRENCY calls at once, started in the
-    order they arrived (``waiting``), each only after the previous result was sent.
-    """
-
-    READY = "__zres_ready__"  # a call that only waits for the instance to be up
-
-    def __init__(self, concurrency: int) -> None:
-        self.instance: Any = None
-        self.concurrency = concurrency
-        self.waiting: deque[tuple[Any, ...]] = deque()
-        self.free = 1               # the construction's place
-        self.constructed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def finished(self, outcome: str) -> None:
-        if self.constructed:
-            self.free += 1
-        elif outcome == P.OK:
-            self.constructed, self.free = True, self.concurrency
-        # else __init__ raised: nothing more runs here; the agent ends this process
-
-    def run(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], create: bool) -> Any:
-        if create:
-            self.instance = fn(*args, **kwargs)
-            return None
-        if fn == self.READY:
-            return None
-        value = getattr(self.instance, fn)(*args, **kwargs)
-        if inspect.isawaitable(value):
-            # The actor's one event loop: its coroutines share state safely with each other.
-            value = asyncio.run_coroutine_threadsafe(_await(value), self.loop()).result()
-        return value
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="zres-actor-loop",
-                                 daemon=True).start()
-            return self._loop
-
-
-def _stop(*_: Any) -> None:
-    commands.terminate_all()
-    os._exit(1)
-
-
 async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
 def main(argv: list[str] | None = None) -> None:
-    address, identity, nthreads, agent_pid, *mode = argv or sys.argv[1:]
-    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid),
+    address, identity, nthreads, agent_pid, lease, starts, *mode = argv or sys.argv[1:]
+    die_with_parent(int(agent_pid))
+    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid), lease, starts,
                   actor=mode == ["actor"]).run()
 
 

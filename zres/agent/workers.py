@@ -8,6 +8,7 @@ device; an actor gets a process of its own.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import structlog
 import zmq
 
 from ..core import protocol as P
+from .shared import Lease, StartLog
 from .slots import SlotSpec
 
 log = structlog.get_logger("zres.agent")
@@ -30,22 +32,15 @@ log = structlog.get_logger("zres.agent")
 class ActorProcess:
     """What an agent knows of the actor a worker process hosts.
 
-    The process starts calls in the order sent, at most ``concurrency`` at once, and
-    reports each result before it starts the call that takes its place; so when the
-    process dies, the calls that had started are at most the oldest ``concurrency``
-    unfinished ones, and the rest can run on the next instance.
+    The process starts calls in the order sent, at most ``concurrency`` at once, logging
+    each start; when it dies, the calls that had not started run on the next instance.
     """
 
     id: str
     placement: int               # the broker's id for this construction
     concurrency: int
     context: dict[str, Any]
-    sent: dict[int, None] = field(default_factory=dict)   # unfinished, in the order sent
-
-    def started(self) -> list[int]:
-        if self.placement in self.sent:
-            return [self.placement]
-        return list(self.sent)[:self.concurrency]
+    sent: dict[int, int] = field(default_factory=dict)   # unfinished call -> run number
 
 
 @dataclass(slots=True)
@@ -56,6 +51,7 @@ class Worker:
     slot: int
     gpus: tuple[str, ...]
     proc: subprocess.Popen[bytes]
+    starts: StartLog                 # what it has started, readable after its death
     ready: bool = False
     backlog: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
     running: set[int] = field(default_factory=set)
@@ -79,9 +75,12 @@ class WorkerPool:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.address = f"ipc://{self._tmp}/workers"
         self.sock.bind(self.address)
+        self.lease = Lease(f"{self._tmp}/lease", create=True)  # lapsed until renewed
         self.by_slot: dict[tuple[int, tuple[str, ...]], Worker] = {}
         self.by_ident: dict[bytes, Worker] = {}
         self._runs: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        self._told: list[tuple[bytes, list[Any]]] = []
+        self.starve = 5.0            # passed to workers: how long a queued grant is passed over
 
     def alive(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
         """The running process that serves SLOT with DEVICES, if there is one."""
@@ -102,6 +101,7 @@ class WorkerPool:
                     kill(other.proc)
                     self.forget(other)
         ident = uuid.uuid4().hex.encode()
+        starts = StartLog(f"{self._tmp}/starts-{ident.decode()}", create=True)
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
@@ -109,9 +109,9 @@ class WorkerPool:
         env["ZRES_JOB_LOGS"] = self._job_logs
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.agent.worker", self.address, ident.decode(),
-             str(nthreads), str(os.getpid()), *(["actor"] if actor else [])], env=env,
-            stdin=subprocess.DEVNULL)
-        worker = Worker(ident, slot, devices, proc)
+             str(nthreads), str(os.getpid()), self.lease.path, starts.path,
+             *(["actor"] if actor else [])], env=env, stdin=subprocess.DEVNULL)
+        worker = Worker(ident, slot, devices, proc, starts)
         self.by_ident[ident] = worker
         if not actor:
             self.by_slot[(slot, devices)] = worker
@@ -123,7 +123,16 @@ class WorkerPool:
         """Stop routing to WORKER (it has ended, or is being stopped)."""
         if self.by_slot.get((worker.slot, worker.gpus)) is worker:
             del self.by_slot[(worker.slot, worker.gpus)]
-        self.by_ident.pop(worker.ident, None)
+        if self.by_ident.pop(worker.ident, None) is not None:
+            worker.starts.close()
+            try:
+                os.unlink(worker.starts.path)
+            except OSError:
+                pass
+
+    def started_by(self, worker: Worker) -> set[int]:
+        """The run numbers WORKER has started (readable after its death)."""
+        return worker.starts.started()
 
     def send(self, worker: Worker, item: list[Any], frames: list[Any]) -> None:
         """Queue one RUN item for WORKER, sent at the next flush (or once it is ready)."""
@@ -141,14 +150,18 @@ class WorkerPool:
             self._runs[worker.ident]
 
     def flush(self) -> None:
-        """Send every batch of RUN items."""
+        """Send every batch of RUN items, then the control messages told since."""
         for ident, (items, frames) in self._runs.items():
             self.run_now(ident, items, frames)
         self._runs.clear()
+        for ident, message in self._told:
+            P.send(self.sock, [ident, *message])
+        self._told.clear()
 
     def drop_pending(self) -> None:
-        """Forget the RUN items not sent yet."""
+        """Forget the messages not sent yet."""
         self._runs.clear()
+        self._told.clear()
 
     def ready(self, worker: Worker) -> None:
         """WORKER said READY: send it what waited."""
@@ -158,9 +171,8 @@ class WorkerPool:
         worker.backlog = []
 
     def tell(self, worker: Worker, kind: str, body: dict[str, Any]) -> None:
-        """Send WORKER a control message, after the RUN items queued before it."""
-        self.flush()
-        P.send(self.sock, [worker.ident, *P.encode(kind, body)])
+        """Send WORKER a control message at the next flush, after its RUN items."""
+        self._told.append((worker.ident, P.encode(kind, body)))
 
     def run_now(self, ident: bytes, items: list[Any], frames: list[Any]) -> None:
         """Send the process IDENT one RUN of ITEMS at once."""
@@ -168,19 +180,16 @@ class WorkerPool:
         worker = self.by_ident.get(ident)
         if worker is not None and worker.actor is None:
             body["capacity"] = self._slots[worker.slot].units
+            body["starve"] = self.starve
         P.send(self.sock, [ident, *P.encode(P.RUN, body, frames)])
 
     def close(self, workers: list[Worker]) -> None:
         """Stop WORKERS and every pooled process; close the socket."""
-        for worker in [*self.by_slot.values(), *workers]:
+        for worker in [*list(self.by_slot.values()), *workers]:
             kill(worker.proc)
-        self.by_slot.clear()
+            self.forget(worker)
         self.sock.close(0)
-        try:
-            os.unlink(f"{self._tmp}/workers")
-            os.rmdir(self._tmp)
-        except OSError:
-            pass
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def exit_cause(code: int) -> str:

@@ -193,6 +193,7 @@ class ActorRouting:
                 queue.popleft()
                 set_state(task, TaskState.RUNNING)
                 task.agent = actor.agent_name
+                task.held = task.begun = False
                 actor.inflight[task.id] = None
                 self.call_actor[task.id] = actor
                 counts, inputs = self._graph.inputs(task)
@@ -247,14 +248,16 @@ class ActorRouting:
     def lost(self, actor: ActorRecord, cause: str, started: set[int] | None) -> None:
         """ACTOR's process or agent is gone (its grant already released): restart or end it.
 
-        STARTED names the calls the process had begun; when the agent itself was lost
-        nobody knows, and the oldest ``concurrency`` calls sent count as begun.
+        STARTED names the calls the process had begun (from its start log); when the agent
+        itself was lost nobody knows, and every call it had taken in (held) counts as
+        possibly begun, while calls it never had run on the next instance.
         """
         self.placements.pop(actor.placement, None)
         inflight = list(actor.inflight)
         actor.inflight.clear()
         if started is None:
-            started = set(inflight[:actor.concurrency])
+            started = {c for c in inflight
+                       if (t := self._graph.get(c)) is not None and t.held}
         restart = actor.restarts != 0
         again: list[Task] = []
         for call_id in inflight:
@@ -286,6 +289,36 @@ class ActorRouting:
         self.placements[actor.placement] = actor
         self._sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
                             queueable=False)
+
+    def call_on(self, agent: bytes, task_id: Any) -> Task | None:
+        """The call TASK_ID if it was sent to an actor on AGENT."""
+        actor = self.call_actor.get(task_id)
+        return self._graph.get(task_id) if actor is not None and actor.agent == agent else None
+
+    def held_on(self, agent: bytes) -> set[int]:
+        """The placements and calls of the actors on AGENT."""
+        out: set[int] = set()
+        for actor in self.actors.values():
+            if actor.agent == agent:
+                out.add(actor.placement)
+                out.update(actor.inflight)
+        return out
+
+    def resend_unheld(self, agent: bytes, holding: set[int]) -> None:
+        """Calls sent to AGENT that it never took in (lost with a connection) go again."""
+        for actor in self.actors.values():
+            if actor.agent != agent:
+                continue
+            lost = [c for c in actor.inflight if c not in holding
+                    and (t := self._graph.get(c)) is not None and not t.held]
+            for call_id in reversed(lost):  # back at the front, in the order they were made
+                del actor.inflight[call_id]
+                self.call_actor.pop(call_id, None)
+                task = self._graph.tasks[call_id]
+                set_state(task, TaskState.QUEUED)
+                actor.queues.setdefault(task.client, deque()).appendleft(call_id)
+            if lost:
+                self._to_pump[actor.id] = None
 
     # -- ending -----------------------------------------------------------------------------
     def kill(self, actor: ActorRecord, why: str) -> None:

@@ -7,6 +7,7 @@ the dispatcher's business (``dispatch.Dispatcher.lose_agent``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,10 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import GPU, UNIT, Units, format_units
 from ..scheduler.policy import Scheduler
+from ..scheduler.table import NewSlot
 
 log = structlog.get_logger("zres.broker")
+_ENDED_KEPT = 10_000  # routing ids of lost agents remembered, to tell them so
 
 
 @dataclass(slots=True)
@@ -30,6 +33,9 @@ class Registration:
     units: list[Units]               # per slot
     gpus: list[list[str]]            # device ids per slot
     memory: list[list[int]]          # device memory per slot (units), or empty
+    session: int                     # the agent's record here, kept across reconnections
+    resume: bool                     # a reconnection of a live session
+    sent_at: float | None            # when the agent sent it (its clock): its lease's start
 
     def spec(self) -> list[Any]:
         """What must match for a second registration to be a repeat of the first."""
@@ -46,6 +52,12 @@ class AgentRecord:
     slots: list[int]                 # scheduler slot ids, in the agent's slot order
     gpus: list[list[str]]            # device ids per slot
     spec: list[Any]                  # the registration as received, to spot repeats
+    session: int = 0
+    seq: int = 0                     # the last of its reports taken in (acknowledged)
+    echo: float | None = None        # t of its latest heartbeat, echoed: its lease
+    fd: int = -1                     # the connection it last spoke over
+    away: bool = False               # that connection closed: no new work till heard from
+    draining: bool = False           # it is leaving: no new work
 
 
 def parse_registration(msg: P.Message) -> Registration:
@@ -58,6 +70,9 @@ def parse_registration(msg: P.Message) -> Registration:
         raise ProtocolError("register: slots must be a non-empty array of maps")
     if not isinstance(host, str) or type(pid) is not int:
         raise ProtocolError("register: host must be a string and pid an int")
+    session, sent_at = msg.body.get("session", 0), msg.body.get("t")
+    if type(session) is not int or not isinstance(sent_at, (float, type(None))):
+        raise ProtocolError("register: session must be an int and t a float")
     units = [P.check_units(s.get("units"), "register") for s in slots]
     gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
     memory = [_int_list(s.get("gpu_memory", []), "register") for s in slots]
@@ -68,7 +83,8 @@ def parse_registration(msg: P.Message) -> Registration:
                 or len(slot_memory) not in (0, len(slot_gpus)):
             raise ProtocolError("register: GPU amount, device ids and device memory "
                                 "do not agree")
-    return Registration(name, host, pid, units, gpus, memory)
+    return Registration(name, host, pid, units, gpus, memory, session,
+                        bool(msg.body.get("resume")), sent_at)
 
 
 def _int_list(value: Any, what: str) -> list[int]:
@@ -85,6 +101,7 @@ class AgentRegistry:
         self.timeout = timeout
         self.by_ident: dict[bytes, AgentRecord] = {}
         self.slot_owner: dict[int, AgentRecord] = {}
+        self.ended: OrderedDict[bytes, str] = OrderedDict()  # lost agents' ids: why
         self._next_slot = 0
 
     def __len__(self) -> int:
@@ -106,7 +123,26 @@ class AgentRegistry:
     def is_repeat(self, ident: bytes, reg: Registration) -> bool:
         """Whether REG repeats IDENT's registration (it crossed our welcome)."""
         known = self.by_ident.get(ident)
-        return known is not None and known.name == reg.name and known.spec == reg.spec()
+        return known is not None and known.session == reg.session and known.name == reg.name
+
+    def heard(self, agent: AgentRecord, fd: int) -> bool:
+        """AGENT spoke over connection FD; return whether it was away (it is back)."""
+        agent.fd = fd
+        if not agent.away:
+            return False
+        agent.away = False
+        return True
+
+    def disconnected(self, fd: int) -> list[AgentRecord]:
+        """Connection FD closed: the agents last heard over it are away (if one has since
+        reconnected over a reused descriptor, its next message brings it back)."""
+        away = [a for a in self.by_ident.values() if a.fd == fd and not a.away]
+        for agent in away:
+            agent.away = True
+        return away
+
+    def accepts_work(self, agent: AgentRecord) -> bool:
+        return not (agent.away or agent.draining)
 
     def displaced_by(self, ident: bytes, name: str) -> list[AgentRecord]:
         """The records a registration of NAME from IDENT replaces: IDENT's own, and any
@@ -115,44 +151,53 @@ class AgentRegistry:
 
     def add(self, ident: bytes, reg: Registration, now: float) -> AgentRecord:
         """Record the agent and give each of its slots to the scheduler."""
-        slot_ids = []
+        new = []
         for slot_units, slot_gpus, slot_memory in zip(reg.units, reg.gpus, reg.memory):
             self._next_slot += 1
-            self.sched.add_slot(self._next_slot, reg.name, slot_units, slot_memory,
-                                devices=len(slot_gpus))
-            slot_ids.append(self._next_slot)
+            new.append(NewSlot(self._next_slot, reg.name, slot_units, slot_memory,
+                               len(slot_gpus)))
+        self.sched.add_slots(new)
+        slot_ids = [slot.id for slot in new]
         record = AgentRecord(ident, reg.name, reg.host, reg.pid, now, slot_ids, reg.gpus,
-                             reg.spec())
+                             reg.spec(), reg.session, echo=reg.sent_at)
+        self.ended.pop(ident, None)
         self.by_ident[ident] = record
         for slot_id in slot_ids:
             self.slot_owner[slot_id] = record
         log.info("agent_joined", agent=reg.name, slots=[format_units(u) for u in reg.units])
         return record
 
-    def remove(self, agent: AgentRecord) -> None:
-        """Forget AGENT (its scheduler slots are removed by whoever handles its work)."""
+    def remove(self, agent: AgentRecord, why: str) -> None:
+        """Forget AGENT, remembering WHY for its late messages (its scheduler slots are
+        removed by whoever handles its work)."""
         del self.by_ident[agent.ident]
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
+        self.ended[agent.ident] = why
+        while len(self.ended) > _ENDED_KEPT:
+            self.ended.popitem(last=False)
+
+    def forgive(self, gap: float) -> None:
+        """The broker itself did not listen for GAP seconds (stopped, or stalled): nobody
+        is to be found silent for that."""
+        for agent in self.by_ident.values():
+            agent.last_seen += gap
 
     def silent(self, now: float) -> list[AgentRecord]:
         """The agents not heard from for longer than the heartbeat timeout."""
         return [a for a in self.by_ident.values() if now - a.last_seen > self.timeout]
 
-    def set_capacity(self, agent: AgentRecord, changes: Units) -> list[int]:
+    def set_capacity(self, agent: AgentRecord, changes: Units) -> None:
         """Set the amounts named in CHANGES on every slot of AGENT (0 removes a name);
-        raise ValueError, changing nothing, if any slot refuses. Return the queued grants
-        that start now."""
+        raise ValueError, changing nothing, if any slot refuses."""
         new = [{n: a for n, a in {**self.sched.slots[s].total, **changes}.items() if a}
                for s in agent.slots]
         for slot_id, units in zip(agent.slots, new):  # all slots or none
             self.sched.check_capacity(slot_id, units)
-        started = []
         for slot_id, units in zip(agent.slots, new):
-            started += self.sched.set_capacity(slot_id, units)
+            self.sched.set_capacity(slot_id, units)
         log.info("agent_resources_changed", agent=agent.name,
                  slots=[format_units(u) for u in self.capacity(agent)])
-        return started
 
     def capacity(self, agent: AgentRecord) -> list[Units]:
         """AGENT's total amounts per slot."""

@@ -60,6 +60,11 @@ class ClientRegistry:
         if client is not None:
             self._on_drop(client, "client_left")
 
+    def forgive(self, gap: float) -> None:
+        """The broker did not listen for GAP seconds: nobody is silent for that."""
+        for client in self._by_ident.values():
+            client.last_seen += gap
+
     def expire(self, now: float) -> None:
         """Drop the clients silent for longer than the timeout."""
         for client in list(self._by_ident.values()):

@@ -1,9 +1,14 @@
 """Getting tasks to agents and their outcomes back.
 
 A ready task is queued in the scheduler; its grant goes to the agent owning the slot in
-one ASSIGN batch per agent per loop turn; the agent's DONE gives the resources back and
-records the outcome. Losses are handled here too: a lost worker or agent retries what was
-running (a retry is spent only on work that had started) and re-queues what had not.
+one ASSIGN batch per agent per loop turn. The agent's reports say, in order, which grants
+it handed to a worker process (``held``: possibly started), which began, which ended (the
+resources come back) and which it gives back unstarted.
+
+When an agent is lost, the broker knows exactly what may have run there: a grant its agent
+never reported held never started, and goes again with no retry spent; a held one may have
+started, so it spends a retry or, with none left, fails with AgentLostError saying so.
+``retries=0`` therefore means the body runs at most once, whatever fails.
 """
 
 from __future__ import annotations
@@ -98,10 +103,9 @@ class Dispatcher:
         elif task.state is TaskState.QUEUED:
             self._sched.dequeue(task.id)
         elif task.state is TaskState.RUNNING:
-            # The worker cannot stop a running Python call; its resources come back when
-            # it returns, and the result is dropped then.
-            grant = self._sched.running.get(task.id)
-            owner = self._agents.slot_owner.get(grant.slot) if grant is not None else None
+            # A queued grant is dropped and a command job stopped; a running Python call
+            # cannot be, and its resources come back when it returns (its result dropped).
+            owner = self._owner(task.id)
             if owner is not None:
                 self._send(owner.ident, P.CANCEL, {"ids": [task.id]})
         self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled")
@@ -112,55 +116,89 @@ class Dispatcher:
         for grant in grants:
             agent = self._agents.slot_owner[grant.slot]
             slot_index = agent.slots.index(grant.slot)
+            opts: dict[str, Any] = {"priority": grant.priority, "seq": grant.seq}
+            if not grant.started or grant.taken != grant.units:
+                # The agent starts a queued grant when TAKEN fits its own free amounts.
+                opts.update(queued=not grant.started, taken=grant.taken)
             actor = self._actors.placements.get(grant.task)
             if actor is not None:
                 self._actors.place(actor, agent.ident, agent.name)
+                opts.update(actor=actor.id, concurrency=actor.concurrency, taken=grant.taken)
                 self._assigns.add(agent.ident, [
                     grant.task, slot_index, grant.units, grant.gpus, actor.spawn_counts[0],
-                    actor.spawn_counts[1], {"actor": actor.id, "concurrency": actor.concurrency,
-                                            "taken": grant.taken}], actor.spawn)
+                    actor.spawn_counts[1], opts], actor.spawn)
                 continue
             task = self._graph.tasks[grant.task]
             set_state(task, TaskState.RUNNING)
             task.agent = agent.name
             task.started_at = time.monotonic()
-            if task.id in self._jobs.active and grant.started:
+            task.attempt += 1
+            task.held = task.begun = False
+            opts["attempt"] = task.attempt
+            job = self._jobs.active.get(task.id)
+            if job is not None:
+                opts["job"] = job.run
+            counts, inputs = self._graph.inputs(task)
+            self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
+                                            len(task.payload), counts, opts],
+                              [*task.payload, *inputs])
+        self._assigns.flush(self._ack)
+
+    def _ack(self, ident: bytes) -> dict[str, Any]:
+        agent = self._agents.get(ident)
+        return {"ack": agent.seq} if agent is not None else {}
+
+    def release(self, task_id: int) -> None:
+        """Give TASK_ID's grant back to the scheduler."""
+        self._sched.release(task_id)
+
+    def _owner(self, task_id: int) -> AgentRecord | None:
+        grant = self._sched.running.get(task_id)
+        return self._agents.slot_owner.get(grant.slot) if grant is not None else None
+
+    def _mine(self, agent: AgentRecord, task_id: Any) -> Task | None:
+        """The task of TASK_ID if its current grant is on AGENT (else a stale report)."""
+        if self._owner(task_id) is not agent:
+            return None
+        task = self._graph.get(task_id)
+        return task if task is not None and task.state is TaskState.RUNNING else None
+
+    # -- what agents report ---------------------------------------------------------------
+    def report(self, agent: AgentRecord, body: dict[str, Any], payloads: list[list[Any]],
+               now: float) -> None:
+        """Take in one report of AGENT's, all at once, in its fields' order."""
+        for task_id in _ids(body.get("held")):
+            task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
+            if task is not None:
+                task.held = True
+        for task_id in _ids(body.get("started")):
+            task = self._mine(agent, task_id)
+            if task is None:
+                continue
+            task.held = task.begun = True
+            task.started_at = now
+            grant = self._sched.running[task_id]
+            if not grant.started:
+                self._sched.started(task_id)
+            if task.id in self._jobs.active:
+                slot_index = agent.slots.index(grant.slot)
                 self._jobs.started(task, agent.name,
                                    [agent.gpus[slot_index][p] for p in grant.gpus]
                                    or list(token_devices(grant.units)))
-            counts, inputs = self._graph.inputs(task)
-            item = [task.id, slot_index, grant.units, grant.gpus, len(task.payload), counts]
-            if not grant.started or grant.taken != grant.units:
-                # The agent starts a queued grant when TAKEN fits its own free amounts.
-                item.append({"queued": not grant.started, "taken": grant.taken})
-            self._assigns.add(agent.ident, item, [*task.payload, *inputs])
-        self._assigns.flush()
+        self._results(agent, body.get("results", []), payloads, now)
+        for exit_ in body.get("exits", []):
+            if isinstance(exit_, dict):
+                self._actors.exited(agent.ident, str(exit_.get("actor")),
+                                    exit_.get("placement", -1), str(exit_.get("cause")),
+                                    _ids(exit_.get("running")))
+        for task_id in _ids(body.get("returned")):
+            task = self._mine(agent, task_id)
+            if task is not None:  # it never started there: again, uncharged
+                self.release(task_id)
+                self._requeue(task)
 
-    def release(self, task_id: int) -> None:
-        """Give TASK_ID's grant back to the scheduler, noting the queued grants that start."""
-        self._note_started(self._sched.release(task_id))
-
-    def _note_started(self, task_ids: list[int]) -> None:
-        """Note queued grants that the scheduler (and so the agent) has just started."""
-        now = time.monotonic()
-        for task_id in task_ids:
-            task = self._graph.get(task_id)
-            if task is not None:
-                task.started_at = now
-            if task_id in self._jobs.active:
-                task = self._graph.tasks[task_id]
-                grant = self._sched.running[task_id]
-                self._jobs.started(task, task.agent, list(token_devices(grant.units)))
-
-    def capacity_changed(self, started: list[int]) -> None:
-        """An agent's capacity changed and the queued grants STARTED began."""
-        self._note_started(started)
-        self.recheck_feasibility()
-
-    # -- outcomes -------------------------------------------------------------------------
-    def done(self, agent: AgentRecord, items: list[Any], payloads: list[list[Any]],
-             now: float) -> None:
-        """AGENT reports outcomes: ITEMS [id, outcome, nframes, info] with their PAYLOADS."""
+    def _results(self, agent: AgentRecord, items: list[Any], payloads: list[list[Any]],
+                 now: float) -> None:
         for (task_id, outcome, _, info), frames in zip(items, payloads):
             info = info if isinstance(info, dict) else {}
             actor = self._actors.placements.get(task_id)
@@ -168,28 +206,50 @@ class Dispatcher:
                 if actor.agent == agent.ident and actor.state is ActorState.STARTING:
                     self._actors.started(actor, str(outcome), frames, info)
                 continue
-            actor = self._actors.call_actor.pop(task_id, None)
+            actor = self._actors.call_actor.get(task_id)
             if actor is not None:
+                if actor.agent != agent.ident:
+                    continue  # a late result from the actor's previous instance
+                del self._actors.call_actor[task_id]
                 actor.inflight.pop(task_id, None)
                 task = self._graph.get(task_id)
                 if task is not None and task.state is TaskState.RUNNING:
                     self._graph.finish(task, str(outcome), frames, {**info, "agent": agent.name})
                 continue
-            grant = self._sched.running.get(task_id)
-            if grant is None or self._agents.slot_owner.get(grant.slot) is not agent:
+            if self._owner(task_id) is not agent:
                 continue  # stale: cancelled, or retried elsewhere after a loss
-            started = grant.started
             self.release(task_id)
             task = self._graph.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
                 continue
-            if started and outcome != P.FAILED:
+            if task.begun and outcome != P.FAILED:
                 self._sched.finished(task.kind, now - task.started_at)
             if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
                 self._retry(task, info.get("message", "worker lost"))
             else:
                 info["agent"] = agent.name
                 self._graph.finish(task, str(outcome), frames, info)
+
+    def reconcile(self, agent: AgentRecord, holding: set[int]) -> None:
+        """AGENT resumed its session and holds HOLDING: what it was granted and does not
+        hold never reached it (lost with a connection): it goes again, uncharged; what it
+        holds that is not its any more is cancelled there."""
+        granted = [t for s in agent.slots for t in self._sched.queued(s)]
+        granted += [t for s in agent.slots for t in self._sched.slots[s].running]
+        for task_id in granted:
+            task = self._mine(agent, task_id)
+            if task is None or task_id in holding:
+                continue
+            if task.held or task.begun:
+                self._lost(task, f"agent {agent.name} no longer has it after reconnecting")
+            else:
+                self.release(task_id)
+                self._requeue(task)
+        self._actors.resend_unheld(agent.ident, holding)
+        mine = set(granted) | self._actors.held_on(agent.ident)
+        strays = sorted(t for t in holding if t not in mine)
+        if strays:
+            self._send(agent.ident, P.CANCEL, {"ids": strays})
 
     def _retry(self, task: Task, why: str) -> None:
         task.retries -= 1
@@ -198,18 +258,34 @@ class Dispatcher:
 
     def _requeue(self, task: Task) -> None:
         set_state(task, TaskState.QUEUED)
+        task.held = task.begun = False
         self._jobs.requeued(task)
         self._enqueue(task)
 
-    def lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True) -> None:
-        """AGENT is gone: re-queue what had not started there, retry or fail what had."""
-        self._agents.remove(agent)
-        log.warning("agent_lost", agent=agent.name, why=why)
+    def _lost(self, task: Task, why: str) -> None:
+        """TASK may have run where it was: spend a retry, or fail it saying so."""
+        if task.retries:
+            self._retry(task, why)
+            return
+        how = ("while running task" if task.begun else
+               "after it had handed over (so it may have started) task")
+        self._graph.fail(task, "AgentLostError",
+                         f"{why} {how} {task.name}, and it had no retries left")
+
+    # -- agents coming and going ----------------------------------------------------------
+    def lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True,
+                   left: bool = False) -> None:
+        """AGENT is gone (LEFT: it said goodbye): what never started there goes again,
+        uncharged; what may have started spends a retry or fails; its actors restart or
+        die."""
+        self._agents.remove(agent, why)
+        if left:
+            log.info("agent_left", agent=agent.name)
+        else:
+            log.warning("agent_lost", agent=agent.name, why=why)
+        self._send(agent.ident, P.UNKNOWN, {"ended": f"declared lost: {why}",
+                                            "session": agent.session})
         for slot_id in agent.slots:
-            for task_id in self._sched.queued(slot_id):  # never started: no retry spent
-                task = self._graph.get(task_id)
-                if task is not None and task.state is TaskState.RUNNING:
-                    self._requeue(task)
             for task_id in self._sched.remove_slot(slot_id):
                 actor = self._actors.placements.get(task_id)
                 if actor is not None:
@@ -218,14 +294,21 @@ class Dispatcher:
                 task = self._graph.get(task_id)
                 if task is None or task.state is not TaskState.RUNNING:
                     continue
-                if task.retries:
-                    self._retry(task, f"agent {agent.name} lost")
+                if task.held or task.begun:
+                    self._lost(task, f"agent {agent.name} was lost ({why})")
                 else:
-                    self._graph.fail(task, "AgentLostError",
-                                     f"agent {agent.name} was lost ({why}) while running task "
-                                     f"{task.name}, and it had no retries left")
+                    self._requeue(task)  # it never started there
         if recheck:
             self.recheck_feasibility()
+
+    def set_accepting(self, agent: AgentRecord) -> None:
+        """Open AGENT's slots to new grants, or close them, as it is there and staying."""
+        for slot_id in agent.slots:
+            self._sched.set_open(slot_id, self._agents.accepts_work(agent))
+
+    def capacity_changed(self) -> None:
+        """An agent's capacity changed."""
+        self.recheck_feasibility()
 
     def drop_work_of(self, client: bytes, task_ids: list[int]) -> None:
         """The client CLIENT left: cancel its unfinished TASK_IDS, except named actors and
@@ -236,3 +319,7 @@ class Dispatcher:
                     and task.creates not in self._actors.actors \
                     and not self._jobs.detached(task):
                 self.cancel(task)
+
+
+def _ids(value: Any) -> list[int]:
+    return [v for v in value if type(v) is int] if isinstance(value, list) else []

@@ -39,6 +39,7 @@ class JobRecord:
     units: dict[str, int]
     detached: bool               # outlives the client that submitted it
     submitted: float             # wall-clock seconds
+    run: dict[str, Any]          # what the agent runs: {argv, env, cwd}
     state: str = "queued"        # queued, running, done, failed, cancelled, infeasible, lost
     agent: str = ""
     gpus: list[str] = field(default_factory=list)
@@ -55,11 +56,18 @@ class JobRecord:
 
 
 def check_job_spec(spec: Any) -> dict[str, Any]:
-    """Validate a job spec {argv, detached} off the wire."""
+    """Validate a job spec {argv, env, cwd, detached} off the wire."""
     if not isinstance(spec, dict) or not isinstance(spec.get("argv"), list) \
             or not spec["argv"] or not all(isinstance(a, str) for a in spec["argv"]):
         raise ProtocolError("submit: a job needs argv, a non-empty array of strings")
-    return spec
+    env = spec.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise ProtocolError("submit: a job's env must map strings to strings")
+    if not isinstance(spec.get("cwd"), (str, type(None))):
+        raise ProtocolError("submit: a job's cwd must be a string")
+    return {"argv": spec["argv"], "env": env, "cwd": spec.get("cwd"),
+            "detached": bool(spec.get("detached"))}
 
 
 class JobTable:
@@ -90,8 +98,9 @@ class JobTable:
 
     def add(self, task: Task, spec: dict[str, Any]) -> None:
         """Make TASK a command job described by SPEC (checked by ``check_job_spec``)."""
-        self.active[task.id] = JobRecord(task.id, task.name, spec["argv"], dict(task.units),
-                                         bool(spec.get("detached")), time.time())
+        self.active[task.id] = JobRecord(
+            task.id, task.name, spec["argv"], dict(task.units), spec["detached"], time.time(),
+            {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]})
 
     def detached(self, task: Task) -> bool:
         job = self.active.get(task.id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 
@@ -28,8 +28,9 @@ class Batches:
         items.append(item)
         out.extend(frames)
 
-    def flush(self) -> None:
-        """Send every peer's batch."""
+    def flush(self, extra: Callable[[bytes], dict[str, Any]] | None = None) -> None:
+        """Send every peer's batch, with EXTRA(ident)'s fields in its body."""
         pending, self._pending = self._pending, {}
         for ident, (items, frames) in pending.items():
-            self._send(ident, self._kind, {self._key: items}, frames)
+            body = {self._key: items, **(extra(ident) if extra is not None else {})}
+            self._send(ident, self._kind, body, frames)

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
@@ -34,7 +35,9 @@ from .status import Explainer
 from .submit import parse_submit
 
 log = structlog.get_logger("zres.broker")
-_BATCH = 2000  # messages handled per loop turn before scheduling
+_BATCH = 2000          # messages handled per loop turn before scheduling, at most
+_TURN_BUDGET = 0.05    # seconds of message handling per loop turn, at most
+_BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at once
 
 Handler = Callable[[bytes, P.Message, float], None]
 
@@ -51,11 +54,21 @@ class Broker:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer keeps its id
+        # Closed connections, as soon as the transport knows: an agent whose connection
+        # closed gets no new work until it is heard from again.
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.bind(listen)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.epoch = random.getrandbits(48)
         self.hb_interval = heartbeat_interval
+        # Agents start nothing once the broker may have given up on them: their lease ends
+        # before the broker would declare them lost, with two heartbeats to spare.
+        self.lease = max(heartbeat_timeout - 2 * heartbeat_interval, heartbeat_timeout / 2)
         self._last_beat = 0.0
+        self._last_turn = time.monotonic()
+        self._fd = -1                       # the connection of the message being handled
+        self._to_ack: set[bytes] = set()    # agents whose big reports need an ack now
         self._stopping = False
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
@@ -76,13 +89,15 @@ class Broker:
         self._results = Batches(self._send, P.RESULTS, "results")
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self._monitor, zmq.POLLIN)
         self._handlers: dict[str, Handler] = {
             P.HELLO: self._on_hello, P.SUBMIT: self._on_submit, P.RELEASE: self._on_release,
             P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
-            P.REGISTER: self._on_register, P.DONE: self._on_done,
+            P.REGISTER: self._on_register, P.REPORT: self._on_report,
+            P.HOLDING: self._on_holding, P.DRAIN: self._on_drain,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
             P.RESOURCES: self._on_resources, P.KILL: self.actors.on_kill,
-            P.LOOKUP: self.actors.on_lookup, P.ACTOR_EXIT: self._on_actor_exit,
+            P.LOOKUP: self.actors.on_lookup,
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
         }
@@ -98,20 +113,36 @@ class Broker:
         while not self._stopping:
             self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
         log.info("broker_stopped", address=self.address)
+        self._monitor.close(0)
         self.sock.close(0)
 
     def stop(self) -> None:
         self._stopping = True
 
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
-        """Handle what has arrived, run the scheduler, send batches, check heartbeats."""
-        if self.poller.poll(int(timeout * 1000)):
+        """Handle what has arrived (for a bounded time), run the scheduler, send batches,
+        check heartbeats."""
+        start = time.monotonic()
+        gap = start - self._last_turn
+        if gap > max(2 * self.hb_interval, 1.0):
+            # This loop did not run for GAP (the broker was stopped, or stalled): peers
+            # were not silent, we were not listening.
+            self.agents.forgive(gap)
+            self.clients.forgive(gap)
+            log.warning("broker_stalled", seconds=round(gap, 1))
+        events = dict(self.poller.poll(int(timeout * 1000)))
+        if self._monitor in events:
+            self._on_connection_events()
+        if self.sock in events:
             for _ in range(_BATCH):
                 try:
                     frames = P.recv(self.sock)
                 except zmq.Again:
                     break
-                self._dispatch(frames, time.monotonic())
+                now = time.monotonic()
+                self._dispatch(frames, now)
+                if now - start > _TURN_BUDGET:
+                    break  # the rest next turn, after heartbeats and scheduling
         now = time.monotonic()
         if self.sched.needs_pass():
             try:
@@ -126,9 +157,26 @@ class Broker:
                 log.exception("heartbeat_failed")
         self.actors.pump_all()
         self._results.flush()
+        for ident in self._to_ack:
+            agent = self.agents.get(ident)
+            if agent is not None:
+                self._send(ident, P.ACK, {"ack": agent.seq})
+        self._to_ack.clear()
+        self._last_turn = time.monotonic()
+
+    def _on_connection_events(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            for agent in self.agents.disconnected(int(event["value"])):
+                log.info("agent_away", agent=agent.name)
+                self.dispatch.set_accepting(agent)
 
     def _dispatch(self, frames: list[Any], now: float) -> None:
         ident = frames[0].bytes
+        try:
+            self._fd = frames[0].get(zmq.SRCFD)
+        except zmq.ZMQError:  # a message libzmq made itself, of no connection
+            self._fd = -1
         try:
             msg = P.decode(frames[1:])
             handler = self._handlers.get(msg.kind)
@@ -148,13 +196,21 @@ class Broker:
         for agent in self.agents.silent(now):
             self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
         self.clients.expire(now)
+        for agent in self.agents.by_ident.values():
+            self._send(agent.ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
+                                                  "ack": agent.seq})
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
-        for ident in [*self.agents.by_ident, *self.clients.idents()]:
+        for ident in self.clients.idents():
             P.send(self.sock, [ident, *beat])
 
     def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
-        if self.agents.seen(ident, now) is None and self.clients.seen(ident, now) is None:
-            self._send(ident, P.UNKNOWN)
+        agent = self._agent(ident, now, quiet=True)
+        if agent is not None:
+            sent = msg.body.get("t")
+            if isinstance(sent, float):
+                agent.echo = sent
+        elif self.clients.seen(ident, now) is None:
+            self._send(ident, P.UNKNOWN, self._unknown_body(ident))
 
     # -- clients --------------------------------------------------------------------
     def _client(self, ident: bytes, now: float) -> ClientRecord | None:
@@ -170,7 +226,11 @@ class Broker:
                                       "new": new})
 
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
-        self.clients.leave(ident)
+        agent = self.agents.get(ident)
+        if agent is not None:
+            self.dispatch.lose_agent(agent, "it shut down", left=True)
+        else:
+            self.clients.leave(ident)
 
     def _drop_client(self, client: ClientRecord, event: str) -> None:
         log.info(event, client=client.name)
@@ -257,27 +317,95 @@ class Broker:
     # -- agents ---------------------------------------------------------------------
     def _on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
         reg = parse_registration(msg)
-        welcome = {"epoch": self.epoch, "agent": reg.name, "heartbeat": self.hb_interval}
+        welcome = {"epoch": self.epoch, "agent": reg.name, "heartbeat": self.hb_interval,
+                   "session": reg.session, "lease": self.lease,
+                   "starve": self.sched.starvation_after}
+        known = self.agents.get(ident)
+        if reg.resume:
+            if known is None or known.session != reg.session:
+                self._send(ident, P.UNKNOWN, {
+                    "ended": self.agents.ended.get(ident, "this broker does not know it"),
+                    "session": reg.session})
+                return
+            self._agent(ident, now)
+            self._send(ident, P.WELCOME, {**welcome, "resumed": True, "ack": known.seq})
+            return
         if self.agents.is_repeat(ident, reg):
             # A repeated registration (it crossed our welcome): keep what runs there.
-            self.agents.seen(ident, now)
-            self._send(ident, P.WELCOME, {**welcome, "kept": True})
+            self._agent(ident, now)
+            self._send(ident, P.WELCOME, {**welcome, "ack": self.agents.by_ident[ident].seq})
             return
         displaced = self.agents.displaced_by(ident, reg.name)
         for record in displaced:
             if record.ident == ident:
-                self.dispatch.lose_agent(record, "agent re-registered", recheck=False)
+                # A new session from the same agent: it has stopped the old one's work.
+                self.dispatch.lose_agent(record, "it began a new session", recheck=False)
             else:
                 # The newcomer wins (a restarted agent); the old one, if alive, is told to
                 # stop rather than re-register and evict the newcomer in turn.
                 self._send(record.ident, P.UNKNOWN, {"replaced": True})
                 self.dispatch.lose_agent(record, "replaced by a new agent of the same name",
                                          recheck=False)
-        self.agents.add(ident, reg, now)
+        self.agents.add(ident, reg, now).fd = self._fd
         self._send(ident, P.WELCOME, welcome)
         # With no agent, nothing was infeasible; the first one to join decides what is.
         if displaced or len(self.agents) == 1:
             self.dispatch.recheck_feasibility()
+
+    def _agent(self, ident: bytes, now: float, quiet: bool = False) -> Any:
+        """The agent IDENT, noted alive (and back, if it was away); None, having told the
+        sender so (unless QUIET), if it is not a registered agent."""
+        agent = self.agents.seen(ident, now)
+        if agent is None:
+            if not quiet:
+                self._send(ident, P.UNKNOWN, self._unknown_body(ident))
+        elif self.agents.heard(agent, self._fd):
+            log.info("agent_back", agent=agent.name)
+            self.dispatch.set_accepting(agent)
+        return agent
+
+    def _unknown_body(self, ident: bytes) -> dict[str, Any]:
+        why = self.agents.ended.get(ident)
+        return {"ended": why} if why is not None else {}
+
+    def _session_agent(self, ident: bytes, msg: P.Message, now: float) -> Any:
+        """The agent IDENT if MSG is of its current session (else None, sender told)."""
+        agent = self._agent(ident, now)
+        if agent is not None and msg.body.get("session") != agent.session:
+            self._send(ident, P.UNKNOWN, {"ended": "that session is over",
+                                          "session": msg.body.get("session")})
+            return None
+        return agent
+
+    def _on_report(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._session_agent(ident, msg, now)
+        if agent is None:
+            return
+        seq = P.field(msg, "seq", int)
+        if seq <= agent.seq:
+            return  # sent again after a reconnection: taken in already
+        results = msg.body.get("results", [])
+        if not isinstance(results, list) or not all(
+                isinstance(i, list) and len(i) == 4 for i in results):
+            raise ProtocolError("report: each result must be a 4-item array")
+        payloads = P.split_frames(msg.frames, [i[2] for i in results])
+        agent.seq = seq
+        self.dispatch.report(agent, msg.body, payloads, now)
+        if sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
+            self._to_ack.add(ident)  # it keeps what it sent until acknowledged
+
+    def _on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._session_agent(ident, msg, now)
+        if agent is not None:
+            tasks = P.field(msg, "tasks", list)
+            self.dispatch.reconcile(agent, {t for t in tasks if type(t) is int})
+
+    def _on_drain(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._session_agent(ident, msg, now)
+        if agent is not None:
+            agent.draining = True
+            log.info("agent_draining", agent=agent.name)
+            self.dispatch.set_accepting(agent)
 
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
         name = P.field(msg, "agent", str)
@@ -290,33 +418,10 @@ class Broker:
                        {**reply, "error": f"no agent named {name!r} (agents: {known})"})
             return
         try:
-            started = self.agents.set_capacity(agent, changes)
+            self.agents.set_capacity(agent, changes)
         except ValueError as exc:
             self._send(ident, P.RESOURCES_REPLY, {**reply, "error": f"agent {name}: {exc}"})
             return
         self._send(agent.ident, P.RESOURCES, {"slots": self.agents.capacity(agent)})
         self._send(ident, P.RESOURCES_REPLY, {**reply, "slots": self.agents.capacity(agent)})
-        self.dispatch.capacity_changed(started)
-
-    def _agent(self, ident: bytes, now: float) -> Any:
-        agent = self.agents.seen(ident, now)
-        if agent is None:
-            self._send(ident, P.UNKNOWN)
-        return agent
-
-    def _on_done(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self._agent(ident, now)
-        if agent is None:
-            return
-        items = P.field(msg, "results", list)
-        if not all(isinstance(i, list) and len(i) == 4 for i in items):
-            raise ProtocolError("done: each result must be a 4-item array")
-        self.dispatch.done(agent, items, P.split_frames(msg.frames, [i[2] for i in items]), now)
-
-    def _on_actor_exit(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self._agent(ident, now)
-        if agent is None:
-            return
-        self.actors.exited(agent.ident, P.field(msg, "actor", str),
-                           P.field(msg, "placement", int),
-                           str(msg.body.get("cause", "ended")), P.field(msg, "running", list))
+        self.dispatch.capacity_changed()

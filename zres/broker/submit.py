@@ -43,7 +43,8 @@ def _submission(item: list[Any], payload: list[Any]) -> Submission:
     local, units, priority, retries, deps, _, name, strict, *rest = item
     extra = rest[0] if rest else {}
     if not (isinstance(local, int) and isinstance(priority, int)
-            and isinstance(retries, int) and isinstance(deps, list) and payload
+            and isinstance(retries, int) and isinstance(deps, list)
+            and (payload or "job" in extra)  # a command job carries no call
             and all(type(d) is int for d in deps) and isinstance(extra, dict)):
         raise ProtocolError("submit: malformed task")
     call = extra.get("call")
@@ -51,7 +52,7 @@ def _submission(item: list[Any], payload: list[Any]) -> Submission:
         raise ProtocolError("submit: call must name an actor id")
     return Submission(
         local, P.check_units(units, "submit"), priority, max(retries, 0), deps, str(name),
-        bool(strict), payload, kind_of(payload[0]),
+        bool(strict), payload, kind_of(payload[0]) if payload else 0,
         actor=check_actor_spec(extra["actor"]) if "actor" in extra else None, call=call,
         job=check_job_spec(extra["job"]) if "job" in extra else None)
 

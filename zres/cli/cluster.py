@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from .. import config, logs
@@ -31,6 +30,9 @@ def add_parsers(sub: Any) -> None:
                        "(default: zres-jobs-UID in the temporary directory)")
     agent.add_argument("--job-grace", type=seconds, help="seconds a cancelled command job "
                        "has between SIGTERM and SIGKILL (default 5)")
+    agent.add_argument("--drain-grace", type=float, metavar="SECONDS",
+                       help="on SIGTERM, seconds running work has to finish before it is "
+                       "stopped (default 30; 0: stop it at once); a second SIGTERM stops now")
     agent.add_argument("--no-detect", action="store_true",
                        help="offer only CPU=threads and --resources, no detected MEMORY/GPU")
     add_daemon_options(agent)
@@ -68,16 +70,17 @@ def agent(args: argparse.Namespace) -> int:
     settings = config.load("agent", {"broker": args.address, "resources": args.resources,
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
                                      "name": args.name, "job_logs": args.job_logs,
-                                     "job_grace": args.job_grace},
+                                     "job_grace": args.job_grace,
+                                     "drain_grace": args.drain_grace},
                            path=args.config)
     if not settings["broker"]:
         raise UsageError("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
-    os.environ["ZRES_JOB_GRACE"] = str(settings["job_grace"])  # read by its workers' jobs
     agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
-                  settings["heartbeat_timeout"], settings["job_logs"])
+                  settings["heartbeat_timeout"], settings["job_logs"], settings["job_grace"],
+                  settings["drain_grace"])
     _exit_with(args, agent.stop)
     agent.run()
     return agent.exit_code

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
-from ..agent.commands import run_command
 from ..core import protocol as P
 from ..core.errors import ZresError
 from ..core.resources import mapping_to_units, task_request, units_to_float
@@ -161,14 +160,11 @@ class Client(cf.Executor):
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
             raise TypeError("env must map strings to strings")
         opts = self._options(resources, retries, priority, infeasible, name)
-        deps: list[Any] = []
-        index: dict[int, int] = {}
-        frames = self._pickler.call(self._pickler.function(run_command, deps, index),
-                                    (args, extra_env, None if cwd is None else os.fspath(cwd)),
-                                    {}, deps, index)
         label = name or os.path.basename(args[0])
-        future = self._make_future(run_command, f"{label}", frames, deps, opts,
-                                   {"job": {"argv": args, "detached": bool(detached)}})
+        # The agent runs the command itself: nothing is pickled, the spec travels as is.
+        spec = {"argv": args, "env": extra_env, "cwd": None if cwd is None else os.fspath(cwd),
+                "detached": bool(detached)}
+        future = self._make_future(args[0], label, [], [], opts, {"job": spec})
         self._io.wake()
         return future
 

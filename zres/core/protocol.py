@@ -20,7 +20,7 @@ client -> broker
                extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency}}
                makes the task an actor's construction (its result: the instance is up);
                {call: actor id} makes it a method call (payload: method name, arguments)
-               {job: {argv, detached}} makes it a command job (payload: run_command);
+               {job: {argv, env, cwd, detached}} makes it a command job (no payload);
                a detached job outlives the client that submitted it
     jobs       {all?: bool, ids?: [id...]}       -> jobs_reply {jobs: [...], ids?: [job id]}
     job_cancel {job}                             any client may cancel any job
@@ -43,30 +43,53 @@ broker -> client
     resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
 agent -> broker
-    register   {name, slots: [{units, gpus: [device id...]}], host, pid}
-    done       {results: [[id, outcome, nframes, info]]}
-    actor_exit {actor, placement, cause, running: [call ids the process had started]}
+    register   {name, session, slots: [{units, gpus: [device id...], gpu_memory}], host,
+                pid, t, resume?: true, epoch?}
+               session: the agent's record at the broker, kept across pauses and
+               reconnections; t: when it was sent (the agent's clock) anchors the lease;
+               resume: a reconnection of a live session (answered welcome{resumed} or
+               unknown{ended})
+    report     {seq, session, held?: [id...], started?: [id...],
+                results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
+                cause, running: [call ids started]}], returned?: [id...]}
+               numbered per session, acknowledged cumulatively by ``ack`` in the broker's
+               messages, sent again after a reconnection until acknowledged. held: handed
+               to a worker process, so possibly started (reported before the hand-off);
+               started: its body began; returned: granted here and never started, to be
+               granted again. The broker reads a report in that order, all of it at once.
+    holding    {session, tasks: [id...]}        after a resumption, once the reports sent
+                                                again: every grant the agent holds
+    drain      {session}                        stopping: grant nothing more here
+    bye        {session}                        gone; what it did not report is lost
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
 broker -> agent
-    welcome    {epoch, agent, heartbeat}
-    assign     {tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], actor?]]}
-               actor {actor: id, concurrency}: start a process of its own that constructs
-               the actor and then serves its calls; its resources stay held until it ends
+    welcome    {epoch, session, agent, heartbeat, lease: seconds, starve: seconds,
+                resumed?, ack?}
+    assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
+               opts {queued?, taken?, priority, seq, attempt, actor?, job?}: queued
+               grants start when room frees there (direct ones fit now); actor {actor: id,
+               concurrency}: start a process of its own that constructs the actor and then
+               serves its calls; job {argv, env, cwd}: a command job the agent runs
     call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
     kill_actor {ids: [actor id...]}
     logs       {token, job, offset}             read a job's log file
     cancel     {ids: [id...]}
     resources  {slots: [units...]}              the new capacity, for re-registering
-    unknown    {}
-any peer <-> broker
-    heartbeat  {epoch?}
+    heartbeat  {epoch, echo?: t, ack?}          echo: the agent's latest heartbeat's t
+    ack        {ack}                            reports received up to this seq
+    unknown    {ended?: why, session?, replaced?, refused?: why}
+               ended: the session is over (lost): stop its work, register anew
+any peer -> broker
+    heartbeat  {t?, session?}
 
 agent -> worker process (over ipc)
-    run        {tasks: [[id, nframes, deps: [nframes...], context]]}
-               context.create marks an actor's construction (actor processes only)
-    cancel     {ids: [id...]}                   stop these command jobs' process groups
+    run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}
+               context.run numbers the start in the worker's start log; context.queued
+               grants start when they fit (priority, seq, since, taken); context.create
+               marks an actor's construction (actor processes only)
+    cancel     {ids: [id...]}                   drop these queued grants unless started
 worker process -> agent
-    done       as agent -> broker
+    done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?}
     ready      {pid}
 
 Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
@@ -102,6 +125,10 @@ WARN = "warn"
 UNKNOWN = "unknown"
 REGISTER = "register"
 DONE = "done"
+REPORT = "report"
+HOLDING = "holding"
+DRAIN = "drain"
+ACK = "ack"
 ASSIGN = "assign"
 HEARTBEAT = "heartbeat"
 RUN = "run"
@@ -127,7 +154,7 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
-                   JOB_CANCEL_REPLY, LOGS, LOGS_REPLY})
+                   JOB_CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN, ACK})
 
 # Task outcomes.
 OK = "ok"

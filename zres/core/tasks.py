@@ -58,6 +58,12 @@ class Task:
     creates: str = ""        # for an actor's construction: the actor it makes
     kind: int = 0            # hash of the pickled function: tasks of a kind run alike
     started_at: float = 0.0  # when its grant started, by the broker's clock
+    attempt: int = 0         # grants so far: the current one's number
+    # What its agent has said of the current grant: handed to a worker process (so it may
+    # have started), and begun. A lost agent's other grants never started: they go again
+    # with no retry spent.
+    held: bool = False
+    begun: bool = False
 
 
 def set_state(task: Task, new: TaskState) -> None:

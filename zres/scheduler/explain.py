@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..core.resources import format_amount, format_units
+from ..core.resources import GPU, GPU_MEMORY, format_amount, format_units
 from .devices import could_ever_fit
 from .records import Grant, Slot, Waiting
 
@@ -15,12 +15,13 @@ def _lacking(slot: Slot, units: Mapping[str, int]) -> list[str]:
             for n, a in sorted(units.items()) if slot.free.get(n, 0) < a]
 
 
-def queued_grant(grant: Grant, slot: Slot) -> str:
-    """Explain a grant waiting in SLOT's queue for room."""
-    ahead = slot.queue.index(grant.task)
+def queued_grant(grant: Grant, slot: Slot, ahead: int) -> str:
+    """Explain a grant waiting in SLOT's queue for room; AHEAD grants there go first."""
+    lacking = " ".join(_lacking(slot, grant.taken))
+    where = (f"{slot.agent} has {lacking} free" if lacking
+             else f"room is free on {slot.agent}: it starts now")
     return (f"queued on {slot.agent}, where it starts when room frees (needs "
-            f"{format_units(grant.taken)}; {slot.agent} has "
-            f"{' '.join(_lacking(slot, grant.taken)) or 'room'} free"
+            f"{format_units(grant.taken)}; {where}"
             + (f"; {ahead} queued there before it)" if ahead else ")"))
 
 
@@ -37,9 +38,17 @@ def waiting_task(task: Waiting, slots: Iterable[Slot], reserved: Slot | None,
             continue
         if slot.reserved_by not in (None, task.id):
             short.append(f"{slot.agent} is reserved for task {slot.reserved_by}")
-            continue
-        free = " ".join(_lacking(slot, task.units)) or "no device with room"
-        short.append(f"{slot.agent} has {free} free")
+        elif not slot.open:
+            short.append(f"{slot.agent} takes no new work now (leaving, or not heard from)")
+        elif lacking := _lacking(slot, task.units):
+            short.append(f"{slot.agent} has {' '.join(lacking)} free")
+        elif slot.queue:
+            short.append(f"{slot.agent}'s free room is kept for the {len(slot.queue)} "
+                         "grants queued there")
+        elif task.units.get(GPU) or task.units.get(GPU_MEMORY):
+            short.append(f"{slot.agent} has no device with room free")
+        else:
+            short.append(f"{slot.agent} has room: it is placed at the next pass")
     text = f"needs {format_units(task.units)}; " + "; ".join(short[:3])
     if len(short) > 3:
         text += f"; and {len(short) - 3} more agents busy"

@@ -25,10 +25,29 @@ class FreeIndex:
         slot.free[name] = amount
         bisect.insort(self._by_name.setdefault(name, []), (amount, slot.id))
 
-    def drop(self, slot: Slot) -> None:
-        """Forget every amount SLOT offers (it is leaving)."""
-        for name, amount in slot.free.items():
-            self._remove(name, amount, slot.id)
+    def add_many(self, slots: list[Slot]) -> None:
+        """Index new SLOTS (their free amounts set already): one sort per name touched."""
+        touched = set()
+        for slot in slots:
+            for name, amount in slot.free.items():
+                self._by_name.setdefault(name, []).append((amount, slot.id))
+                touched.add(name)
+        for name in touched:
+            self._by_name[name].sort()
+
+    def drop_many(self, slots: list[Slot]) -> None:
+        """Forget every amount SLOTS offer (they are leaving): one pass per name touched."""
+        if len(slots) == 1:
+            for name, amount in slots[0].free.items():
+                self._remove(name, amount, slots[0].id)
+            return
+        ids = {slot.id for slot in slots}
+        for name in {name for slot in slots for name in slot.free}:
+            kept = [entry for entry in self._by_name[name] if entry[1] not in ids]
+            if kept:
+                self._by_name[name] = kept
+            else:
+                del self._by_name[name]
 
     def _remove(self, name: str, amount: int, slot_id: int) -> None:
         index = self._by_name[name]

@@ -1,4 +1,5 @@
-"""The Scheduler: resource table, waiting queue, placement passes, reservations, slot queues.
+"""The Scheduler: waiting queue, placement passes, reservations and slot queues, over the
+resource table.
 
 See the package's docstring for the rules it keeps.
 """
@@ -6,19 +7,18 @@ See the package's docstring for the rules it keeps.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 
-from ..core.resources import GPU, GPU_MEMORY, UNIT, Units, fits
+from ..core.resources import GPU, GPU_MEMORY, Units, fits
 from . import explain
-from .devices import could_ever_fit, infeasible, pick_devices, split_memory
+from .devices import could_ever_fit, pick_devices
 from .durations import Durations
-from .index import FreeIndex
 from .queue import WaitingQueue
-from .records import Grant, Shape, Slot, Waiting, shape_of
+from .records import Grant, Shape, Slot, Waiting, add_to
+from .table import NewSlot, SlotTable
 
 _CANDIDATES = 8   # fitting slots compared for best fit per decision
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
-
 
 
 class Scheduler:
@@ -28,117 +28,81 @@ class Scheduler:
         self.starvation_after = starvation_after
         self.prefetch = prefetch
         self.durations = Durations()
-        self.slots: dict[int, Slot] = {}
+        self.table = SlotTable()
+        self.slots = self.table.slots
         self.queue = WaitingQueue(self._forget_shape)
-        self.running: dict[int, Grant] = {}
-        self._index = FreeIndex()
-        self._infeasible_cache: dict[Shape, str | None] = {}
-        # Shapes that failed to fit everywhere in an earlier pass, and the slots that have
-        # gained room since: such a shape can only fit on one of those, so a pass probes
-        # just them instead of every candidate (a pass after one task ends is O(1) slots).
+        self.running: dict[int, Grant] = {}     # every grant, started or queued on a slot
+        # Shapes that failed to fit everywhere in an earlier pass: such a shape can only
+        # fit on a slot that has gained room since, so a pass probes just those instead of
+        # every candidate (a pass after one task ends is O(1) slots).
         self._blocked: set[Shape] = set()
-        self._gained: set[int] = set()
-        self._could_fit: dict[Shape, set[int]] = {}    # slots whose capacity fits a shape
-        self._reservation_epoch = 0                     # bumps when a reservation ends
-        self._changed = False                           # since the last pass
+        self._reserved: set[int] = set()              # slots held for a starving task
+        self._reservation_epoch = 0                   # bumps when a reservation ends
+        self._changed = False                         # since the last pass
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
                  gpu_memory: list[int] | None = None, devices: int | None = None) -> None:
-        """Register a slot with capacity UNITS.
+        """Register a slot with capacity UNITS (see NewSlot)."""
+        self.add_slots([NewSlot(slot_id, agent, units, gpu_memory, devices)])
 
-        GPU in UNITS is how many devices take work; DEVICES (default the same) is how many
-        the agent has, so a lowered GPU count can be raised again. GPU_MEMORY may be given
-        per device; a declared GPU_MEMORY total is split evenly over the devices.
-        """
-        usable = units.get(GPU, 0) // UNIT
-        devices = usable if devices is None else devices
-        memory = list(gpu_memory) if gpu_memory else split_memory(
-            units.get(GPU_MEMORY, 0), usable, devices)
-        total = dict(units)
-        if sum(memory):
-            total[GPU_MEMORY] = sum(memory[:usable])
-        slot = Slot(slot_id, agent, total, {}, [UNIT] * devices, memory, list(memory), usable)
-        self.slots[slot_id] = slot
-        for name, amount in total.items():
-            self._index.set(slot, name, amount)
-        self._gained.add(slot_id)
+    def add_slots(self, new: list[NewSlot]) -> None:
+        """Register many slots at once (an agent's): O(n log n)."""
+        self.table.add(new)
         self._topology_changed()
 
     def remove_slot(self, slot_id: int) -> list[int]:
-        """Drop a slot; return the ids of the tasks that were running on it.
-
-        Grants still in its queue (never started) are dropped too: read ``queued(slot)``
-        first to queue them again.
-        """
-        slot = self.slots.pop(slot_id)
-        self._index.drop(slot)
-        for task in [*slot.running, *slot.queue]:
+        """Drop a slot; return the tasks granted to it, started or queued (their grants go:
+        read ``running`` or ``queued`` first to tell which)."""
+        (slot,) = self.table.remove([slot_id])
+        granted = [*slot.running, *slot.queue]
+        for task in granted:
             del self.running[task]
         if slot.reserved_by in self.waiting:
             self.waiting[slot.reserved_by].reserved_slot = None
+        self._reserved.discard(slot_id)
         self._topology_changed()
-        return sorted(slot.running)
+        return sorted(granted)
 
     def check_capacity(self, slot_id: int, units: Units) -> None:
         """Raise ValueError if set_capacity(SLOT_ID, UNITS) would be refused."""
-        slot = self.slots[slot_id]
-        if units.get(GPU, 0) % UNIT:
-            raise ValueError("GPU must be a whole number of devices")
-        if units.get(GPU, 0) // UNIT > len(slot.gpu_free):
-            raise ValueError(f"it has only {len(slot.gpu_free)} GPU device(s)")
-        if GPU_MEMORY in units and units[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
-            raise ValueError("GPU_MEMORY comes from the devices and cannot be changed")
+        self.table.check_capacity(slot_id, units)
+
+    def set_capacity(self, slot_id: int, units: Units) -> None:
+        """Change a slot's capacity; work in use above the new amounts finishes normally."""
+        self.table.set_capacity(slot_id, units)
+        self._topology_changed()
+
+    def set_open(self, slot_id: int, open_: bool) -> None:
+        """Open or close SLOT_ID to new grants (closed while its agent drains or is away);
+        what runs there is not disturbed."""
+        self.table.set_open(slot_id, open_)
+        self._changed = True
 
     def queued(self, slot_id: int) -> list[int]:
-        """Return the grants waiting in SLOT_ID's queue, in order."""
+        """Return the grants queued on SLOT_ID that have not started."""
         return list(self.slots[slot_id].queue)
-
-    def set_capacity(self, slot_id: int, units: Units) -> list[int]:
-        """Change a slot's capacity; work in use above the new amounts finishes normally.
-
-        Return the queued grants that now start.
-        """
-        self.check_capacity(slot_id, units)
-        slot = self.slots[slot_id]
-        devices = units.get(GPU, 0) // UNIT
-        new = dict(units)
-        if sum(slot.gpu_mem_total):
-            new[GPU_MEMORY] = sum(slot.gpu_mem_total[:devices])
-        for name in set(slot.total) | set(new):
-            delta = new.get(name, 0) - slot.total.get(name, 0)
-            if delta:
-                self._index.set(slot, name, slot.free.get(name, 0) + delta)
-        slot.total = {n: a for n, a in new.items() if a}
-        slot.gpu_usable = devices
-        self._gained.add(slot_id)
-        self._topology_changed()
-        return self._promote(slot)
 
     def _topology_changed(self) -> None:
         self._changed = True
-        self._infeasible_cache.clear()
-        self._could_fit.clear()
         self._reservation_epoch += 1
-        for slot in self.slots.values():  # a slot that can no longer fit its reserver
+        for slot_id in list(self._reserved):  # a slot that can no longer fit its reserver
+            slot = self.slots[slot_id]
             task = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
             if task is None or not could_ever_fit(slot, task.units):
                 if task is not None:
                     self._unreserve(task)
                 slot.reserved_by = None
+                self._reserved.discard(slot_id)
 
     def needs_pass(self) -> bool:
         """Return whether anything changed since the last pass that a pass could act on:
         a task queued or gone, a slot added, changed or gaining room (run schedule again)."""
-        return self._changed or bool(self._gained)
+        return self._changed or bool(self.table.gained)
 
     def _fitting(self, task: Waiting) -> set[int]:
-        """Ids of the slots whose total capacity could ever run TASK's shape."""
-        ids = self._could_fit.get(task.shape)
-        if ids is None:
-            ids = self._could_fit[task.shape] = {
-                sid for sid, slot in self.slots.items() if could_ever_fit(slot, task.units)}
-        return ids
+        """Ids of the open slots whose total capacity could ever run TASK's shape."""
+        return self.table.fitting(task.shape, task.units)
 
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
@@ -168,40 +132,41 @@ class Scheduler:
         self._unreserve(task)
         return True
 
-    def release(self, task_id: int) -> list[int]:
-        """Return a finished task's resources to its slot (or drop it from the slot's
-        queue if it never started); return the queued grants that start now."""
+    def started(self, task_id: int) -> None:
+        """A grant queued on a slot has started there (its agent says so): take its
+        resources now. (The agent starts queued grants as room frees; the broker learns
+        it from the agent's reports, in order, and never predicts it.)"""
+        grant = self.running.get(task_id)
+        slot = self.slots.get(grant.slot) if grant is not None else None
+        if grant is None or slot is None or grant.started:
+            return
+        del slot.queue[task_id]
+        add_to(slot.queued_taken, grant.taken, -1)
+        self._start(slot, grant)
+
+    def _start(self, slot: Slot, grant: Grant) -> None:
+        grant.started = True
+        self.table.take(slot, grant)
+        slot.running.add(grant.task)
+        if grant.short:
+            add_to(slot.short_taken, grant.taken)
+
+    def release(self, task_id: int) -> None:
+        """Give a finished task's resources back to its slot (or drop it from the slot's
+        queue if it never started)."""
         grant = self.running.pop(task_id, None)
         slot = self.slots.get(grant.slot) if grant else None
         if grant is None or slot is None:
-            return []
+            return
         self._changed = True
         if not grant.started:
-            slot.queue.remove(task_id)
-            return self._promote(slot)
+            del slot.queue[task_id]
+            add_to(slot.queued_taken, grant.taken, -1)
+            return
         slot.running.discard(task_id)
-        for name, amount in grant.taken.items():
-            self._index.set(slot, name, slot.free.get(name, 0) + amount)
-        for pos, share, mem in zip(grant.gpus, grant.shares, grant.memory):
-            slot.gpu_free[pos] += share
-            slot.gpu_mem_free[pos] += mem
-        self._gained.add(slot.id)
-        return self._promote(slot)
-
-    def _promote(self, slot: Slot) -> list[int]:
-        """Start SLOT's queued grants, in order, while the head fits (the agent does too)."""
-        started = []
-        while slot.queue:
-            grant = self.running[slot.queue[0]]
-            if not fits(slot.free, grant.taken):
-                break
-            slot.queue.popleft()
-            for name, amount in grant.taken.items():
-                self._index.set(slot, name, slot.free[name] - amount)
-            slot.running.add(grant.task)
-            grant.started = True
-            started.append(grant.task)
-        return started
+        if grant.short:
+            add_to(slot.short_taken, grant.taken, -1)
+        self.table.give(slot, grant)
 
     # -- placement ------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> list[Grant]:
@@ -216,8 +181,8 @@ class Scheduler:
         fences: dict[int, Units] = {}
         grants: list[Grant] = []
         blocked: list[Waiting] = []
-        gained = [self.slots[i] for i in sorted(self._gained) if i in self.slots]
-        self._gained.clear()
+        gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
+        self.table.gained.clear()
         while heads:
             _, _, shape = heapq.heappop(heads)
             task = self.queue.head(shape)
@@ -259,18 +224,22 @@ class Scheduler:
                 self.queue.take(task)
                 self._unreserve(task)
                 grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
-                              started=False)
-                slot.queue.append(task.id)
+                              started=False, priority=task.priority, seq=task.seq,
+                              short=True)
+                slot.queue[task.id] = None
+                add_to(slot.queued_taken, grant.taken)
                 self.running[task.id] = grant
                 grants.append(grant)
         return grants
 
     def _queue_slot(self, task: Waiting, claimed: set[int]) -> Slot | None:
+        """The slot to queue TASK on: one with room in its queue whose short tasks will
+        soon free what TASK needs (never one held up by long work), shortest queue first."""
         best: Slot | None = None
         for slot_id in self._fitting(task):
             slot = self.slots[slot_id]
             if (len(slot.queue) >= self.prefetch or slot.reserved_by is not None
-                    or slot_id in claimed):
+                    or slot_id in claimed or not _frees_soon(slot, task.units)):
                 continue
             if best is None or (len(slot.queue), slot.id) < (len(best.queue), best.id):
                 best = slot
@@ -279,23 +248,27 @@ class Scheduler:
     def _forget_shape(self, shape: Shape) -> None:
         """No task of SHAPE waits any more: drop what is cached about it."""
         self._blocked.discard(shape)
-        self._infeasible_cache.pop(shape, None)
-        self._could_fit.pop(shape, None)
+        self.table.forget_shape(shape)
 
     def _place(self, task: Waiting, fences: dict[int, Units],
                only: list[Slot] | None = None) -> tuple[Grant | None, bool]:
-        """Grant TASK the best fitting slot; also say whether a fence turned one away."""
+        """Grant TASK the best fitting slot; also say whether a fence turned one away.
+
+        On a slot with queued grants, a task takes only what leaves room for all of them:
+        its agent may start them any moment."""
         best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
         best, found, fenced = None, 0, False
-        for slot in self._candidates(task.units) if only is None else only:
-            if slot.queue:
-                continue  # it would start ahead of the grants queued there
+        for slot in self.table.candidates(task.units) if only is None else only:
+            if not slot.open:
+                continue
             fence = fences.get(slot.id)
             if fence is not None and not all(
                     slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
                 fenced = True
                 continue
-            if not fits(slot.free, task.units):
+            if not fits(slot.free, task.units) or (slot.queue and not all(
+                    slot.free.get(n, 0) - slot.queued_taken.get(n, 0) >= a
+                    for n, a in task.units.items())):
                 continue
             devices = pick_devices(slot, task.units)
             if devices is None:
@@ -314,22 +287,12 @@ class Scheduler:
             taken[GPU] = sum(shares)
             if sum(memory):
                 taken[GPU_MEMORY] = sum(memory)
-        for name, amount in taken.items():
-            self._index.set(slot, name, slot.free[name] - amount)
-        for pos, share, mem in zip(gpus, shares, memory):
-            slot.gpu_free[pos] -= share
-            slot.gpu_mem_free[pos] -= mem
-        slot.running.add(task.id)
-        grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory)
+        grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory,
+                      priority=task.priority, seq=task.seq,
+                      short=self.durations.short(task.kind))
+        self._start(slot, grant)
         self.running[task.id] = grant
         return grant, fenced
-
-    def _candidates(self, units: Units) -> Iterable[Slot]:
-        """Slots that may fit UNITS, scarcest resource first, least free first."""
-        if not units:
-            return [self.slots[k] for k in sorted(self.slots)]
-        ids = self._index.candidates(units)
-        return () if ids is None else (self.slots[i] for i in ids)
 
     def _fence(self, task: Waiting, fences: dict[int, Units], now: float) -> None:
         """Keep a starving task's reserved slot from being taken by tasks after it."""
@@ -343,6 +306,7 @@ class Scheduler:
                 return
             task.reserved_slot = choice.id
             choice.reserved_by = task.id
+            self._reserved.add(choice.id)
         if task.reserved_slot not in fences:
             fences[task.reserved_slot] = task.units
 
@@ -352,10 +316,10 @@ class Scheduler:
         fitting = self._fitting(task)
         if not fitting or not task.units:
             return None
-        name = min(task.units, key=self._index.offering)
+        name = min(task.units, key=self.table.index.offering)
         best: tuple[tuple[float, int, int], Slot] | None = None
         seen = 0
-        for slot_id in self._index.most_free(name):
+        for slot_id in self.table.index.most_free(name):
             slot = self.slots[slot_id]
             if slot.id not in fitting or slot.reserved_by is not None or slot.id in fences:
                 continue
@@ -373,19 +337,15 @@ class Scheduler:
         slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
         if slot is not None and slot.reserved_by == task.id:
             slot.reserved_by = None
-            self._gained.add(slot.id)
+            self._reserved.discard(slot.id)
+            self.table.gained.add(slot.id)
             self._reservation_epoch += 1
         task.reserved_slot = None
 
     # -- explaining -----------------------------------------------------------------
     def infeasible_reason(self, units: Units) -> str | None:
         """Say why no registered slot could ever run UNITS, or None if one could."""
-        if not self.slots:
-            return None  # nothing has joined yet: that is waiting, not infeasible
-        shape = shape_of(units)
-        if shape not in self._infeasible_cache:
-            self._infeasible_cache[shape] = infeasible(self.slots.values(), units)
-        return self._infeasible_cache[shape]
+        return self.table.infeasible_reason(units)
 
     def why(self, task_id: int, count_ahead: bool = True) -> str:
         """Say why a waiting task is not running yet.
@@ -397,7 +357,11 @@ class Scheduler:
         if task is None:
             grant = self.running.get(task_id)
             if grant is not None and not grant.started:
-                return explain.queued_grant(grant, self.slots[grant.slot])
+                slot = self.slots[grant.slot]
+                ahead = sum(1 for other in slot.queue
+                            if (-self.running[other].priority, self.running[other].seq)
+                            < (-grant.priority, grant.seq))
+                return explain.queued_grant(grant, slot, ahead)
             return "running" if grant is not None else "not waiting"
         if not self.slots:
             return "no agent has joined the broker yet"
@@ -408,8 +372,17 @@ class Scheduler:
         reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
         return explain.waiting_task(task, self.slots.values(), reserved, ahead)
 
+
+def _frees_soon(slot: Slot, units: Units) -> bool:
+    """Whether what UNITS needs on SLOT is free or held by short tasks only (queued grants
+    are short too): only then is a queue there worth joining, not behind long work."""
+    return all(slot.free.get(n, 0) + slot.short_taken.get(n, 0) >= a
+               for n, a in units.items())
+
+
 def _unused_kinds(slot: Slot, units: Units) -> int:
-    return sum(1 for name in slot.total if name not in units)
+    """How many kinds of resource SLOT offers that UNITS does not use (O(len(units)))."""
+    return len(slot.total) - sum(1 for name in units if name in slot.total)
 
 
 def _leftover(slot: Slot, units: Units) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
@@ -23,9 +22,14 @@ class Slot:
     gpu_mem_total: list[int]     # memory units per device
     gpu_mem_free: list[int]
     gpu_usable: int              # devices [0, gpu_usable) may take new work
-    running: set[int] = field(default_factory=set)
+    running: set[int] = field(default_factory=set)    # started grants
     reserved_by: int | None = None
-    queue: deque[int] = field(default_factory=deque)   # granted, waiting for room, in order
+    # Pipelining: grants queued here, not started yet (the agent starts them as room frees
+    # and reports each start), and what they will take; what started short grants hold.
+    queue: dict[int, None] = field(default_factory=dict)
+    queued_taken: Units = field(default_factory=dict)
+    short_taken: Units = field(default_factory=dict)
+    open: bool = True            # takes new grants (not while its agent drains or is away)
 
 
 @dataclass(slots=True)
@@ -53,8 +57,21 @@ class Grant:
     taken: Units                 # what the slot gives up (a whole GPU takes its memory)
     shares: list[int]            # compute share taken per device in GPUS
     memory: list[int]            # memory units taken per device in GPUS
-    started: bool = True         # False while it waits in the slot's queue
+    started: bool = True         # its resources are taken (False while queued)
+    priority: int = 0            # the task's, and its place in submission order: the
+    seq: int = 0                 # agent starts queued grants in this order too
+    short: bool = True           # of a kind known to run briefly
 
 
 def shape_of(units: Mapping[str, int]) -> Shape:
     return tuple(sorted(units.items()))
+
+
+def add_to(into: Units, amounts: Mapping[str, int], sign: int = 1) -> None:
+    """Add (SIGN 1) or subtract (-1) AMOUNTS into INTO, dropping names that reach 0."""
+    for name, amount in amounts.items():
+        total = into.get(name, 0) + sign * amount
+        if total:
+            into[name] = total
+        else:
+            into.pop(name, None)

@@ -1,0 +1,221 @@
+"""Command jobs, run by the agent itself, each in a process group of its own.
+
+The agent, not a worker process, owns every job's process group: it starts the job with
+CUDA_VISIBLE_DEVICES set to the granted devices and its output in a log file on the agent
+(``<job logs>/<job id>.log``, kept after the job ends), follows it, stops it on cancel
+(SIGTERM to the group, SIGKILL once the grace has passed), and reports the job ended only
+when no process of its group is left, whatever else died meanwhile: a job's resources
+are never granted to another while any of its processes runs. Processes the job leaves
+behind in its group when its leader exits are stopped the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ..core import protocol as P
+from ..core.errors import CommandFailed
+from ..core.serialize import dumps, dumps_exception
+
+log = structlog.get_logger("zres.agent")
+
+GRACE = 5.0          # seconds between SIGTERM and SIGKILL
+_TAIL_LINES = 20
+
+Report = Callable[[int, str, list[Any], dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What a finished command job left: its id, exit code, where its log is."""
+
+    job_id: int
+    exit_code: int
+    log: str
+    agent: str
+
+
+def default_log_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"zres-jobs-{os.getuid()}")
+
+
+def log_path(log_dir: str, job_id: int) -> str:
+    return os.path.join(log_dir, f"{int(job_id)}.log")
+
+
+def read_log(log_dir: str, job_id: int, offset: int, limit: int = 256 * 1024) -> bytes:
+    """Return up to LIMIT bytes of JOB_ID's log from OFFSET; FileNotFoundError if none."""
+    with open(log_path(log_dir, job_id), "rb") as fh:
+        fh.seek(offset)
+        return fh.read(limit)
+
+
+@dataclass(slots=True)
+class Job:
+    task: int
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    log: str
+    cancelled: bool = False
+    kill_at: float | None = None     # SIGKILL what is left of the group then
+
+
+class JobRunner:
+    """The command jobs running on this node. REPORT(id, outcome, frames, info) gives a
+    job's end to the broker."""
+
+    def __init__(self, log_dir: str, agent: str, report: Report, grace: float = GRACE,
+                 watch: Callable[[int], None] | None = None,
+                 unwatch: Callable[[int], None] | None = None) -> None:
+        self.log_dir = log_dir
+        self.agent = agent
+        self.grace = grace
+        self._report = report
+        self.jobs: dict[int, Job] = {}
+        # A descriptor per job leader that becomes readable when it exits (Linux 5.3+), so
+        # the agent's loop wakes at once; elsewhere the loop looks every tenth of a second.
+        self._watch, self._unwatch = watch, unwatch
+        self._pidfds: dict[int, int] = {}    # job -> pidfd
+
+    def start(self, task_id: int, spec: dict[str, Any], gpus: list[str]) -> None:
+        """Start TASK_ID's command as SPEC {argv, env, cwd} says; a job that cannot start
+        is reported failed at once, naming what was missing."""
+        argv = list(spec["argv"])
+        path = log_path(self.log_dir, task_id)
+        env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
+               "ZRES_GPU_IDS": ",".join(gpus), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        with open(path, "wb") as out:
+            try:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
+                                        start_new_session=True)  # its own process group
+            except OSError as exc:
+                # Popen names the missing thing: the program, or the working directory.
+                where = f": {exc.filename}" if exc.filename not in (None, argv[0]) else ""
+                why = f"cannot start {argv[0]!r}: {exc.strerror or exc}{where}"
+                out.write(f"zres: {why}\n".encode())
+                self._report(task_id, P.RAISED, dumps_exception(
+                    CommandFailed(f"job {task_id}: {why}", None, path, "")),
+                    {"error": why, "log": path})
+                return
+        self.jobs[task_id] = Job(task_id, argv, proc, path)
+        if self._watch is not None and hasattr(os, "pidfd_open"):
+            try:
+                fd = os.pidfd_open(proc.pid)
+            except OSError:
+                pass
+            else:
+                self._pidfds[task_id] = fd
+                self._watch(fd)
+        log.info("job_started", job=task_id, pid=proc.pid, gpus=",".join(gpus) or "-")
+
+    def exited(self, events: dict[Any, int]) -> bool:
+        """Whether a job leader has exited, by the poller's EVENTS."""
+        return any(fd in events for fd in self._pidfds.values())
+
+    def _forget(self, task_id: int) -> None:
+        fd = self._pidfds.pop(task_id, None)
+        if fd is not None:
+            if self._unwatch is not None:
+                self._unwatch(fd)
+            os.close(fd)
+
+    def cancel(self, task_id: int) -> None:
+        """SIGTERM the job's group; SIGKILL what is left after the grace."""
+        job = self.jobs.get(task_id)
+        if job is not None and not job.cancelled:
+            job.cancelled = True
+            self._stop_group(job)
+
+    def _stop_group(self, job: Job) -> None:
+        if job.kill_at is None:
+            job.kill_at = time.monotonic() + self.grace
+            _signal_group(job.proc.pid, signal.SIGTERM)
+
+    def reap(self) -> None:
+        """Report every job whose whole process group is gone."""
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            leader_done = job.proc.poll() is not None  # also reaps the leader
+            if not leader_done and job.kill_at is None:
+                continue
+            if _group_alive(job.proc.pid):
+                if leader_done:
+                    self._stop_group(job)  # what it left behind must not hold the job's GPU
+                if job.kill_at is not None and now >= job.kill_at:
+                    _signal_group(job.proc.pid, signal.SIGKILL)
+                continue
+            if not leader_done:
+                continue  # the leader is being killed: wait for it
+            del self.jobs[job.task]
+            self._forget(job.task)
+            self._finished(job)
+
+    def _finished(self, job: Job) -> None:
+        code = job.proc.returncode
+        log.info("job_ended", job=job.task, exit_code=code, cancelled=job.cancelled)
+        info = {"exit_code": code, "log": job.log}
+        if job.cancelled:
+            self._report(job.task, P.FAILED, [], {**info, "type": "CancelledError",
+                                                  "message": "cancelled"})
+        elif code == 0:
+            self._report(job.task, P.OK, dumps(CommandResult(job.task, 0, job.log,
+                                                             self.agent)), info)
+        else:
+            tail = _tail(job.log)
+            how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+                   else f"exited with code {code}")
+            self._report(job.task, P.RAISED, dumps_exception(CommandFailed(
+                f"job {job.task} ({' '.join(job.argv)}) {how}; the log's last lines:\n{tail}",
+                code, job.log, tail)), info)
+
+    def stop_all(self) -> None:
+        """SIGKILL every job's group and forget them (the broker no longer counts them)."""
+        for job in self.jobs.values():
+            _signal_group(job.proc.pid, signal.SIGKILL)
+            try:
+                job.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._forget(job.task)
+        self.jobs.clear()
+
+    def holding(self) -> list[int]:
+        return list(self.jobs)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, though not ours to signal
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str, lines: int = _TAIL_LINES, limit: int = 64 * 1024) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - limit))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])

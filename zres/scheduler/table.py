@@ -1,0 +1,153 @@
+"""The resource table: every slot's capacity and free amounts, GPUs device by device.
+
+Free amounts change only here (``take``, ``give``, capacity changes), so the index of
+slots by free amount never drifts. The table also caches, per request shape, which slots
+could ever run it and why none could; both are forgotten whenever a slot is added,
+removed or changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..core.resources import GPU, GPU_MEMORY, UNIT, Units
+from .devices import could_ever_fit, infeasible, split_memory
+from .index import FreeIndex
+from .records import Grant, Shape, Slot, shape_of
+
+
+@dataclass(slots=True)
+class NewSlot:
+    """A slot to add: GPU in UNITS is how many devices take work; DEVICES (default the
+    same) how many the agent has; GPU_MEMORY per device, if known."""
+
+    id: int
+    agent: str
+    units: Units
+    gpu_memory: Sequence[int] | None = None
+    devices: int | None = None
+
+
+class SlotTable:
+    """Slots by id, their free amounts, and what is cached about fitting them."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, Slot] = {}
+        self.index = FreeIndex()
+        self.gained: set[int] = set()      # slots that gained room since the last pass
+        self._could_fit: dict[Shape, set[int]] = {}
+        self._infeasible: dict[Shape, str | None] = {}
+
+    def add(self, new: Iterable[NewSlot]) -> list[Slot]:
+        """Register slots (many at once cost O(n log n), not O(n^2))."""
+        added = []
+        for spec in new:
+            usable = spec.units.get(GPU, 0) // UNIT
+            devices = usable if spec.devices is None else spec.devices
+            memory = list(spec.gpu_memory) if spec.gpu_memory else split_memory(
+                spec.units.get(GPU_MEMORY, 0), usable, devices)
+            total = dict(spec.units)
+            if sum(memory):
+                total[GPU_MEMORY] = sum(memory[:usable])
+            slot = Slot(spec.id, spec.agent, total, dict(total), [UNIT] * devices, memory,
+                        list(memory), usable)
+            self.slots[slot.id] = slot
+            self.gained.add(slot.id)
+            added.append(slot)
+        self.index.add_many(added)
+        self.changed()
+        return added
+
+    def remove(self, slot_ids: Iterable[int]) -> list[Slot]:
+        """Forget slots (many at once in one pass over the index)."""
+        removed = [self.slots.pop(i) for i in slot_ids]
+        self.index.drop_many(removed)
+        self.changed()
+        return removed
+
+    def check_capacity(self, slot_id: int, units: Units) -> None:
+        """Raise ValueError if set_capacity(SLOT_ID, UNITS) would be refused."""
+        slot = self.slots[slot_id]
+        if units.get(GPU, 0) % UNIT:
+            raise ValueError("GPU must be a whole number of devices")
+        if units.get(GPU, 0) // UNIT > len(slot.gpu_free):
+            raise ValueError(f"it has only {len(slot.gpu_free)} GPU device(s)")
+        if GPU_MEMORY in units and units[GPU_MEMORY] != slot.total.get(GPU_MEMORY, 0):
+            raise ValueError("GPU_MEMORY comes from the devices and cannot be changed")
+
+    def set_capacity(self, slot_id: int, units: Units) -> None:
+        """Change a slot's capacity; work in use above the new amounts finishes normally."""
+        self.check_capacity(slot_id, units)
+        slot = self.slots[slot_id]
+        devices = units.get(GPU, 0) // UNIT
+        new = dict(units)
+        if sum(slot.gpu_mem_total):
+            new[GPU_MEMORY] = sum(slot.gpu_mem_total[:devices])
+        for name in set(slot.total) | set(new):
+            delta = new.get(name, 0) - slot.total.get(name, 0)
+            if delta:
+                self.index.set(slot, name, slot.free.get(name, 0) + delta)
+        slot.total = {n: a for n, a in new.items() if a}
+        slot.gpu_usable = devices
+        self.gained.add(slot_id)
+        self.changed()
+
+    def set_open(self, slot_id: int, open_: bool) -> None:
+        slot = self.slots[slot_id]
+        if slot.open != open_:
+            slot.open = open_
+            if open_:
+                self.gained.add(slot_id)
+            self._could_fit.clear()
+
+    def take(self, slot: Slot, grant: Grant) -> None:
+        """GRANT's resources are in use on SLOT from now."""
+        for name, amount in grant.taken.items():
+            self.index.set(slot, name, slot.free.get(name, 0) - amount)
+        for pos, share, mem in zip(grant.gpus, grant.shares, grant.memory):
+            slot.gpu_free[pos] -= share
+            slot.gpu_mem_free[pos] -= mem
+
+    def give(self, slot: Slot, grant: Grant) -> None:
+        """GRANT's resources are free again on SLOT."""
+        for name, amount in grant.taken.items():
+            self.index.set(slot, name, slot.free.get(name, 0) + amount)
+        for pos, share, mem in zip(grant.gpus, grant.shares, grant.memory):
+            slot.gpu_free[pos] += share
+            slot.gpu_mem_free[pos] += mem
+        self.gained.add(slot.id)
+
+    def changed(self) -> None:
+        """A slot was added, removed or resized: what was cached may be wrong now."""
+        self._infeasible.clear()
+        self._could_fit.clear()
+
+    def forget_shape(self, shape: Shape) -> None:
+        self._infeasible.pop(shape, None)
+        self._could_fit.pop(shape, None)
+
+    def fitting(self, shape: Shape, units: Units) -> set[int]:
+        """Ids of the open slots whose total capacity could ever run UNITS (of SHAPE)."""
+        ids = self._could_fit.get(shape)
+        if ids is None:
+            ids = self._could_fit[shape] = {
+                sid for sid, slot in self.slots.items()
+                if slot.open and could_ever_fit(slot, units)}
+        return ids
+
+    def infeasible_reason(self, units: Units) -> str | None:
+        """Say why no registered slot could ever run UNITS, or None if one could."""
+        if not self.slots:
+            return None  # nothing has joined yet: that is waiting, not infeasible
+        shape = shape_of(units)
+        if shape not in self._infeasible:
+            self._infeasible[shape] = infeasible(self.slots.values(), units)
+        return self._infeasible[shape]
+
+    def candidates(self, units: Units) -> Iterable[Slot]:
+        """Slots that may fit UNITS, scarcest resource first, least free first."""
+        if not units:
+            return [self.slots[k] for k in sorted(self.slots)]
+        ids = self.index.candidates(units)
+        return () if ids is None else (self.slots[i] for i in ids)
