@@ -30,3 +30,31 @@ def hold(release: str, marker: str) -> str:
     """Announce the start by creating MARKER, then block until RELEASE exists."""
     announce_and_wait(release, marker)
     return "released"
+
+
+def ledgered(ledger: str, key: str, seconds: float = 0.0) -> str:
+    """Append KEY's start to LEDGER, run SECONDS, append its end; return KEY.
+
+    One line a write (O_APPEND: lines from several processes never interleave), so a test
+    can count how many times each body began and how many ran at once.
+    """
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"start {key} {os.getpid()} {time.time():.6f}\n".encode())
+        if seconds:
+            time.sleep(seconds)
+        os.write(fd, f"end {key} {os.getpid()} {time.time():.6f}\n".encode())
+    finally:
+        os.close(fd)
+    return key
+
+
+def starts(ledger: str) -> dict[str, int]:
+    """How many times each key's body began, by LEDGER."""
+    counts: dict[str, int] = {}
+    if os.path.exists(ledger):
+        for line in open(ledger):
+            kind, key, *_ = line.split()
+            if kind == "start":
+                counts[key] = counts.get(key, 0) + 1
+    return counts

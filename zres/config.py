@@ -28,7 +28,11 @@ DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-               "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32},
+               "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32,
+               # Limits (zres.core.limits); None: the default there.
+               "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
+               "max_resources": None, "max_slots": None, "max_tasks": None,
+               "max_deps": None},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
@@ -37,7 +41,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float, "job_grace": float,
           "drain_grace": float,
-          "nworkers": int, "nthreads": int, "prefetch": int}
+          "nworkers": int, "nthreads": int, "prefetch": int,
+          **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
+                                              "resources", "slots", "tasks", "deps")}}
 _ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
 
 

@@ -36,12 +36,12 @@ def test_a_lowered_gpu_count_survives_re_registration():
         return P.decode(admin.recv_multipart()).body
 
     try:
-        step_until(lambda: agent.registered, "registration")
+        step_until(lambda: agent.session.registered, "registration")
         assert "error" not in change(1)
         step_until(lambda: agent.slots[0].units["GPU"] == UNIT, "the agent to learn it")
-        agent.registered = False
+        agent.session.registered = False
         agent._register(time.monotonic())  # as after a broker restart or a silence
-        step_until(lambda: agent.registered, "re-registration")
+        step_until(lambda: agent.session.registered, "re-registration")
         (record,) = broker.agents.by_ident.values()
         assert broker.sched.slots[record.slots[0]].total["GPU"] == UNIT
         assert "error" not in change(2)

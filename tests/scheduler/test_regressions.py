@@ -87,3 +87,31 @@ def test_gpu_count_lowered_and_raised_again_keeps_device_memory():
     assert len(sched.schedule()) == 1
 
 
+
+
+class CountingNames(dict):  # type: ignore[type-arg]
+    """A slot's totals that count how often all its names are read."""
+
+    reads = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountingNames.reads += 1
+        return super().__iter__()
+
+    def items(self):  # type: ignore[no-untyped-def]
+        CountingNames.reads += 1
+        return super().items()
+
+
+def test_a_decision_does_not_read_every_resource_name_of_a_slot():
+    # A slot offering 10,000 names must not make every decision compare them all.
+    sched = Scheduler()
+    wide = {f"r{i}": UNIT for i in range(10_000)}
+    sched.add_slot(1, "wide", units(CPU=64) | wide)
+    sched.add_slot(2, "plain", units(CPU=64))
+    sched.slots[1].total = CountingNames(sched.slots[1].total)
+    for task in range(1, 101):
+        sched.enqueue(task, task_request({}))
+    CountingNames.reads = 0
+    assert len(sched.schedule()) == 100
+    assert CountingNames.reads == 0

@@ -8,6 +8,7 @@ dies, the calls it had not started run on the next instance, uncharged.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +59,8 @@ class ActorSupervisor:
         worker.actor = ActorProcess(actor_id, item[0], concurrency, item[3])
         worker.actor.sent[item[0]] = run
         self._events.held(item[0])
-        worker.backlog.append(([[item[0], item[1], item[2], context]], frames))
+        construct = [item[0], item[1], item[2], context]
+        self._events.then(functools.partial(self._pool.send, worker, construct, frames))
         self.by_id[actor_id] = worker
         log.info("actor_starting", actor=actor_id, pid=worker.proc.pid,
                  gpus=",".join(devices) or "-")
@@ -74,8 +76,8 @@ class ActorSupervisor:
             run = next(self._runs)
             worker.actor.sent[call_id] = run
             self._events.held(call_id)
-            self._pool.send(worker, [call_id, nframes, dep_counts,
-                                     {**worker.actor.context, "run": run}], frames)
+            item = [call_id, nframes, dep_counts, {**worker.actor.context, "run": run}]
+            self._events.then(functools.partial(self._pool.send, worker, item, frames))
 
     def done(self, worker: Worker, items: list[Any], results: list[list[Any]]) -> None:
         """WORKER's actor finished ITEMS (its construction, or calls)."""
@@ -109,6 +111,11 @@ class ActorSupervisor:
             kill(worker.proc)
             self._pool.forget(worker)
         self.by_id.clear()
+
+    def placed(self, placement: int) -> bool:
+        """Whether PLACEMENT is one of the actors' here."""
+        return any(w.actor is not None and w.actor.placement == placement
+                   for w in self.by_id.values())
 
     def holding(self) -> list[int]:
         """The placements and calls the actor processes hold."""

@@ -16,8 +16,8 @@ grants), actors to ``actors``, command jobs to ``jobs``; news goes out in ``repo
 
 from __future__ import annotations
 
+import functools
 import os
-import random
 import signal
 import socket
 import time
@@ -35,6 +35,7 @@ from .actors import ActorSupervisor
 from .jobs import GRACE, JobRunner, default_log_dir, read_log
 from .reports import Reports
 from .running import Grant, TaskRunner
+from .session import Session
 from .slots import SlotSpec
 from .workers import WorkerPool
 
@@ -66,7 +67,8 @@ class Agent:
         self.poller.register(self._monitor, zmq.POLLIN)
         self.reports = Reports()
         self.pool = WorkerPool(self.ctx, slots, broker, self.job_logs)
-        self.runner = TaskRunner(slots, self.pool, self.reports, self._lease_valid)
+        self.session = Session(self.pool.lease)
+        self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid)
         self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
                                       self.reports.exited)
         self.jobs = JobRunner(self.job_logs, self.name, self._job_ended, job_grace,
@@ -76,21 +78,13 @@ class Agent:
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
         self.drain_grace = drain_grace
-        self.session = _new_session()
-        self.epoch: int | None = None
-        self.registered = False
-        self._lease_len = 0.0
-        self._lease_until = 0.0
         self._last_heard = time.monotonic()
         self._last_beat = 0.0
-        self._last_register = 0.0
-        self._registered_at = 0.0
         self._last_reap = 0.0
         self._draining_until: float | None = None
         self._drain_asked = False
         self._silent = False
         self._deferred: list[P.Message] = []    # grants that came while the lease lapsed
-        self._job_starts: list[tuple[int, dict[str, Any], list[str]]] = []
         self._stopping = False
         self.exit_code = 0
 
@@ -102,6 +96,7 @@ class Agent:
             signal.signal(sig, lambda *_: self._ask_drain())
         log.info("agent_started", agent=self.name, broker=self.broker_address,
                  slots=[format_units(s.units) for s in self.slots])
+        self.jobs.stop_leftovers()
         # One GPU-less worker per slot starts now, so the first task does not wait for it.
         for index in range(len(self.slots)):
             self.runner.worker(index, ())
@@ -123,12 +118,12 @@ class Agent:
     def drain(self) -> None:
         """Stop gracefully: take no new work, give back what has not started, let what
         runs finish within the drain grace, then say goodbye. A second call stops at once."""
-        if self._draining_until is not None or not self.registered:
+        if self._draining_until is not None or not self.session.registered:
             self.stop()
             return
         self._draining_until = time.monotonic() + self.drain_grace
         log.info("agent_draining", agent=self.name, grace=self.drain_grace)
-        P.send(self.broker, P.encode(P.DRAIN, {"session": self.session}))
+        P.send(self.broker, P.encode(P.DRAIN, {"session": self.session.id}))
         self._give_back_unstarted()
 
     def shutdown(self) -> None:
@@ -158,21 +153,18 @@ class Agent:
             self.jobs.reap()
         if self._draining_until is not None:
             self._drain_step(now)
-        # The report first, then the hand-offs it announces (see reports).
+        # The report; the hand-offs it announces go once the broker acknowledges it.
         self._send_report()
         self.pool.flush()
-        for task_id, spec, devices in self._job_starts:
-            self.jobs.start(task_id, spec, devices)
-        self._job_starts.clear()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            P.send(self.broker, P.encode(P.HEARTBEAT, {"t": now, "session": self.session}))
-            silent = self.registered and now - self._last_heard > self.hb_timeout
+            P.send(self.broker, P.encode(P.HEARTBEAT, {"t": now, "session": self.session.id}))
+            silent = self.session.registered and now - self._last_heard > self.hb_timeout
             if silent and not self._silent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
             self._silent = silent
-        if not self.registered and not self._stopping \
-                and now - self._last_register >= self.hb_timeout / 2:
+        if not self.session.registered and not self._stopping \
+                and now - self.session.asked_at >= self.hb_timeout / 2:
             self._register(now)
 
     def _drain_socket(self, sock: zmq.Socket, handle: Any) -> None:
@@ -191,63 +183,53 @@ class Agent:
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
-            if event["event"] == zmq.EVENT_CONNECTED and self.registered:
+            if event["event"] == zmq.EVENT_CONNECTED and self.session.registered:
                 # A new connection: messages in flight on the old one may be lost. Resume
                 # the session: the broker compares what it granted with what we hold.
                 self._register(time.monotonic(), resume=True)
 
     # -- the session -------------------------------------------------------------------
-    def _lease_valid(self) -> bool:
-        return self.registered and time.monotonic() < self._lease_until
-
     def _renew_lease(self, anchor: float) -> None:
         """The broker heard a heartbeat we sent at ANCHOR (our clock)."""
-        was_valid = self._lease_valid()
-        self._lease_until = max(self._lease_until, anchor + self._lease_len)
-        self.pool.lease.set(self._lease_until)
-        if not was_valid and self._lease_valid():
+        if self.session.renew(anchor):
             deferred, self._deferred = self._deferred, []
             for msg in deferred:
                 self._on_assign(msg)
             self.runner.lease_renewed()
 
     def _register(self, now: float, resume: bool = False) -> None:
-        self._last_register = now
-        self._registered_at = now
+        self.session.asked_at = now
         body: dict[str, Any] = {
-            "name": self.name, "session": self.session, "host": socket.gethostname(),
+            "name": self.name, "session": self.session.id, "host": socket.gethostname(),
             "pid": os.getpid(), "t": now,
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
                       for s in self.slots]}
         if resume:
             body["resume"] = True
-            body["epoch"] = self.epoch
+            body["epoch"] = self.session.epoch
         P.send(self.broker, P.encode(P.REGISTER, body))
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
-        if msg.body.get("session") not in (None, self.session):
+        if msg.body.get("session") not in (None, self.session.id):
             return  # an answer to a session we have since left
-        if self.epoch is not None and epoch != self.epoch and self._holds_work():
+        if self.session.epoch not in (None, epoch) and self._holds_work():
             # A new broker counts none of our work as running: stop it, or its
             # resources would be granted twice.
             self._fence("the broker restarted")
             return
-        self.epoch = epoch
-        self._lease_len = float(msg.body.get("lease", self.hb_timeout / 2))
         starve = float(msg.body.get("starve", self.runner.starve))
         self.runner.starve = self.pool.starve = starve
-        first = not self.registered
-        self.registered = True
+        first = self.session.welcomed(epoch, float(msg.body.get("lease", self.hb_timeout / 2)))
         self._last_heard = time.monotonic()
-        self._renew_lease(self._registered_at)
+        self._renew_lease(self.session.asked_at)
         self._acked(msg)
         if msg.body.get("resumed"):
             # Send again what it may not have had, then say what we hold, after it.
             for message in self.reports.unacked():
                 P.send(self.broker, message)
             P.send(self.broker, P.encode(P.HOLDING, {
-                "session": self.session, "tasks": self._holding()}))
+                "session": self.session.id, "tasks": self._holding()}))
             log.info("agent_resumed", agent=self.name, epoch=epoch)
         elif first:
             log.info("agent_registered", agent=self.name, epoch=epoch)
@@ -261,14 +243,8 @@ class Agent:
         self.jobs.stop_all()
         self.pool.drop_pending()
         self._deferred.clear()
-        self._job_starts.clear()
         self.reports.reset()
-        self.session = _new_session()
-        self.registered = False
-        self._lease_until = 0.0
-        self.pool.lease.set(0.0)
-        self._last_register = 0.0
-        self.epoch = None
+        self.session.restart()
 
     def _holds_work(self) -> bool:
         return self.runner.busy() or bool(self.actors.by_id) or bool(self.jobs.jobs)
@@ -282,7 +258,7 @@ class Agent:
             self.reports.acked(ack)
 
     def _send_report(self) -> None:
-        message = self.reports.take(self.session)
+        message = self.reports.take(self.session.id)
         if message is not None:
             P.send(self.broker, message)
 
@@ -290,25 +266,41 @@ class Agent:
     def _from_broker(self, frames: list[Any]) -> None:
         msg = P.decode(frames)
         self._last_heard = time.monotonic()
+        session = msg.body.get("session")
+        if session is not None and session != self.session.id \
+                and msg.kind not in (P.WELCOME, P.UNKNOWN):
+            return  # for a session we have left: its grants, acks and cancels are void
         if msg.kind == P.ASSIGN:
             self._acked(msg)
             self._on_assign(msg)
         elif msg.kind == P.HEARTBEAT or msg.kind == P.ACK:
             self._acked(msg)
-            if msg.kind == P.HEARTBEAT and self.registered:
-                if msg.body.get("epoch") != self.epoch:
-                    self.registered = False  # a new broker: register again
-                    self._last_register = 0.0
+            if msg.kind == P.HEARTBEAT and self.session.registered:
+                if msg.body.get("epoch") != self.session.epoch:
+                    self.session.ask_again()  # a new broker: register again
                 elif isinstance(msg.body.get("echo"), float):
                     self._renew_lease(msg.body["echo"])
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.UNKNOWN:
             self._on_unknown(msg)
+        elif msg.kind == P.REFUSED:
+            error = str(msg.body.get("error", "refused"))
+            if msg.body.get("kind") == P.REGISTER:
+                log.error("agent_refused", agent=self.name, why=error)
+                self.exit_code = 1
+                self.stop()
+            else:
+                log.warning("message_refused", kind=msg.body.get("kind"), why=error)
         elif msg.kind == P.CANCEL:
             for task_id in P.field(msg, "ids", list):
                 self.runner.cancel(task_id)
-                self.jobs.cancel(task_id)
+                if task_id in self.jobs.jobs:
+                    self.jobs.cancel(task_id)
+                elif task_id in self.runner.placements and not self.actors.placed(task_id):
+                    # A job not started yet (its start waits for the broker's ack): drop it.
+                    self._job_ended(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                            "message": "cancelled"})
         elif msg.kind == P.CALL:
             self.actors.call(msg)
         elif msg.kind == P.LOGS:
@@ -337,15 +329,14 @@ class Agent:
                 self.exit_code = 1
                 self.stop()
                 return
-            if msg.body.get("session") in (None, self.session):
+            if msg.body.get("session") in (None, self.session.id):
                 self._fence(str(msg.body.get("ended")))
-        elif self.registered:
+        elif self.session.registered:
             log.warning("broker_forgot_us")
-            self.registered = False
-            self._last_register = 0.0
+            self.session.ask_again()
 
     def _on_assign(self, msg: P.Message) -> None:
-        if not self._lease_valid() and self._draining_until is None:
+        if not self.session.valid() and self._draining_until is None:
             # The broker may have given up on us: hold these until it is heard again (or
             # the session is found ended, and they go with it).
             self._deferred.append(msg)
@@ -370,16 +361,21 @@ class Agent:
                 self.runner.hold(slot, task_id, taken)
                 self.actors.start(opts, slot, devices, item, frames)
             elif "job" in opts:
-                # Started after this turn's report has said so (see poll_once).
                 self.runner.hold(slot, task_id, taken)
                 self.reports.held(task_id)
-                self.reports.started(task_id)
-                self._job_starts.append((task_id, opts["job"], list(devices)))
+                self.reports.then(functools.partial(self._start_job, task_id, opts["job"],
+                                                    list(devices)))
             else:
                 grants.append(Grant(task_id, slot, taken, devices, item, frames,
                                     (-int(opts.get("priority", 0)), int(opts.get("seq", 0))),
                                     now, direct=not opts.get("queued")))
         self.runner.add(grants)
+
+    def _start_job(self, task_id: int, spec: dict[str, Any], gpus: list[str]) -> None:
+        if task_id in self.runner.placements:  # (not cancelled while the broker heard)
+            self.jobs.start(task_id, spec, gpus)
+            if task_id in self.jobs.jobs:
+                self.reports.started(task_id)
 
     def _job_ended(self, task_id: int, outcome: str, frames: list[Any],
                    info: dict[str, Any]) -> None:
@@ -413,7 +409,7 @@ class Agent:
         self.actors.stop_all("the agent is shutting down")
         self.jobs.stop_all()
         self._send_report()
-        P.send(self.broker, P.encode(P.BYE, {"session": self.session}))
+        P.send(self.broker, P.encode(P.BYE, {"session": self.session.id}))
         self.stop()
 
     # -- worker side --------------------------------------------------------------------
@@ -431,7 +427,3 @@ class Agent:
                 self.actors.done(worker, items, results)
             else:
                 self.runner.done(worker, msg.body, results)
-
-
-def _new_session() -> int:
-    return random.getrandbits(62)

@@ -11,7 +11,9 @@ behind in its group when its leader exits are stopped the same way.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -85,6 +87,37 @@ class JobRunner:
         # the agent's loop wakes at once; elsewhere the loop looks every tenth of a second.
         self._watch, self._unwatch = watch, unwatch
         self._pidfds: dict[int, int] = {}    # job -> pidfd
+        # The running jobs' process groups, on disk: an agent killed outright leaves its
+        # jobs running; the next agent of this name stops them before it offers anything.
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", agent)[:100]
+        self._record = os.path.join(log_dir, f"running-{safe}.json")
+
+    def stop_leftovers(self) -> int:
+        """Stop the jobs a previous agent of this name left running; return how many."""
+        try:
+            with open(self._record) as fh:
+                left = json.load(fh)
+        except (OSError, ValueError):
+            return 0
+        stopped = 0
+        for job_id, pgid in left.items():
+            members = _members(int(pgid), str(job_id))
+            for pid in members:
+                _signal(pid, signal.SIGKILL)
+            stopped += bool(members)
+        if stopped:
+            log.warning("jobs_left_behind_stopped", count=stopped)
+        self._save()
+        return stopped
+
+    def _save(self) -> None:
+        tmp = f"{self._record}.{os.getpid()}"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump({str(j.task): j.proc.pid for j in self.jobs.values()}, fh)
+            os.replace(tmp, self._record)
+        except OSError as exc:
+            log.warning("jobs_record_failed", error=str(exc))
 
     def start(self, task_id: int, spec: dict[str, Any], gpus: list[str]) -> None:
         """Start TASK_ID's command as SPEC {argv, env, cwd} says; a job that cannot start
@@ -92,8 +125,8 @@ class JobRunner:
         argv = list(spec["argv"])
         path = log_path(self.log_dir, task_id)
         env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
-               "ZRES_GPU_IDS": ",".join(gpus), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+               "ZRES_AGENT": self.agent, "ZRES_GPU_IDS": ",".join(gpus),
+               "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         with open(path, "wb") as out:
             try:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -109,6 +142,7 @@ class JobRunner:
                     {"error": why, "log": path})
                 return
         self.jobs[task_id] = Job(task_id, argv, proc, path)
+        self._save()
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
                 fd = os.pidfd_open(proc.pid)
@@ -159,6 +193,7 @@ class JobRunner:
                 continue  # the leader is being killed: wait for it
             del self.jobs[job.task]
             self._forget(job.task)
+            self._save()
             self._finished(job)
 
     def _finished(self, job: Job) -> None:
@@ -189,6 +224,7 @@ class JobRunner:
                 pass
             self._forget(job.task)
         self.jobs.clear()
+        self._save()
 
     def holding(self) -> list[int]:
         return list(self.jobs)
@@ -202,6 +238,32 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         pass  # alive, though not ours to signal
     return True
+
+
+def _members(pgid: int, job_id: str) -> list[int]:
+    """The processes of group PGID that belong to job JOB_ID (their environment says so:
+    a reused group number is never taken for the job's)."""
+    marker = f"ZRES_JOB_ID={job_id}".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != pgid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\0"):
+                    found.append(int(entry))
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -1,16 +1,21 @@
 """What an agent tells its broker about its work: numbered reports, kept until acknowledged.
 
 Everything that happens to a grant here (handed to a worker, started, finished, given
-back) goes into the next report, sent once per loop turn, before any hand-off of that
-turn reaches a worker: the broker always hears that a task may have started before it
-can have. Reports are numbered per session; the broker acknowledges them cumulatively,
-and the agent sends again those not acknowledged when it reconnects, so none is lost to
-a broken connection, and none counts twice (the broker skips numbers it has seen).
+back) goes into the next report, sent once per loop turn. Reports are numbered per
+session; the broker acknowledges them cumulatively, and the agent sends again those not
+acknowledged when it reconnects, so none is lost to a broken connection, and none counts
+twice (the broker skips numbers it has seen).
+
+A hand-off (a task to a worker, a command job started, an actor fed) waits until the
+broker has acknowledged the report saying it is ``held``: the broker always knows that a
+task may have started before it can have, whatever happens to the agent, its connection
+or its messages in between.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
@@ -22,7 +27,13 @@ class Reports:
     def __init__(self) -> None:
         self._seq = 0
         self._unacked: deque[tuple[int, list[Any], int]] = deque()   # seq, frames, bytes
+        self._gate = Gate()
         self._clear()
+
+    @property
+    def seq(self) -> int:
+        """The number of the last report taken."""
+        return self._seq
 
     def _clear(self) -> None:
         self._fields: dict[str, list[Any]] = {"held": [], "started": [], "results": [],
@@ -46,6 +57,10 @@ class Reports:
         """An actor's process ended (after the results it sent before)."""
         self._fields["exits"].append(body)
 
+    def then(self, action: Callable[[], None]) -> None:
+        """Run ACTION (a hand-off) once the broker has acknowledged this report."""
+        self._gate.add(action)
+
     def give_back(self, task_id: int) -> None:
         """TASK_ID was granted here and never started: the broker may grant it again."""
         self._fields["returned"].append(task_id)
@@ -62,13 +77,15 @@ class Reports:
         message = P.encode(P.REPORT, body, self._frames)
         size = sum(len(P.buffer(f)) for f in self._frames)
         self._unacked.append((self._seq, message, size))
+        self._gate.seal(self._seq)
         self._clear()
         return message
 
     def acked(self, seq: int) -> None:
-        """The broker has every report up to SEQ."""
+        """The broker has every report up to SEQ: what they announced may go ahead."""
         while self._unacked and self._unacked[0][0] <= seq:
             self._unacked.popleft()
+        self._gate.open(seq)
 
     def unacked(self) -> list[list[Any]]:
         """The reports sent but not acknowledged, oldest first, to send again."""
@@ -81,5 +98,33 @@ class Reports:
         """Forget everything (a new session starts: the old one's news is void)."""
         self._seq = 0
         self._unacked.clear()
+        self._gate.clear()
         self._clear()
 
+
+class Gate:
+    """Hand-offs waiting for the broker to acknowledge the report that announces them."""
+
+    def __init__(self) -> None:
+        self._pending: list[list[Any]] = []    # [report seq (0: the next one), action]
+
+    def add(self, action: Callable[[], None]) -> None:
+        """Run ACTION once the broker has the report being gathered now."""
+        self._pending.append([0, action])
+
+    def seal(self, seq: int) -> None:
+        """The report being gathered went out as SEQ."""
+        for entry in self._pending:
+            if entry[0] == 0:
+                entry[0] = seq
+
+    def open(self, acked: int) -> None:
+        """The broker has every report up to ACKED: run what they announced, in order."""
+        ready = [e for e in self._pending if 0 < e[0] <= acked]
+        if ready:
+            self._pending = [e for e in self._pending if not 0 < e[0] <= acked]
+            for _, action in ready:
+                action()
+
+    def clear(self) -> None:
+        self._pending.clear()

@@ -18,6 +18,7 @@ new process, uncharged). Nothing starts while the lease has lapsed.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -50,6 +51,8 @@ class Events(Protocol):
                info: dict[str, Any]) -> None: ...
 
     def give_back(self, task_id: int) -> None: ...
+
+    def then(self, action: Callable[[], None]) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -217,10 +220,8 @@ class TaskRunner:
             state.delegated[grant.task] = grant
             _add(state.delegated_taken, grant.taken)
             self._events.held(grant.task)
-            self._pool.send(worker, [grant.item[0], grant.item[1], grant.item[2], {
-                **grant.item[3], "taken": grant.taken, "queued": True, "run": grant.run,
-                "priority": -grant.key[0], "seq": grant.key[1], "since": grant.since}],
-                grant.frames)
+            self._send(worker, grant, {"queued": True, "priority": -grant.key[0],
+                                       "seq": grant.key[1], "since": grant.since})
 
     def _hand_over(self, grant: Grant) -> None:
         """Start GRANT in its slot's worker process (it is reported held first)."""
@@ -228,8 +229,13 @@ class TaskRunner:
         grant.run = next(self._runs)
         self._run(grant, worker)
         self._events.held(grant.task)
-        self._pool.send(worker, [grant.item[0], grant.item[1], grant.item[2], {
-            **grant.item[3], "taken": grant.taken, "run": grant.run}], grant.frames)
+        self._send(worker, grant, {})
+
+    def _send(self, worker: Worker, grant: Grant, extra: dict[str, Any]) -> None:
+        """Send GRANT to WORKER once the broker has heard it is held (see reports)."""
+        item = [grant.item[0], grant.item[1], grant.item[2],
+                {**grant.item[3], "taken": grant.taken, "run": grant.run, **extra}]
+        self._events.then(functools.partial(self._pool.send, worker, item, grant.frames))
 
     def _delegate_to(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
         """The process that may hold SLOT's queued grants: the one running all it runs

@@ -84,10 +84,14 @@ def set_actor_state(actor: ActorRecord, new: ActorState) -> None:
     actor.state = new
 
 
-def check_actor_spec(spec: Any) -> dict[str, Any]:
-    """Validate an actor spec off the wire."""
+def check_actor_spec(spec: Any, name_bytes: int = 1024) -> dict[str, Any]:
+    """Validate an actor spec off the wire (names up to NAME_BYTES long)."""
     if not isinstance(spec, dict):
         raise ProtocolError("submit: actor spec must be a map")
+    texts = [spec.get("id"), spec.get("name"), spec.get("cls"), *spec.get("methods", [])[:1]]
+    if any(isinstance(t, str) and len(t) > name_bytes for t in texts) \
+            or len(spec.get("methods", [])) > 100_000:
+        raise ProtocolError("submit: an actor's id, name, class or methods are too long")
     ok = (isinstance(spec.get("id"), str) and spec["id"]
           and isinstance(spec.get("name", ""), str) and isinstance(spec.get("cls", ""), str)
           and isinstance(spec.get("methods", []), list)

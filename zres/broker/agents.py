@@ -15,6 +15,7 @@ import structlog
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..core.limits import Limits, check_count, check_name, check_units
 from ..core.resources import GPU, UNIT, Units, format_units
 from ..scheduler.policy import Scheduler
 from ..scheduler.table import NewSlot
@@ -53,18 +54,20 @@ class AgentRecord:
     gpus: list[list[str]]            # device ids per slot
     spec: list[Any]                  # the registration as received, to spot repeats
     session: int = 0
-    seq: int = 0                     # the last of its reports taken in (acknowledged)
+    seq: int = 0                     # the last of its reports taken in
+    acked: int = 0                   # the last seq acknowledged to it
     echo: float | None = None        # t of its latest heartbeat, echoed: its lease
     fd: int = -1                     # the connection it last spoke over
     away: bool = False               # that connection closed: no new work till heard from
     draining: bool = False           # it is leaving: no new work
 
 
-def parse_registration(msg: P.Message) -> Registration:
+def parse_registration(msg: P.Message, limits: Limits) -> Registration:
     """Check every field of a REGISTER before anything is touched: a bad frame changes
-    nothing."""
-    name = P.field(msg, "name", str)
+    nothing, one over a limit is refused."""
+    name = check_name(P.field(msg, "name", str), limits, "register: the agent's name")
     slots = P.field(msg, "slots", list)
+    check_count(len(slots), limits.slots, "register: slots", "max_slots")
     host, pid = msg.body.get("host", ""), msg.body.get("pid", 0)
     if not slots or not all(isinstance(s, dict) for s in slots):
         raise ProtocolError("register: slots must be a non-empty array of maps")
@@ -73,7 +76,7 @@ def parse_registration(msg: P.Message) -> Registration:
     session, sent_at = msg.body.get("session", 0), msg.body.get("t")
     if type(session) is not int or not isinstance(sent_at, (float, type(None))):
         raise ProtocolError("register: session must be an int and t a float")
-    units = [P.check_units(s.get("units"), "register") for s in slots]
+    units = [check_units(s.get("units"), limits, "register") for s in slots]
     gpus = [[str(g) for g in s.get("gpus", [])] for s in slots]
     memory = [_int_list(s.get("gpu_memory", []), "register") for s in slots]
     for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from ..core.limits import quote
+
 log = structlog.get_logger("zres.broker")
 
 
@@ -44,7 +46,7 @@ class ClientRegistry:
         if ident in self._by_ident:
             return False
         self._by_ident[ident] = ClientRecord(ident, name, now)
-        log.info("client_joined", client=name)
+        log.info("client_joined", client=quote(name))
         return True
 
     def seen(self, ident: bytes, now: float) -> ClientRecord | None:

@@ -146,7 +146,10 @@ class Dispatcher:
 
     def _ack(self, ident: bytes) -> dict[str, Any]:
         agent = self._agents.get(ident)
-        return {"ack": agent.seq} if agent is not None else {}
+        if agent is None:
+            return {}
+        agent.acked = agent.seq
+        return {"ack": agent.seq}
 
     def release(self, task_id: int) -> None:
         """Give TASK_ID's grant back to the scheduler."""

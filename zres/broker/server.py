@@ -22,10 +22,12 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
 from ..scheduler.policy import Scheduler
 from .actors import ActorRouting, ActorState
-from .agents import AgentRegistry, parse_registration
+from .agent_link import AgentLink
+from .agents import AgentRegistry
 from .clients import ClientRecord, ClientRegistry
 from .dispatch import Dispatcher
 from .graph import TaskGraph
@@ -37,7 +39,6 @@ from .submit import parse_submit
 log = structlog.get_logger("zres.broker")
 _BATCH = 2000          # messages handled per loop turn before scheduling, at most
 _TURN_BUDGET = 0.05    # seconds of message handling per loop turn, at most
-_BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at once
 
 Handler = Callable[[bytes, P.Message, float], None]
 
@@ -48,7 +49,7 @@ class Broker:
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
-                 prefetch: int = 32) -> None:
+                 prefetch: int = 32, limits: Limits | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -61,6 +62,7 @@ class Broker:
         self.sock.bind(listen)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.epoch = random.getrandbits(48)
+        self.limits = limits or Limits()
         self.hb_interval = heartbeat_interval
         # Agents start nothing once the broker may have given up on them: their lease ends
         # before the broker would declare them lost, with two heartbeats to spare.
@@ -68,7 +70,6 @@ class Broker:
         self._last_beat = 0.0
         self._last_turn = time.monotonic()
         self._fd = -1                       # the connection of the message being handled
-        self._to_ack: set[bytes] = set()    # agents whose big reports need an ack now
         self._stopping = False
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
@@ -87,14 +88,19 @@ class Broker:
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs)
         self._results = Batches(self._send, P.RESULTS, "results")
+        self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
+                              welcome=lambda: {
+                                  "epoch": self.epoch, "heartbeat": self.hb_interval,
+                                  "lease": self.lease, "starve": self.sched.starvation_after},
+                              fd=lambda: self._fd)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
         self._handlers: dict[str, Handler] = {
             P.HELLO: self._on_hello, P.SUBMIT: self._on_submit, P.RELEASE: self._on_release,
             P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
-            P.REGISTER: self._on_register, P.REPORT: self._on_report,
-            P.HOLDING: self._on_holding, P.DRAIN: self._on_drain,
+            P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
+            P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
             P.RESOURCES: self._on_resources, P.KILL: self.actors.on_kill,
             P.LOOKUP: self.actors.on_lookup,
@@ -144,6 +150,10 @@ class Broker:
                 if now - start > _TURN_BUDGET:
                     break  # the rest next turn, after heartbeats and scheduling
         now = time.monotonic()
+        if now - start > max(2 * self.hb_interval, 1.0):  # one message held us that long
+            self.agents.forgive(now - start)
+            self.clients.forgive(now - start)
+            log.warning("broker_stalled", seconds=round(now - start, 1))
         if self.sched.needs_pass():
             try:
                 self.dispatch.assign(self.sched.schedule(now))
@@ -157,11 +167,7 @@ class Broker:
                 log.exception("heartbeat_failed")
         self.actors.pump_all()
         self._results.flush()
-        for ident in self._to_ack:
-            agent = self.agents.get(ident)
-            if agent is not None:
-                self._send(ident, P.ACK, {"ack": agent.seq})
-        self._to_ack.clear()
+        self.link.flush_acks()
         self._last_turn = time.monotonic()
 
     def _on_connection_events(self) -> None:
@@ -177,19 +183,43 @@ class Broker:
             self._fd = frames[0].get(zmq.SRCFD)
         except zmq.ZMQError:  # a message libzmq made itself, of no connection
             self._fd = -1
+        msg: P.Message | None = None
         try:
+            if len(frames) > 1 and len(frames[1]) > self.limits.header_bytes:
+                raise LimitExceeded(
+                    f"a message's header of {len(frames[1])} bytes is larger than the "
+                    f"broker's limit of {self.limits.header_bytes} (max_header_bytes)")
             msg = P.decode(frames[1:])
             handler = self._handlers.get(msg.kind)
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")
             handler(ident, msg, now)
-        except ProtocolError as exc:
-            log.warning("bad_message", peer=ident.hex(), error=str(exc))
+        except (ProtocolError, LimitExceeded) as exc:
+            # Said to the sender (its tasks or request fail, naming why) and logged short.
+            log.warning("bad_message", peer=ident[:16].hex(), error=quote(str(exc)))
+            self._refuse(ident, msg, str(exc))
         except Exception:  # a bug must not take the broker down for everyone
-            log.exception("message_failed", peer=ident.hex())
+            log.exception("message_failed", peer=ident[:16].hex())
+
+    def _refuse(self, ident: bytes, msg: P.Message | None, error: str) -> None:
+        body: dict[str, Any] = {"error": quote(error, 500)}
+        if msg is not None:
+            body["kind"] = msg.kind
+            if "req" in msg.body:
+                body["req"] = msg.body["req"]
+            items = msg.body.get("tasks") if msg.kind == P.SUBMIT else None
+            if isinstance(items, list):
+                body["ids"] = [i[0] for i in items if isinstance(i, list) and i
+                               and type(i[0]) is int]
+        self._send(ident, P.REFUSED, body)
 
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
               frames: Sequence[Any] = ()) -> None:
+        agent = self.agents.by_ident.get(ident)
+        if agent is not None:
+            # Everything an agent is told names its session: news for an ended session
+            # (grants, acks, cancels) must never reach the session after it.
+            body = {**(body or {}), "session": agent.session}
         P.send(self.sock, [ident, *P.encode(kind, body, frames)])
 
     def _heartbeats(self, now: float) -> None:
@@ -197,6 +227,7 @@ class Broker:
             self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
         self.clients.expire(now)
         for agent in self.agents.by_ident.values():
+            agent.acked = agent.seq
             self._send(agent.ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
                                                   "ack": agent.seq})
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
@@ -204,13 +235,13 @@ class Broker:
             P.send(self.sock, [ident, *beat])
 
     def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self._agent(ident, now, quiet=True)
+        agent = self.link.agent(ident, now, quiet=True)
         if agent is not None:
             sent = msg.body.get("t")
             if isinstance(sent, float):
                 agent.echo = sent
         elif self.clients.seen(ident, now) is None:
-            self._send(ident, P.UNKNOWN, self._unknown_body(ident))
+            self._send(ident, P.UNKNOWN, self.link.unknown_body(ident))
 
     # -- clients --------------------------------------------------------------------
     def _client(self, ident: bytes, now: float) -> ClientRecord | None:
@@ -220,7 +251,9 @@ class Broker:
         return client
 
     def _on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
-        new = self.clients.hello(ident, str(msg.body.get("client", ident.hex())), now)
+        name = check_name(msg.body.get("client", ident[:16].hex()), self.limits,
+                          "hello: the client's name")
+        new = self.clients.hello(ident, name, now)
         # "new" tells a client we had dropped (silent too long) that its tasks are gone.
         self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval,
                                       "new": new})
@@ -233,7 +266,7 @@ class Broker:
             self.clients.leave(ident)
 
     def _drop_client(self, client: ClientRecord, event: str) -> None:
-        log.info(event, client=client.name)
+        log.info(event, client=quote(client.name))
         self.actors.drop_owned_by(client.ident, client.name)
         self.dispatch.drop_work_of(client.ident, list(client.ids.values()))
         for task_id in list(client.ids.values()):
@@ -246,7 +279,12 @@ class Broker:
         client = self._client(ident, now)
         if client is None:
             return
-        for sub in parse_submit(msg):
+        payload = sum(len(f) for f in msg.frames)
+        if payload > self.limits.payload_bytes:
+            raise LimitExceeded(f"a submit's payload of {payload} bytes is larger than the "
+                                f"broker's limit of {self.limits.payload_bytes} "
+                                "(max_payload_bytes)")
+        for sub in parse_submit(msg, self.limits):
             task = Task(self.graph.new_id(), client.ident, sub.local, sub.units, sub.priority,
                         sub.retries, sub.name, sub.strict, sub.payload, [], kind=sub.kind)
             self.graph.add(task)
@@ -315,98 +353,6 @@ class Broker:
         return self.explain.report(self.address, self.epoch, len(self.clients))
 
     # -- agents ---------------------------------------------------------------------
-    def _on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
-        reg = parse_registration(msg)
-        welcome = {"epoch": self.epoch, "agent": reg.name, "heartbeat": self.hb_interval,
-                   "session": reg.session, "lease": self.lease,
-                   "starve": self.sched.starvation_after}
-        known = self.agents.get(ident)
-        if reg.resume:
-            if known is None or known.session != reg.session:
-                self._send(ident, P.UNKNOWN, {
-                    "ended": self.agents.ended.get(ident, "this broker does not know it"),
-                    "session": reg.session})
-                return
-            self._agent(ident, now)
-            self._send(ident, P.WELCOME, {**welcome, "resumed": True, "ack": known.seq})
-            return
-        if self.agents.is_repeat(ident, reg):
-            # A repeated registration (it crossed our welcome): keep what runs there.
-            self._agent(ident, now)
-            self._send(ident, P.WELCOME, {**welcome, "ack": self.agents.by_ident[ident].seq})
-            return
-        displaced = self.agents.displaced_by(ident, reg.name)
-        for record in displaced:
-            if record.ident == ident:
-                # A new session from the same agent: it has stopped the old one's work.
-                self.dispatch.lose_agent(record, "it began a new session", recheck=False)
-            else:
-                # The newcomer wins (a restarted agent); the old one, if alive, is told to
-                # stop rather than re-register and evict the newcomer in turn.
-                self._send(record.ident, P.UNKNOWN, {"replaced": True})
-                self.dispatch.lose_agent(record, "replaced by a new agent of the same name",
-                                         recheck=False)
-        self.agents.add(ident, reg, now).fd = self._fd
-        self._send(ident, P.WELCOME, welcome)
-        # With no agent, nothing was infeasible; the first one to join decides what is.
-        if displaced or len(self.agents) == 1:
-            self.dispatch.recheck_feasibility()
-
-    def _agent(self, ident: bytes, now: float, quiet: bool = False) -> Any:
-        """The agent IDENT, noted alive (and back, if it was away); None, having told the
-        sender so (unless QUIET), if it is not a registered agent."""
-        agent = self.agents.seen(ident, now)
-        if agent is None:
-            if not quiet:
-                self._send(ident, P.UNKNOWN, self._unknown_body(ident))
-        elif self.agents.heard(agent, self._fd):
-            log.info("agent_back", agent=agent.name)
-            self.dispatch.set_accepting(agent)
-        return agent
-
-    def _unknown_body(self, ident: bytes) -> dict[str, Any]:
-        why = self.agents.ended.get(ident)
-        return {"ended": why} if why is not None else {}
-
-    def _session_agent(self, ident: bytes, msg: P.Message, now: float) -> Any:
-        """The agent IDENT if MSG is of its current session (else None, sender told)."""
-        agent = self._agent(ident, now)
-        if agent is not None and msg.body.get("session") != agent.session:
-            self._send(ident, P.UNKNOWN, {"ended": "that session is over",
-                                          "session": msg.body.get("session")})
-            return None
-        return agent
-
-    def _on_report(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self._session_agent(ident, msg, now)
-        if agent is None:
-            return
-        seq = P.field(msg, "seq", int)
-        if seq <= agent.seq:
-            return  # sent again after a reconnection: taken in already
-        results = msg.body.get("results", [])
-        if not isinstance(results, list) or not all(
-                isinstance(i, list) and len(i) == 4 for i in results):
-            raise ProtocolError("report: each result must be a 4-item array")
-        payloads = P.split_frames(msg.frames, [i[2] for i in results])
-        agent.seq = seq
-        self.dispatch.report(agent, msg.body, payloads, now)
-        if sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
-            self._to_ack.add(ident)  # it keeps what it sent until acknowledged
-
-    def _on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self._session_agent(ident, msg, now)
-        if agent is not None:
-            tasks = P.field(msg, "tasks", list)
-            self.dispatch.reconcile(agent, {t for t in tasks if type(t) is int})
-
-    def _on_drain(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self._session_agent(ident, msg, now)
-        if agent is not None:
-            agent.draining = True
-            log.info("agent_draining", agent=agent.name)
-            self.dispatch.set_accepting(agent)
-
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
         name = P.field(msg, "agent", str)
         changes = P.check_units(msg.body.get("units"), "resources")

@@ -44,7 +44,9 @@ class Explainer:
         if task.state is TaskState.RUNNING:
             grant = self._sched.running.get(task.id)
             if grant is not None and not grant.started:
-                return self._sched.why(task.id)
+                text = self._sched.why(task.id)
+                # Handed to the worker process, it starts there the moment room frees.
+                return text + "; its worker holds it" if task.held else text
             return f"running on {task.agent}"
         return task.state.value
 
@@ -58,6 +60,7 @@ class Explainer:
         for agent in sorted(self._agents.by_ident.values(), key=lambda a: a.name):
             slots = [self._sched.slots[s] for s in agent.slots]
             agents.append({"name": agent.name, "host": agent.host, "pid": agent.pid,
+                           "draining": agent.draining, "away": agent.away,
                            "slots": [{"total": s.total, "free": s.free,
                                       "running": len(s.running), "gpus": g}
                                      for s, g in zip(slots, agent.gpus)]})

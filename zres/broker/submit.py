@@ -7,6 +7,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..core.limits import LimitExceeded, Limits, check_count, check_name, check_units
 from ..core.resources import Units
 from .actors import check_actor_spec
 from .jobs import check_job_spec
@@ -30,16 +31,20 @@ class Submission:
     job: dict[str, Any] | None = None    # it is this command job
 
 
-def parse_submit(msg: P.Message) -> list[Submission]:
-    """Return the tasks of a SUBMIT; raise ProtocolError, naming the fault, if any is bad."""
+def parse_submit(msg: P.Message, limits: Limits) -> list[Submission]:
+    """Return the tasks of a SUBMIT; raise ProtocolError, naming the fault, if any is bad,
+    or LimitExceeded naming the limit."""
     items = P.field(msg, "tasks", list)
+    if len(items) > limits.tasks:
+        raise LimitExceeded(f"a submit holds {len(items)} tasks, more than the broker's "
+                            f"limit of {limits.tasks} (max_tasks)")
     if not all(isinstance(i, list) and len(i) in (8, 9) for i in items):
         raise ProtocolError("submit: each task must be an 8- or 9-item array")
     payloads = P.split_frames(msg.frames, [i[5] for i in items])
-    return [_submission(item, payload) for item, payload in zip(items, payloads)]
+    return [_submission(item, payload, limits) for item, payload in zip(items, payloads)]
 
 
-def _submission(item: list[Any], payload: list[Any]) -> Submission:
+def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submission:
     local, units, priority, retries, deps, _, name, strict, *rest = item
     extra = rest[0] if rest else {}
     if not (isinstance(local, int) and isinstance(priority, int)
@@ -50,10 +55,13 @@ def _submission(item: list[Any], payload: list[Any]) -> Submission:
     call = extra.get("call")
     if call is not None and not isinstance(call, str):
         raise ProtocolError("submit: call must name an actor id")
+    check_count(len(deps), limits.deps, "submit: a task's dependencies", "max_deps")
     return Submission(
-        local, P.check_units(units, "submit"), priority, max(retries, 0), deps, str(name),
+        local, check_units(units, limits, "submit"), priority, max(retries, 0), deps,
+        check_name(name, limits, "submit: a task's name"),
         bool(strict), payload, kind_of(payload[0]) if payload else 0,
-        actor=check_actor_spec(extra["actor"]) if "actor" in extra else None, call=call,
+        actor=check_actor_spec(extra["actor"], limits.name_bytes) if "actor" in extra else None,
+        call=call,
         job=check_job_spec(extra["job"]) if "job" in extra else None)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from .. import config, logs
 from ..core import protocol as P
 from ..core.errors import ZresError
+from ..core.limits import Limits
 from ..core.resources import format_amount, format_units, parse_spec
 from .options import UsageError, add_daemon_options, broker_address, request, seconds
 
@@ -58,7 +59,8 @@ def broker(args: argparse.Namespace) -> int:
     logs.setup(args.log_format, args.log_level)
     broker = Broker(settings["listen"], settings["heartbeat_interval"],
                     settings["heartbeat_timeout"], settings["client_timeout"],
-                    settings["starvation_after"], prefetch=settings["prefetch"])
+                    settings["starvation_after"], prefetch=settings["prefetch"],
+                    limits=Limits.from_settings(settings))
     _exit_with(args, broker.stop)
     broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
     return 0

@@ -59,6 +59,9 @@ class Client(cf.Executor):
             self.close()
             raise ZresError(f"no zres broker answered at {address} within "
                             f"{connect_timeout:g}s") from None
+        if self._io.refused is not None:
+            self.close()
+            raise ZresError(f"the broker at {address} refused this client: {self._io.refused}")
         registry.add(self)
 
     # -- submitting ---------------------------------------------------------------------

@@ -72,6 +72,7 @@ class IOThread:
         self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
         self._request_ids = itertools.count(1)
         self.connected = Flag()
+        self.refused: str | None = None   # why the broker refused our hello, if it did
         self.epoch: int | None = None
         self.hb_interval = 0.5
         self.broker_timeout = broker_timeout or float(os.environ.get(
@@ -222,6 +223,27 @@ class IOThread:
             reply = self.requests.pop(msg.body.get("req", -1), None)
             if reply is not None:
                 reply.set_result(msg.body)
+        elif msg.kind == P.REFUSED:
+            self._on_refused(msg)
+
+    def _on_refused(self, msg: P.Message) -> None:
+        """The broker refused a message (over a limit, or malformed): fail what it was."""
+        why = f"the broker refused it: {msg.body.get('error', 'no reason given')}"
+        kind = msg.body.get("kind")
+        if kind == P.HELLO:
+            self.refused = why
+            self.connected.set()
+            return
+        ids = msg.body.get("ids")
+        for task_id in ids if isinstance(ids, list) else []:
+            future = self.pending.pop(task_id, None)
+            if future is not None:
+                settle(future, exception=ZresError(f"task {future.name}: {why}"))
+        reply = self.requests.pop(msg.body.get("req", -1), None)
+        if reply is not None:
+            reply.set_exception(ZresError(why))
+        if not ids and reply is None:
+            log.warning("message_refused", kind=kind, why=why)
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")

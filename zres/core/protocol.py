@@ -42,6 +42,8 @@ broker -> client
     job_cancel_reply {error?}
     resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
+    refused    {kind?, error, req?, ids?}       a message over a limit, or malformed: its
+                                                request (req) or tasks (ids) fail, naming why
 agent -> broker
     register   {name, session, slots: [{units, gpus: [device id...], gpu_memory}], host,
                 pid, t, resume?: true, epoch?}
@@ -107,6 +109,7 @@ import msgpack
 import zmq
 
 from .errors import ProtocolError
+from .limits import check_units_map, quote
 
 VERSION = 1
 
@@ -129,6 +132,7 @@ REPORT = "report"
 HOLDING = "holding"
 DRAIN = "drain"
 ACK = "ack"
+REFUSED = "refused"
 ASSIGN = "assign"
 HEARTBEAT = "heartbeat"
 RUN = "run"
@@ -154,7 +158,7 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
-                   JOB_CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN, ACK})
+                   JOB_CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN, ACK, REFUSED})
 
 # Task outcomes.
 OK = "ok"
@@ -223,14 +227,14 @@ def decode(frames: Sequence[Frame]) -> Message:
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"header is not msgpack: {exc}") from None
+        raise ProtocolError(f"header is not msgpack: {quote(str(exc), 100)}") from None
     if not isinstance(header, list) or len(header) != 3:
         raise ProtocolError("header is not [version, kind, body]")
     version, kind, body = header
     if type(version) is not int or version != VERSION:
-        raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")
+        raise ProtocolError(f"protocol version {quote(version, 40)}, expected {VERSION}")
     if not isinstance(kind, str) or kind not in KINDS:
-        raise ProtocolError(f"unknown message kind {kind!r}")
+        raise ProtocolError(f"unknown message kind {quote(kind, 60)}")
     if not isinstance(body, dict):
         raise ProtocolError(f"{kind}: body is not a map")
     return Message(kind, body, list(frames[1:]))
@@ -250,7 +254,8 @@ def field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
 def split_frames(frames: list[Frame], counts: Sequence[int]) -> list[list[Frame]]:
     """Cut FRAMES into consecutive groups of COUNTS; raise if they do not add up."""
     if any(type(c) is not int or c < 0 for c in counts) or sum(counts) != len(frames):
-        raise ProtocolError(f"frame counts {list(counts)} do not match {len(frames)} frames")
+        raise ProtocolError(f"frame counts {quote(list(counts), 80)} do not match "
+                            f"{len(frames)} frames")
     out, pos = [], 0
     for count in counts:
         out.append(frames[pos:pos + count])
@@ -260,8 +265,4 @@ def split_frames(frames: list[Frame], counts: Sequence[int]) -> list[list[Frame]
 
 def check_units(value: Any, what: str) -> dict[str, int]:
     """Validate a units map received off the wire."""
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
-            for k, v in value.items()):
-        raise ProtocolError(f"{what}: resources must map names to non-negative ints")
-    return value
+    return check_units_map(value, what)

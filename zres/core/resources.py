@@ -23,6 +23,7 @@ GPU = "GPU"
 CPU = "CPU"
 MEMORY = "MEMORY"
 GPU_MEMORY = "GPU_MEMORY"   # memory on one device, from NVML or declared
+MAX_NAME = 128               # characters in a resource name
 
 Units = dict[str, int]
 
@@ -85,6 +86,9 @@ def _decimal_to_units(name: str, amount: Decimal) -> int:
 
 def check_name(name: Any) -> str:
     """Return NAME if it is a valid resource name, else raise ResourceSpecError."""
+    if isinstance(name, str) and len(name) > MAX_NAME:
+        raise ResourceSpecError(f"resource name {name[:40]!r}... is longer than {MAX_NAME} "
+                                "characters")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ResourceSpecError(
             f"invalid resource name {name!r}: use letters, digits and _ . : / -, "

@@ -1,0 +1,140 @@
+"""The agent's task runner, with its worker processes stood in for: which grants start, in
+what order, what is handed to a worker to start on its own, and what the broker is told
+first (nothing is handed over before the broker has heard it is held)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from zres.agent.running import DELEGATE, Grant, TaskRunner
+from zres.agent.slots import SlotSpec
+from zres.core.resources import UNIT
+
+
+class FakeProc:
+    returncode = None
+    pid = 1
+
+    def poll(self) -> None:
+        return None
+
+
+class FakeWorker:
+    def __init__(self, slot: int, devices: tuple[str, ...]) -> None:
+        self.slot, self.gpus, self.proc = slot, devices, FakeProc()
+        self.ready, self.backlog, self.running = True, [], set()
+        self.ident = b"w"
+
+
+class FakePool:
+    """Records what is sent to the one worker of each slot."""
+
+    def __init__(self) -> None:
+        self.by_slot: dict[Any, FakeWorker] = {}
+        self.sent: list[tuple[int, dict[str, Any]]] = []   # task id, context
+
+    def start(self, slot: int, devices: tuple[str, ...], nthreads: int,
+              keep: Any = None) -> FakeWorker:
+        worker = self.by_slot[(slot, devices)] = FakeWorker(slot, devices)
+        return worker
+
+    def send(self, worker: FakeWorker, item: list[Any], frames: list[Any]) -> None:
+        self.sent.append((item[0], item[3]))
+
+    def tell(self, worker: FakeWorker, kind: str, body: dict[str, Any]) -> None:
+        pass
+
+
+class Events:
+    """The broker's side: what it heard, and the hand-offs waiting for its ack."""
+
+    def __init__(self) -> None:
+        self.heard: list[int] = []
+        self.waiting: list[Callable[[], None]] = []
+
+    def held(self, task_id: int) -> None:
+        self.heard.append(task_id)
+
+    def then(self, action: Callable[[], None]) -> None:
+        self.waiting.append(action)
+
+    def ack(self) -> None:
+        actions, self.waiting = self.waiting, []
+        for action in actions:
+            action()
+
+    def started(self, task_id: int) -> None:
+        pass
+
+    def result(self, *_: Any) -> None:
+        pass
+
+    def give_back(self, task_id: int) -> None:
+        pass
+
+
+def runner(**capacity: float) -> tuple[TaskRunner, FakePool, Events]:
+    pool, events = FakePool(), Events()
+    spec = SlotSpec({n: int(a * UNIT) for n, a in capacity.items()}, [], 4)
+    return TaskRunner([spec], pool, events, lambda: True), pool, events  # type: ignore[arg-type]
+
+
+def grant(task: int, priority: int = 0, direct: bool = False, since: float | None = None,
+          **taken: float) -> Grant:
+    units = {n: int(a * UNIT) for n, a in (taken or {"CPU": 1}).items()}
+    return Grant(task, 0, units, (), [task, 1, [], {}], [b"x"], (-priority, task),
+                 time.monotonic() if since is None else since, direct)
+
+
+def started(pool: FakePool) -> list[int]:
+    """Tasks sent to run now (not handed over to start later)."""
+    return [t for t, ctx in pool.sent if not ctx.get("queued")]
+
+
+def test_nothing_is_handed_over_before_the_broker_acknowledges_it():
+    run, pool, events = runner(CPU=2)
+    run.add([grant(1, direct=True)])
+    assert events.heard == [1] and pool.sent == [], "sent before the broker heard"
+    events.ack()
+    assert started(pool) == [1]
+
+
+def test_queued_grants_start_by_priority_and_fitting_ones_pass_a_blocked_one():
+    run, pool, events = runner(CPU=4, R=1)
+    run.add([grant(1, R=1, CPU=1, direct=True)])             # holds R
+    run.placements[99] = (0, {"CPU": 2 * UNIT})              # an actor holds 2 CPUs
+    run.slots[0].used["CPU"] += 2 * UNIT
+    run.slots[0].placements += 1
+    run.add([grant(2, priority=1, R=1, CPU=1), grant(3, priority=5, CPU=1),
+             grant(4, priority=9, CPU=2)])
+    events.ack()
+    # 4 (priority 9) needs 2 CPUs, only 1 is free: it waits; 3 fits beside it and starts;
+    # 2 needs R, held by 1.
+    assert started(pool) == [1, 3]
+    run.free(1)
+    events.ack()
+    assert started(pool) == [1, 3, 2]
+
+
+def test_a_starving_grant_is_no_longer_passed_over():
+    run, pool, events = runner(CPU=2)
+    run.placements[99] = (0, {"CPU": UNIT})
+    run.slots[0].used["CPU"] = UNIT
+    run.slots[0].placements = 1
+    long_ago = time.monotonic() - 60
+    run.add([grant(1, priority=1, since=long_ago, CPU=2), grant(2, CPU=1)])
+    events.ack()
+    assert started(pool) == [], "a grant that has waited past starve is not overtaken"
+
+
+def test_a_worker_holds_at_most_delegate_queued_grants_announced_as_held():
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    run.add([grant(t) for t in range(2, 2 + 3 * DELEGATE)])
+    events.ack()
+    handed = [t for t, ctx in pool.sent if ctx.get("queued")]
+    assert len(handed) == DELEGATE and set(handed) <= set(events.heard)
+    assert all(ctx["taken"] == {"CPU": UNIT} for _, ctx in pool.sent)

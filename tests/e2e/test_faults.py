@@ -1,0 +1,409 @@
+"""Ordinary faults lose nothing, run nothing twice and double-book nothing: a paused
+broker, a killed, stopped or stopping agent, huge or malformed messages.
+
+Every test runs real broker and agent processes on loopback. A fault's length (how long a
+process stays stopped) is the one thing measured in time; events are ordered by waiting
+on markers and on the broker's status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+import zres
+from tests.conftest import process_gone, wait_until
+from tests.tasks import hold, ledgered, starts
+from zres.core import protocol as P
+
+FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
+
+
+def where(_: object = None) -> str:
+    return zres.get_task_context().agent
+
+
+def noop(x: int = 0) -> int:
+    return x
+
+
+def agent_names(cluster: zres.LocalCluster) -> set[str]:
+    return {a["name"] for a in cluster.status()["agents"]}
+
+
+def paused(proc: subprocess.Popen[bytes], seconds: float) -> None:
+    """Stop PROC for SECONDS (the fault), then let it go on."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+# -- 1. a paused or stalled broker kills nothing -----------------------------------------------
+
+def test_a_broker_paused_past_the_heartbeat_timeout_loses_no_work(make_cluster, make_client,
+                                                                  tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["a", "b"], **FAST)
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    running = [client.submit(hold, release, str(tmp_path / f"m{i}"), resources={"slot": 1})
+               for i in range(2)]
+    assert wait_until(lambda: all((tmp_path / f"m{i}").exists() for i in range(2)))
+    agents = {name: proc.pid for name, proc in cluster.agents.items()}
+    paused(cluster.broker, 4.0)  # twice the heartbeat timeout
+    Path(release).touch()
+    assert [f.result(30) for f in running] == ["released", "released"]
+    assert sorted(f.agent for f in running) == ["a", "b"], "both kept their work"
+    assert all(cluster.agents[n].poll() is None for n in agents), "an agent exited"
+    assert agent_names(cluster) == {"a", "b"}
+    assert client.submit(where, resources={"slot": 1}).result(30) in {"a", "b"}
+
+
+def test_a_huge_map_is_taken_in_without_stalling_the_broker(make_cluster, make_client,
+                                                            tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], names=["a"], heartbeat_interval=0.2,
+                           heartbeat_timeout=1.0)
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    first = client.submit(hold, release, str(tmp_path / "m"), resources={"slot": 1})
+    assert wait_until(lambda: (tmp_path / "m").exists())
+    pid = cluster.agents["a"].pid
+    waiting = client.map(noop, range(60_000), resources={"slot": 1})
+    wait_until(lambda: cluster.status()["counts"].get("queued", 0) >= 59_000, timeout=60,
+               message="the map to be taken in")
+    assert agent_names(cluster) == {"a"} and cluster.agents["a"].pid == pid
+    Path(release).touch()
+    assert first.result(30) == "released", "the running task was lost"
+    assert not any(f.done() for f in waiting[:100])
+
+
+# -- 2. a dead, stopped or stopping agent fails no task that never started on it ---------------
+
+def test_tasks_sent_to_a_killed_agent_run_elsewhere_uncharged(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"slot": 4}, {"slot": 4}], names=["doomed", "other"],
+                           **FAST)
+    client = make_client(cluster.address)
+    assert len({f.result(30) for f in client.map(where, [0] * 40,
+                                                 resources={"slot": 1})}) == 2
+    cluster.agents["doomed"].kill()
+    probes = [client.submit(where, resources={"slot": 1}, retries=0) for _ in range(40)]
+    results = [f.exception(30) or f.result() for f in probes]
+    assert results == ["other"] * 40, f"probes failed or ran on the dead agent: {results}"
+
+
+def named_hold(release: str, marker: str) -> str:
+    """Write this task's agent into MARKER, then block until RELEASE exists."""
+    Path(marker + ".tmp").write_text(zres.get_task_context().agent)
+    os.rename(marker + ".tmp", marker)
+    hold(release, marker + ".seen")
+    return "released"
+
+
+def test_sigterm_drains_an_agent_and_no_task_fails(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["one", "two"],
+                           drain_grace=60, **FAST)
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), tmp_path / "m"
+    running = client.submit(named_hold, release, str(marker), resources={"slot": 1},
+                            retries=0)
+    leaving = wait_until(lambda: marker.exists() and marker.read_text())
+    staying = ({"one", "two"} - {leaving}).pop()
+    cluster.agents[leaving].terminate()
+    wait_until(lambda: any(a["name"] == leaving and a["draining"]
+                           for a in cluster.status()["agents"]),
+               message="the broker to hear that the agent is leaving")
+    later = [client.submit(where, resources={"slot": 1}) for _ in range(10)]
+    assert [f.result(30) for f in later] == [staying] * 10
+    Path(release).touch()
+    assert running.result(30) == "released", "the running task failed"
+    assert cluster.agents[leaving].wait(30) == 0
+    wait_until(lambda: agent_names(cluster) == {staying}, message="the agent to leave")
+
+
+def test_an_agent_whose_drain_grace_runs_out_hands_its_tasks_back(make_cluster, make_client,
+                                                                  tmp_path):
+    cluster = make_cluster(agents=[{"slot": 1}], names=["leaving"], drain_grace=0.5, **FAST)
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    retried = client.submit(hold, release, str(tmp_path / "r"), resources={"slot": 1},
+                            retries=1, key="retried")
+    assert wait_until(lambda: (tmp_path / "r").exists())
+    strict = client.submit(hold, release, str(tmp_path / "s"), resources={"slot": 1},
+                           key="strict")
+    cluster.agents["leaving"].terminate()
+    assert cluster.agents["leaving"].wait(30) == 0
+    cluster.add_agent({"slot": 1}, name="next")
+    Path(release).touch()
+    assert retried.result(30) == "released" and retried.agent == "next"
+    assert strict.result(30) == "released" and strict.agent == "next", \
+        "a task that never started was given back, not failed"
+
+
+# -- 4. attempts are fenced: retries=0 runs at most once ---------------------------------------
+
+def test_a_stopped_agent_never_runs_a_task_twice(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 2}, {"slot": 2}], names=["stopped", "steady"],
+                           nthreads=2, **FAST)
+    client = make_client(cluster.address)
+    ledger = str(tmp_path / "ledger")
+    zres.wait(client.map(ledgered, [ledger] * 40, [f"warm{i}" for i in range(40)],
+                         [0.002] * 40, resources={"slot": 1}), timeout=30)  # a short kind
+    keys = [f"t{i}" for i in range(2000)]
+    futures = client.map(ledgered, [ledger] * len(keys), keys, [0.005] * len(keys),
+                         resources={"slot": 1}, retries=0)
+    wait_until(lambda: sum(1 for k in starts(ledger) if k.startswith("t")) >= 50,
+               message="work under way")
+    paused(cluster.agents["stopped"], 5.0)  # well past the heartbeat timeout
+    outcomes = [f.exception(60) for f in futures]
+    twice = {k: n for k, n in starts(ledger).items() if n > 1}
+    assert not twice, f"retries=0 bodies ran more than once: {twice}"
+    for key, error in zip(keys, outcomes):
+        if error is not None:
+            assert isinstance(error, zres.AgentLostError), f"{key}: {error!r}"
+            assert "stopped" in str(error)
+        else:
+            assert starts(ledger).get(key) == 1
+    wait_until(lambda: agent_names(cluster) == {"stopped", "steady"}, timeout=30,
+               message="the stopped agent to join again, with a new session")
+    assert {f.result(30) for f in client.map(where, range(40), resources={"slot": 1})} \
+        <= {"stopped", "steady"}
+
+
+# -- 3. a command job's resources come back only when its processes are gone -------------------
+
+def test_what_a_job_leaves_behind_keeps_its_gpu_until_it_is_gone(make_cluster, make_client,
+                                                                tmp_path):
+    cluster = make_cluster(agents=[{"gpu0": 1}], names=["node"], **FAST)
+    client = make_client(cluster.address)
+    pid_file = tmp_path / "child.pid"
+    # The job's leader exits at once, leaving a child in its process group that ignores
+    # SIGTERM for a moment: the GPU is the job's until that child is gone.
+    first = client.submit_command(
+        ["sh", "-c", f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; exec sleep 60' & "
+         f"while [ ! -s {pid_file} ]; do sleep 0.01; done"],
+        resources={"gpu0": 1})
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(),
+               message="the child to start")
+    child = int(pid_file.read_text())
+    second = client.submit_command(["sh", "-c", "echo second"], resources={"gpu0": 1})
+    assert first.result(60).exit_code == 0
+    second.result(60)
+    assert process_gone(child), "the next job started while the first one's child ran"
+
+
+def worker_processes(agent: int) -> list[int]:
+    """The worker processes an agent has started (children running zres's worker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == agent and b"worker" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_a_job_outlives_every_worker_process_and_keeps_its_gpu(make_cluster, make_client,
+                                                              tmp_path):
+    # A worker process dying (an OOM kill, say) must not orphan a command job nor give its
+    # GPU to the next job while it runs: the agent owns the job's process group.
+    cluster = make_cluster(agents=[{"gpu0": 1, "CPU": 2}], names=["node"], **FAST)
+    client = make_client(cluster.address)
+    go, started = tmp_path / "go", tmp_path / "started"
+    job = client.submit_command(
+        ["sh", "-c", f"touch {started}; while [ ! -e {go} ]; do sleep 0.01; done"],
+        resources={"gpu0": 1})
+    wait_until(started.exists, message="the job to start")
+    assert client.submit(noop, resources={"CPU": 1}).result(30) == 0
+    for pid in worker_processes(cluster.agents["node"].pid):
+        os.kill(pid, signal.SIGKILL)
+    queued = client.submit_command(["true"], resources={"gpu0": 1})
+    assert wait_until(lambda: "gpu0" in client.why(queued), message="the second to wait")
+    assert client.submit(noop, resources={"CPU": 1}).result(30) == 0  # the agent goes on
+    assert not queued.done() and "gpu0" in client.why(queued), \
+        "the GPU was handed on while the job ran"
+    go.touch()
+    assert job.result(30).exit_code == 0 and queued.result(30).exit_code == 0
+
+
+def test_an_agent_restarted_after_a_kill_stops_the_jobs_it_left(make_cluster, make_client,
+                                                                tmp_path):
+    cluster = make_cluster(agents=[{"gpu0": 1}], names=["node"], **FAST)
+    client = make_client(cluster.address)
+    pid_file = tmp_path / "pid"
+    client.submit_command(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 120"],
+                          resources={"gpu0": 1}, detached=True)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(),
+               message="the job to start")
+    job = int(pid_file.read_text())
+    cluster.agents["node"].kill()
+    cluster.agents["node"].wait(10)
+    assert not process_gone(job), "the job should outlive its agent's kill"
+    cluster.add_agent({"gpu0": 1}, name="node")
+    wait_until(lambda: process_gone(job), message="the restarted agent to stop it")
+    assert client.submit_command(["true"], resources={"gpu0": 1}).result(30).exit_code == 0
+
+
+# -- 5. pipelining never blocks ready work, and priority holds ---------------------------------
+
+def clocked(log: str, key: str, release: str = "") -> str:
+    """Append KEY to LOG when it starts; block until RELEASE exists (if given)."""
+    with open(log, "a") as fh:
+        fh.write(f"{key}\n")
+    if release:
+        deadline = time.time() + 60
+        while not os.path.exists(release) and time.time() < deadline:
+            time.sleep(0.005)
+    return key
+
+
+def order(log: str) -> list[str]:
+    return open(log).read().split() if os.path.exists(log) else []
+
+
+@pytest.fixture
+def warm_one_slot(make_cluster, make_client, tmp_path):  # type: ignore[no-untyped-def]
+    """An agent with one CPU and R=1, the function warm (known short): pipelining is on."""
+    cluster = make_cluster(agents=[{"CPU": 1, "R": 1}], nthreads=1, **FAST)
+    client = make_client(cluster.address)
+    warm = str(tmp_path / "warm")
+    zres.wait([client.submit(clocked, warm, f"w{i}") for i in range(30)], timeout=30)
+    return client, str(tmp_path / "log"), str(tmp_path / "clog")
+
+
+@pytest.mark.parametrize("p1,p2,first", [(1, 0, "x"), (0, 1, "y")])
+def test_ready_and_constrained_tasks_start_by_priority(warm_one_slot, p1, p2, first):
+    # Dask's test_constrained_vs_ready_priority_1, end to end: one CPU held by a clog;
+    # x (any CPU) and y (CPU and R) wait; the higher priority starts first.
+    client, log, clog = warm_one_slot
+    blocker = client.submit(clocked, log, "clog", clog)
+    assert wait_until(lambda: order(log) == ["clog"])
+    x = client.submit(clocked, log, "x", priority=p1)
+    y = client.submit(clocked, log, "y", priority=p2, resources={"R": 1})
+    assert wait_until(lambda: all("its worker holds it" in client.why(f) for f in (x, y)),
+                      message="both waiting where they will run")
+    Path(clog).touch()
+    assert [blocker.result(30), x.result(30), y.result(30)] == ["clog", "x", "y"]
+    assert order(log)[1] == first
+
+
+def test_a_ready_task_is_not_held_back_by_a_constrained_one(make_cluster, make_client,
+                                                             tmp_path):
+    # Dask's test_constrained_vs_ready_priority_2: two CPUs, R=1. clog2 holds R and a CPU;
+    # clog1 the other CPU. y (R) waits behind clog2 whatever its priority; when clog1
+    # ends, x (a CPU) starts at once.
+    cluster = make_cluster(agents=[{"CPU": 2, "R": 1}], nthreads=2, **FAST)
+    client = make_client(cluster.address)
+    log, clog1, clog2 = (str(tmp_path / n) for n in ("log", "clog1", "clog2"))
+    zres.wait([client.submit(clocked, str(tmp_path / "warm"), f"w{i}") for i in range(30)],
+              timeout=30)
+    c1 = client.submit(clocked, log, "clog1", clog1)
+    c2 = client.submit(clocked, log, "clog2", clog2, resources={"R": 1})
+    assert wait_until(lambda: sorted(order(log)) == ["clog1", "clog2"])
+    y = client.submit(clocked, log, "y", priority=5, resources={"R": 1})
+    x = client.submit(clocked, log, "x", priority=0)
+    Path(clog1).touch()
+    assert x.result(30) == "x"
+    assert "y" not in order(log)
+    assert "R" in client.why(y), client.why(y)
+    Path(clog2).touch()
+    assert [c1.result(30), c2.result(30), y.result(30)] == ["clog1", "clog2", "y"]
+
+
+def test_constrained_tasks_start_in_priority_order(warm_one_slot):
+    # Dask's test_constrained_tasks_respect_priority: R=1 held by a clog; x1, x2, x3 ask
+    # for R with priorities 1, 2, 0: they start highest first.
+    client, log, clog = warm_one_slot
+    blocker = client.submit(clocked, log, "clog", clog, resources={"R": 1})
+    assert wait_until(lambda: order(log) == ["clog"])
+    xs = [client.submit(clocked, log, key, priority=p, resources={"R": 1})
+          for key, p in (("x1", 1), ("x2", 2), ("x3", 0))]
+    assert wait_until(lambda: all("its worker holds it" in client.why(f) for f in xs),
+                      message="all three waiting where they will run")
+    Path(clog).touch()
+    assert [f.result(30) for f in [blocker, *xs]] == ["clog", "x1", "x2", "x3"]
+    assert order(log) == ["clog", "x2", "x1", "x3"]
+
+
+# -- 6. one message cannot cost everyone ------------------------------------------------------
+
+def raw(address: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    return sock
+
+
+def reply(sock: zmq.Socket, timeout: float = 10.0) -> P.Message:
+    assert sock.poll(int(timeout * 1000)), "the broker did not answer"
+    return P.decode(P.recv(sock))
+
+
+def test_messages_over_a_limit_are_refused_naming_it(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"slot": 1}], names=["a"], **FAST)
+    client = make_client(cluster.address)
+    sock = raw(cluster.address)
+    try:
+        P.send(sock, P.encode(P.HELLO, {"client": "x" * 20_000_000}))
+        answer = reply(sock)
+        assert answer.kind == P.REFUSED and "max_header_bytes" in answer.body["error"]
+        slots = [{"units": {"CPU": 10_000}, "gpus": []}] * 5000
+        P.send(sock, P.encode(P.REGISTER, {"name": "huge", "session": 1, "slots": slots}))
+        answer = reply(sock)
+        assert answer.kind == P.REFUSED and "max_slots" in answer.body["error"]
+    finally:
+        sock.close()
+    with pytest.raises(zres.ZresError, match="max_name_bytes"):
+        zres.Client(cluster.address, name="n" * 5000)
+    assert client.submit(where, resources={"slot": 1}).result(30) == "a"
+
+
+def test_a_malformed_submit_is_answered_and_its_tasks_fail(make_cluster):
+    cluster = make_cluster(agents=[{"slot": 1}], **FAST)
+    sock = raw(cluster.address)
+    try:
+        P.send(sock, P.encode(P.HELLO, {"client": "raw"}))
+        assert reply(sock).kind == P.WELCOME
+        bad_job = [1, {}, 0, 0, [], 0, "job", False, {"job": {"argv": "not a list"}}]
+        P.send(sock, P.encode(P.SUBMIT, {"tasks": [bad_job]}))
+        answer = reply(sock)
+        assert answer.kind == P.REFUSED and answer.body["ids"] == [1]
+        assert "argv" in answer.body["error"]
+    finally:
+        sock.close()
+    assert cluster.status()["counts"] == {}, "the refused task was kept"
+
+
+def test_a_log_line_quotes_little_of_bad_input(tmp_path):
+    address = "tcp://127.0.0.1:0"
+    proc = subprocess.Popen([sys.executable, "-m", "zres", "broker", "--listen", address,
+                             "--log-format", "json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        address = proc.stdout.readline().decode().split()[-1]
+        sock = raw(address)
+        P.send(sock, [b"\xff" * 2_000_000])
+        P.send(sock, P.encode("k" * 1_000_000, {}))
+        P.send(sock, P.encode(P.STATUS, {}))
+        while reply(sock).kind != P.STATUS_REPLY:
+            pass
+        sock.close()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    lines = err.decode().splitlines()
+    assert any("bad_message" in line for line in lines)
+    assert max(len(line) for line in lines) < 1000, "a log line quoted the bad input whole"

@@ -1,0 +1,63 @@
+"""This agent's session at its broker: its id, the broker's epoch, and the lease.
+
+The session is the broker's record of the agent, kept across pauses and reconnections.
+The lease fences the agent's work: it runs from when the agent sent a heartbeat that the
+broker has since echoed (on the agent's own clock, so no two clocks are compared), for
+less time than the broker waits before it declares the agent lost. While it has lapsed,
+the agent and its workers start nothing: the broker may already count their grants as
+someone else's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from .shared import Lease
+
+
+class Session:
+    """The session's state; LEASE is the file the workers read the lease from."""
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self.id = _new_id()
+        self.epoch: int | None = None
+        self.registered = False
+        self.lease_len = 0.0
+        self.until = 0.0             # the lease's end (time.monotonic())
+        self.asked_at = 0.0          # when the last registration was sent
+
+    def valid(self) -> bool:
+        """Whether the broker still counts on this agent: work may start."""
+        return self.registered and time.monotonic() < self.until
+
+    def renew(self, anchor: float) -> bool:
+        """The broker heard what we sent at ANCHOR; return whether the lease came back."""
+        was_valid = self.valid()
+        self.until = max(self.until, anchor + self.lease_len)
+        self._lease.set(self.until)
+        return not was_valid and self.valid()
+
+    def welcomed(self, epoch: int | None, lease_len: float) -> bool:
+        """The broker welcomed this session; return whether for the first time."""
+        first = not self.registered
+        self.epoch, self.lease_len, self.registered = epoch, lease_len, True
+        return first
+
+    def ask_again(self) -> None:
+        """Register this session again, at once (the broker forgot us, or restarted)."""
+        self.registered = False
+        self.asked_at = 0.0
+
+    def restart(self) -> None:
+        """Begin a new session: the old one's work is void, its lease gone."""
+        self.id = _new_id()
+        self.epoch = None
+        self.until = 0.0
+        self._lease.set(0.0)
+        self.ask_again()
+
+
+def _new_id() -> int:
+    return random.getrandbits(62)

@@ -1,0 +1,146 @@
+"""The broker's side of the agent link: registrations and sessions, reports, and the
+connection state of each agent.
+
+An agent keeps one connection (one routing id) and one *session* for its life: a pause or
+a reconnection resumes the session. Its reports are numbered; the broker takes each in
+once and acknowledges them (``seq``). A message from a session the broker has ended (the
+agent was declared lost) is answered ``unknown{ended}``: the agent stops that session's
+work and registers anew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from ..core.limits import Limits
+from .agents import AgentRecord, AgentRegistry, parse_registration
+from .dispatch import Dispatcher
+from .outbox import Send
+
+log = structlog.get_logger("zres.broker")
+_BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at once
+
+
+class AgentLink:
+    """Handle what agents send. WELCOME() gives the fields every welcome carries; FD()
+    the connection the message being handled came over."""
+
+    def __init__(self, send: Send, agents: AgentRegistry, dispatch: Dispatcher,
+                 limits: Limits, welcome: Callable[[], dict[str, Any]],
+                 fd: Callable[[], int]) -> None:
+        self._send = send
+        self._agents = agents
+        self._dispatch = dispatch
+        self._limits = limits
+        self._welcome = welcome
+        self._fd = fd
+        self.to_ack: set[bytes] = set()    # agents whose big reports need an ack now
+
+    def flush_acks(self) -> None:
+        """Acknowledge the reports that need it now (unless an assign carried it)."""
+        for ident in self.to_ack:
+            agent = self._agents.get(ident)
+            if agent is not None and agent.acked < agent.seq:
+                agent.acked = agent.seq
+                self._send(ident, P.ACK, {"ack": agent.seq})
+        self.to_ack.clear()
+
+    def on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
+        reg = parse_registration(msg, self._limits)
+        welcome = {**self._welcome(), "agent": reg.name, "session": reg.session}
+        known = self._agents.get(ident)
+        if reg.resume:
+            if known is None or known.session != reg.session:
+                self._send(ident, P.UNKNOWN, {
+                    "ended": self._agents.ended.get(ident, "this broker does not know it"),
+                    "session": reg.session})
+                return
+            self.agent(ident, now)
+            self._send(ident, P.WELCOME, {**welcome, "resumed": True, "ack": known.seq})
+            return
+        if self._agents.is_repeat(ident, reg):
+            # A repeated registration (it crossed our welcome): keep what runs there.
+            self.agent(ident, now)
+            self._send(ident, P.WELCOME, {**welcome, "ack": self._agents.by_ident[ident].seq})
+            return
+        displaced = self._agents.displaced_by(ident, reg.name)
+        for record in displaced:
+            if record.ident == ident:
+                # A new session from the same agent: it has stopped the old one's work.
+                self._dispatch.lose_agent(record, "it began a new session", recheck=False)
+            else:
+                # The newcomer wins (a restarted agent); the old one, if alive, is told to
+                # stop rather than re-register and evict the newcomer in turn.
+                self._send(record.ident, P.UNKNOWN, {"replaced": True})
+                self._dispatch.lose_agent(record, "replaced by a new agent of the same name",
+                                         recheck=False)
+        self._agents.add(ident, reg, now).fd = self._fd()
+        self._send(ident, P.WELCOME, welcome)
+        # With no agent, nothing was infeasible; the first one to join decides what is.
+        if displaced or len(self._agents) == 1:
+            self._dispatch.recheck_feasibility()
+
+    def agent(self, ident: bytes, now: float, quiet: bool = False) -> AgentRecord | None:
+        """The agent IDENT, noted alive (and back, if it was away); None, having told the
+        sender so (unless QUIET), if it is not a registered agent."""
+        agent = self._agents.seen(ident, now)
+        if agent is None:
+            if not quiet:
+                self._send(ident, P.UNKNOWN, self.unknown_body(ident))
+        elif self._agents.heard(agent, self._fd()):
+            log.info("agent_back", agent=agent.name)
+            self._dispatch.set_accepting(agent)
+        return agent
+
+    def unknown_body(self, ident: bytes) -> dict[str, Any]:
+        why = self._agents.ended.get(ident)
+        return {"ended": why} if why is not None else {}
+
+    def _session_agent(self, ident: bytes, msg: P.Message,
+                       now: float) -> AgentRecord | None:
+        """The agent IDENT if MSG is of its current session (else None, sender told)."""
+        agent = self.agent(ident, now)
+        if agent is not None and msg.body.get("session") != agent.session:
+            self._send(ident, P.UNKNOWN, {"ended": "that session is over",
+                                          "session": msg.body.get("session")})
+            return None
+        return agent
+
+    def on_report(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._session_agent(ident, msg, now)
+        if agent is None:
+            return
+        seq = P.field(msg, "seq", int)
+        if seq <= agent.seq:
+            return  # sent again after a reconnection: taken in already
+        results = msg.body.get("results", [])
+        if not isinstance(results, list) or not all(
+                isinstance(i, list) and len(i) == 4 for i in results):
+            raise ProtocolError("report: each result must be a 4-item array")
+        payloads = P.split_frames(msg.frames, [i[2] for i in results])
+        agent.seq = seq
+        self._dispatch.report(agent, msg.body, payloads, now)
+        if msg.body.get("held"):
+            # Its hand-offs wait for this: at once, not at the end of the loop turn.
+            agent.acked = seq
+            self._send(ident, P.ACK, {"ack": seq})
+        elif sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
+            self.to_ack.add(ident)  # it keeps what it sent until acknowledged
+
+    def on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._session_agent(ident, msg, now)
+        if agent is not None:
+            tasks = P.field(msg, "tasks", list)
+            self._dispatch.reconcile(agent, {t for t in tasks if type(t) is int})
+
+    def on_drain(self, ident: bytes, msg: P.Message, now: float) -> None:
+        agent = self._session_agent(ident, msg, now)
+        if agent is not None:
+            agent.draining = True
+            log.info("agent_draining", agent=agent.name)
+            self._dispatch.set_accepting(agent)
