@@ -5,10 +5,11 @@ task queued, task finished, the time) and calls ``Scheduler.schedule(now)`` for 
 to send. Tested with plain data and a fake clock (``tests/scheduler/``), and simulated at
 scale in one process (``bench/simulate.py``).
 
-Modules: ``policy`` (the Scheduler: table, queue, passes, reservations, slot queues),
-``records`` (Slot, Waiting, Grant), ``devices`` (GPUs per device, and whether a request
-could ever fit), ``index`` (slots sorted by free amount), ``durations`` (how long each kind
-of task takes, for pipelining), ``explain`` (why a task waits, in words).
+Modules: ``policy`` (the Scheduler: passes, reservations, slot queues), ``table`` (every
+slot's capacity and free amounts), ``queue`` (waiting tasks by shape), ``records`` (Slot,
+Waiting, Grant), ``devices`` (GPUs per device, and whether a request could ever fit),
+``index`` (slots sorted by free amount), ``durations`` (how long each kind of task takes,
+for pipelining), ``explain`` (why a task waits, in words).
 
 Rules
 - Order: higher priority first; equal priority in submission order (``seq``). Ties never
@@ -31,18 +32,18 @@ Rules
   does not use (keep GPU nodes for GPU work), then least left over, then slot id.
 - Cost: each decision looks up candidates in a per-resource index of slots sorted by free
   amount (bisect), examining at most a few fitting slots; passes touch one head per shape.
-- Pipelining (``prefetch`` > 0): a *short* task that fits nowhere now may be granted to
-  a slot whose capacity could run it, into that slot's queue of at most ``prefetch`` grants; it
-  starts when room frees there. Queued grants start strictly in order, each when it fits
-  the slot's free amounts: the agent applies the same rule to the same grants and the
-  same completions, so both sides agree on what runs, and the agent never starts more
-  than its capacity. A slot with a queue takes no immediate grant (it would overtake).
-  Only tasks without GPU or GPU_MEMORY, and not actors, are queued; a slot reserved for
-  a starving task, or one an earlier blocked task could use, takes none. This hides the
-  broker round trip between one task's end and the next one's start. The price: work that
-  would fit a slot now waits while that slot has a queue, and a queued grant waits for
-  room there even if another slot frees first. So only tasks of a *kind* (the caller's
-  label, e.g. the function) whose recent runs took under ``SHORT_TASK`` are queued: the
-  wait a queue can cause stays a few milliseconds, and long work is never held back. A
-  task with no kind is taken to be short.
+- Pipelining (``prefetch`` > 0): a *short* task that fits nowhere now may be granted to a
+  slot whose capacity could run it, into that slot's queue of at most ``prefetch`` grants,
+  if what it needs there is free or held by short tasks (never behind long work). The
+  agent starts queued grants itself as room frees (priority first, backfilling, see
+  ``zres.agent.running``) and reports each start; ``started(task)`` takes its resources
+  then: the scheduler never predicts a start. A task that fits a slot with a queue is
+  granted there at once only if it leaves room for everything queued there, so the
+  agent's own starts and the broker's grants can never overlap beyond capacity. Only tasks
+  without GPU or GPU_MEMORY, and not actors or jobs, are queued; a slot reserved for a
+  starving task, or one an earlier blocked task could use, takes none. Only tasks of a
+  *kind* (the caller's label, e.g. the function) whose recent runs took under
+  ``SHORT_TASK`` are queued, and a task of a kind never seen is taken to be long.
+- Closed slots (an agent draining, or whose connection closed) take no new grant; what
+  runs there is not disturbed.
 """
