@@ -14,11 +14,16 @@ from zres.core.resources import UNIT
 
 
 class FakeProc:
-    returncode = None
     pid = 1
 
-    def poll(self) -> None:
-        return None
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
 
 
 class FakeWorker:
@@ -26,14 +31,18 @@ class FakeWorker:
         self.slot, self.gpus, self.proc = slot, devices, FakeProc()
         self.ready, self.backlog, self.running = True, [], set()
         self.ident = b"w"
+        self.stopped_for = 0
 
 
 class FakePool:
-    """Records what is sent to the one worker of each slot."""
+    """Records what is sent to the one worker of each slot, in order."""
 
     def __init__(self) -> None:
         self.by_slot: dict[Any, FakeWorker] = {}
         self.sent: list[tuple[int, dict[str, Any]]] = []   # task id, context
+        self.log: list[tuple[str, Any]] = []               # ("run", id) or (kind, body)
+        self.touched: list[FakeWorker] = []
+        self.start_log: set[int] = set()                   # what the start log still has
 
     def start(self, slot: int, devices: tuple[str, ...], nthreads: int,
               keep: Any = None) -> FakeWorker:
@@ -42,9 +51,19 @@ class FakePool:
 
     def send(self, worker: FakeWorker, item: list[Any], frames: list[Any]) -> None:
         self.sent.append((item[0], item[3]))
+        self.log.append(("run", item[0]))
 
     def tell(self, worker: FakeWorker, kind: str, body: dict[str, Any]) -> None:
-        pass
+        self.log.append((kind, body))
+
+    def touch(self, worker: FakeWorker) -> None:
+        self.touched.append(worker)
+
+    def started_by(self, worker: FakeWorker) -> set[int]:
+        return self.start_log
+
+    def forget(self, worker: FakeWorker) -> None:
+        self.by_slot = {k: w for k, w in self.by_slot.items() if w is not worker}
 
 
 class Events:
@@ -53,12 +72,19 @@ class Events:
     def __init__(self) -> None:
         self.heard: list[int] = []
         self.waiting: list[Callable[[], None]] = []
+        self.results: dict[int, tuple[str, dict[str, Any]]] = {}
 
     def held(self, task_id: int) -> None:
         self.heard.append(task_id)
 
     def then(self, action: Callable[[], None]) -> None:
         self.waiting.append(action)
+
+    def after(self, action: Callable[[], None]) -> None:
+        if self.waiting:
+            self.waiting.append(action)
+        else:
+            action()
 
     def ack(self) -> None:
         actions, self.waiting = self.waiting, []
@@ -68,8 +94,9 @@ class Events:
     def started(self, task_id: int) -> None:
         pass
 
-    def result(self, *_: Any) -> None:
-        pass
+    def result(self, task_id: int, outcome: str, frames: list[Any],
+               info: dict[str, Any]) -> None:
+        self.results[task_id] = (outcome, info)
 
     def give_back(self, task_id: int) -> None:
         pass
@@ -138,3 +165,75 @@ def test_a_worker_holds_at_most_delegate_queued_grants_announced_as_held():
     handed = [t for t, ctx in pool.sent if ctx.get("queued")]
     assert len(handed) == DELEGATE and set(handed) <= set(events.heard)
     assert all(ctx["taken"] == {"CPU": UNIT} for _, ctx in pool.sent)
+
+
+def _one_running_and_one_delegated() -> tuple[TaskRunner, FakePool, Events]:
+    """Task 1 runs on the slot's one CPU; task 2 is handed to its worker to start later
+    (announced held; the hand-off itself waits for the broker's ack)."""
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    run.add([grant(2)])
+    assert 2 in run.slots[0].delegated and events.waiting
+    return run, pool, events
+
+
+def test_a_cancel_never_overtakes_the_grant_it_cancels():
+    run, pool, events = _one_running_and_one_delegated()
+    run.cancel(2)  # before the broker's ack lets the grant itself go
+    events.ack()
+    order = [entry for entry in pool.log if entry[0] != "run" or entry[1] == 2]
+    assert order == [("run", 2), ("cancel", {"ids": [2]})], (
+        "a cancel that reaches the worker before its grant is ignored, and the task runs")
+
+
+def test_a_grant_cancelled_before_its_worker_is_ready_is_never_sent():
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    worker.ready = False  # a new process, still starting
+    run.add([grant(2)])
+    run.cancel(2)
+    assert events.results[2][1]["type"] == "CancelledError"
+    events.ack()
+    assert 2 not in [t for t, _ in pool.sent], "a cancelled grant was handed over"
+
+
+def test_a_grant_given_back_while_its_worker_starts_is_never_sent():
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    worker.ready = False
+    run.add([grant(2)])
+    events.ack()  # sent: into the backlog of a process not ready yet
+    worker.backlog = [([[2, 1, [], {}]], [b"x"])]
+    run.give_back_unstarted()
+    assert worker.backlog == [], "a grant given back would still start once it is ready"
+
+
+def test_a_task_its_worker_said_started_is_lost_with_it_though_its_start_log_forgot():
+    """The start log is a ring: a long task's entry can be overwritten by later starts.
+    What the worker reported started is known started all the same."""
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"started": [1], "results": []}, [])  # type: ignore[arg-type]
+    pool.start_log = set()  # overwritten
+    worker.proc.returncode = -9
+    run.reap()
+    assert events.results[1][1]["type"] == "WorkerLostError", (
+        "a task that began was taken for one that never did (it would run again)")
+    assert 1 not in run.grants
+
+
+def test_renewing_the_lease_wakes_a_worker_holding_queued_grants():
+    run, pool, events = _one_running_and_one_delegated()
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    run.lease_renewed()
+    assert pool.touched == [worker], (
+        "a worker that held queued grants while the lease lapsed never starts them")
+

@@ -407,3 +407,40 @@ def test_a_log_line_quotes_little_of_bad_input(tmp_path):
     lines = err.decode().splitlines()
     assert any("bad_message" in line for line in lines)
     assert max(len(line) for line in lines) < 1000, "a log line quoted the bad input whole"
+
+
+def test_a_client_keeps_its_submits_within_the_brokers_limits(make_cluster, make_client):
+    """A batch of tasks over the header limit would be refused with no way to say which
+    tasks it held (their futures would wait for ever): the client splits its batches to
+    fit, and fails at once a task that alone cannot fit."""
+    cluster = make_cluster(agents=[{"slot": 2}], env={"ZRES_BROKER__MAX_HEADER_BYTES": "8192"},
+                           **FAST)
+    client = make_client(cluster.address)
+    futures = [client.submit(noop, n, key=f"{n}-" + "k" * 600) for n in range(40)]
+    assert [f.result(30) for f in futures] == list(range(40))
+    deps = [client.submit(noop, n) for n in range(1000)]
+    wait_until(lambda: all(f.done() for f in deps), 30, message="the inputs")
+    with pytest.raises(zres.ZresError, match="max_header_bytes"):
+        client.submit(sum, deps).result(30)
+    assert client.submit(noop, 7).result(30) == 7
+
+
+def test_a_job_spec_exec_would_refuse_is_refused_up_front(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"slot": 1}], **FAST)
+    client = make_client(cluster.address)
+    with pytest.raises(ValueError, match="environment variable name"):
+        client.submit_command(["true"], env={"A=B": "1"})
+    with pytest.raises(ValueError, match="NUL"):
+        client.submit_command(["echo", "a\0b"])
+    sock = raw(cluster.address)
+    try:
+        P.send(sock, P.encode(P.HELLO, {"client": "raw"}))
+        assert reply(sock).kind == P.WELCOME
+        job = {"argv": ["true"], "env": {"A=B": "1"}, "cwd": None}
+        P.send(sock, P.encode(P.SUBMIT, {"tasks": [[1, {}, 0, 0, [], 0, "j", False,
+                                                    {"job": job}]]}))
+        answer = reply(sock)
+        assert answer.kind == P.REFUSED and "environment variable" in answer.body["error"]
+    finally:
+        sock.close()
+    assert client.submit_command(["true"]).result(30).exit_code == 0

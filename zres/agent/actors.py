@@ -79,12 +79,19 @@ class ActorSupervisor:
             item = [call_id, nframes, dep_counts, {**worker.actor.context, "run": run}]
             self._events.then(functools.partial(self._pool.send, worker, item, frames))
 
-    def done(self, worker: Worker, items: list[Any], results: list[list[Any]]) -> None:
-        """WORKER's actor finished ITEMS (its construction, or calls)."""
+    def done(self, worker: Worker, started: list[int], items: list[Any],
+             results: list[list[Any]]) -> None:
+        """WORKER's actor STARTED some calls and finished ITEMS (its construction, or
+        calls)."""
         actor = worker.actor
         assert actor is not None
+        for call_id in started:
+            if call_id in actor.sent:
+                actor.begun.add(call_id)
+                self._events.started(call_id)
         for item, result in zip(items, results):
             actor.sent.pop(item[0], None)
+            actor.begun.discard(item[0])
             if item[0] == actor.placement and item[1] != P.OK:
                 # __init__ raised: the instance never existed; the broker fails its calls.
                 log.warning("actor_init_failed", actor=actor.id)
@@ -132,7 +139,8 @@ class ActorSupervisor:
             log.warning("actor_process_died", actor=actor.id, pid=worker.proc.pid, cause=cause)
             started = self._pool.started_by(worker)
             self._exited({"actor": actor.id, "placement": actor.placement, "cause": cause,
-                          "running": [t for t, run in actor.sent.items() if run in started]})
+                          "running": [t for t, run in actor.sent.items()
+                                      if run in started or t in actor.begun]})
             del self.by_id[actor.id]
             self._pool.forget(worker)
             self._free(actor.placement)

@@ -32,6 +32,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
 from .actors import ActorSupervisor
+from .deferred import DeferredGrants
 from .jobs import GRACE, JobRunner, default_log_dir, read_log
 from .reports import Reports
 from .running import Grant, TaskRunner
@@ -84,7 +85,7 @@ class Agent:
         self._draining_until: float | None = None
         self._drain_asked = False
         self._silent = False
-        self._deferred: list[P.Message] = []    # grants that came while the lease lapsed
+        self._deferred = DeferredGrants()        # grants that came while the lease lapsed
         self._stopping = False
         self.exit_code = 0
 
@@ -192,8 +193,7 @@ class Agent:
     def _renew_lease(self, anchor: float) -> None:
         """The broker heard a heartbeat we sent at ANCHOR (our clock)."""
         if self.session.renew(anchor):
-            deferred, self._deferred = self._deferred, []
-            for msg in deferred:
+            for msg in self._deferred.take():
                 self._on_assign(msg)
             self.runner.lease_renewed()
 
@@ -229,7 +229,8 @@ class Agent:
             for message in self.reports.unacked():
                 P.send(self.broker, message)
             P.send(self.broker, P.encode(P.HOLDING, {
-                "session": self.session.id, "tasks": self._holding()}))
+                "session": self.session.id, "tasks": self._holding(),
+                "resumed": msg.body["resumed"]}))
             log.info("agent_resumed", agent=self.name, epoch=epoch)
         elif first:
             log.info("agent_registered", agent=self.name, epoch=epoch)
@@ -242,7 +243,7 @@ class Agent:
         self.actors.stop_all(why)
         self.jobs.stop_all()
         self.pool.drop_pending()
-        self._deferred.clear()
+        self._deferred.take()
         self.reports.reset()
         self.session.restart()
 
@@ -250,7 +251,8 @@ class Agent:
         return self.runner.busy() or bool(self.actors.by_id) or bool(self.jobs.jobs)
 
     def _holding(self) -> list[int]:
-        return [*self.runner.holding(), *self.actors.holding(), *self.jobs.holding()]
+        return [*self.runner.holding(), *self.actors.holding(), *self.jobs.holding(),
+                *self._deferred.ids()]
 
     def _acked(self, msg: P.Message) -> None:
         ack = msg.body.get("ack")
@@ -294,6 +296,10 @@ class Agent:
                 log.warning("message_refused", kind=msg.body.get("kind"), why=error)
         elif msg.kind == P.CANCEL:
             for task_id in P.field(msg, "ids", list):
+                if self._deferred.drop(task_id):
+                    self.reports.result(task_id, P.FAILED, [], {"type": "CancelledError",
+                                                                "message": "cancelled"})
+                    continue
                 self.runner.cancel(task_id)
                 if task_id in self.jobs.jobs:
                     self.jobs.cancel(task_id)
@@ -339,7 +345,7 @@ class Agent:
         if not self.session.valid() and self._draining_until is None:
             # The broker may have given up on us: hold these until it is heard again (or
             # the session is found ended, and they go with it).
-            self._deferred.append(msg)
+            self._deferred.add(msg)
             return
         items = P.field(msg, "tasks", list)
         groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
@@ -393,9 +399,16 @@ class Agent:
 
     # -- draining ---------------------------------------------------------------------
     def _give_back_unstarted(self) -> None:
-        """Hand the broker back every grant not handed to a worker yet."""
-        self._deferred.clear()  # (the broker gives back what a lapsed lease held)
+        """Hand the broker back every grant not handed to a worker yet, and every job
+        whose start still waits for the broker."""
+        for task_id in self._deferred.ids():
+            self.reports.give_back(task_id)
+        self._deferred.take()
         self.runner.give_back_unstarted()
+        for task_id in list(self.runner.placements):
+            if task_id not in self.jobs.jobs and not self.actors.placed(task_id):
+                self.runner.free(task_id, start=False)  # its start finds it gone
+                self.reports.give_back(task_id)
 
     def _drain_step(self, now: float) -> None:
         assert self._draining_until is not None
@@ -424,6 +437,6 @@ class Agent:
             items = msg.body["results"]
             results = P.split_frames(msg.frames, [i[2] for i in items])
             if worker.actor is not None:
-                self.actors.done(worker, items, results)
+                self.actors.done(worker, msg.body.get("started", []), items, results)
             else:
                 self.runner.done(worker, msg.body, results)

@@ -127,20 +127,23 @@ class JobRunner:
         env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
                "ZRES_AGENT": self.agent, "ZRES_GPU_IDS": ",".join(gpus),
                "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        with open(path, "wb") as out:
-            try:
+        try:
+            with open(path, "wb") as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
                                         start_new_session=True)  # its own process group
-            except OSError as exc:
-                # Popen names the missing thing: the program, or the working directory.
-                where = f": {exc.filename}" if exc.filename not in (None, argv[0]) else ""
-                why = f"cannot start {argv[0]!r}: {exc.strerror or exc}{where}"
-                out.write(f"zres: {why}\n".encode())
-                self._report(task_id, P.RAISED, dumps_exception(
-                    CommandFailed(f"job {task_id}: {why}", None, path, "")),
-                    {"error": why, "log": path})
-                return
+        except Exception as exc:  # no such program or directory, a bad env, no log space
+            # Popen names the missing thing: the program, or the working directory.
+            filename = getattr(exc, "filename", None)
+            where = ("" if filename in (None, argv[0]) else f" (its log {path})"
+                     if filename == path else f": {filename}")
+            reason = getattr(exc, "strerror", None) or exc
+            why = f"cannot start {argv[0]!r}: {reason}{where}"
+            _append(path, f"zres: {why}\n")
+            self._report(task_id, P.RAISED, dumps_exception(
+                CommandFailed(f"job {task_id}: {why}", None, path, "")),
+                {"error": why, "log": path})
+            return
         self.jobs[task_id] = Job(task_id, argv, proc, path)
         self._save()
         if self._watch is not None and hasattr(os, "pidfd_open"):
@@ -281,3 +284,12 @@ def _tail(path: str, lines: int = _TAIL_LINES, limit: int = 64 * 1024) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def _append(path: str, text: str) -> None:
+    """Add TEXT to the log at PATH, if it can be written at all."""
+    try:
+        with open(path, "ab") as fh:
+            fh.write(text.encode())
+    except OSError:
+        pass

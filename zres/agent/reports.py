@@ -18,7 +18,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from ..core import protocol as P
+
+log = structlog.get_logger("zres.agent")
 
 
 class Reports:
@@ -60,6 +64,11 @@ class Reports:
     def then(self, action: Callable[[], None]) -> None:
         """Run ACTION (a hand-off) once the broker has acknowledged this report."""
         self._gate.add(action)
+
+    def after(self, action: Callable[[], None]) -> None:
+        """Run ACTION (a message to a worker) after every hand-off waiting now: at once
+        if none is (a cancel must not overtake the task it cancels)."""
+        self._gate.after(action)
 
     def give_back(self, task_id: int) -> None:
         """TASK_ID was granted here and never started: the broker may grant it again."""
@@ -112,6 +121,13 @@ class Gate:
         """Run ACTION once the broker has the report being gathered now."""
         self._pending.append([0, action])
 
+    def after(self, action: Callable[[], None]) -> None:
+        """Run ACTION right after the last action waiting now (at once if there is none)."""
+        if not self._pending:
+            _run(action)
+        else:
+            self._pending.append([self._pending[-1][0], action])
+
     def seal(self, seq: int) -> None:
         """The report being gathered went out as SEQ."""
         for entry in self._pending:
@@ -124,7 +140,15 @@ class Gate:
         if ready:
             self._pending = [e for e in self._pending if not 0 < e[0] <= acked]
             for _, action in ready:
-                action()
+                _run(action)
 
     def clear(self) -> None:
         self._pending.clear()
+
+
+def _run(action: Callable[[], None]) -> None:
+    """Run one hand-off; a failing one must not keep the others from happening."""
+    try:
+        action()
+    except Exception:
+        log.exception("hand_off_failed")

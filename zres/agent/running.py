@@ -54,6 +54,8 @@ class Events(Protocol):
 
     def then(self, action: Callable[[], None]) -> None: ...
 
+    def after(self, action: Callable[[], None]) -> None: ...
+
 
 @dataclass(slots=True, eq=False)
 class Grant:
@@ -71,6 +73,7 @@ class Grant:
     run: int = 0                 # its run number, once handed to a worker process
     worker: Worker | None = None
     running: bool = False        # its resources are counted in use
+    begun: bool = False          # its worker said it started (its start log is a ring)
 
 
 @dataclass(slots=True)
@@ -235,7 +238,11 @@ class TaskRunner:
         """Send GRANT to WORKER once the broker has heard it is held (see reports)."""
         item = [grant.item[0], grant.item[1], grant.item[2],
                 {**grant.item[3], "taken": grant.taken, "run": grant.run, **extra}]
-        self._events.then(functools.partial(self._pool.send, worker, item, grant.frames))
+
+        def send() -> None:
+            if self.grants.get(grant.task) is grant:  # not cancelled or given back meanwhile
+                self._pool.send(worker, item, grant.frames)
+        self._events.then(send)
 
     def _delegate_to(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
         """The process that may hold SLOT's queued grants: the one running all it runs
@@ -279,8 +286,10 @@ class TaskRunner:
             self.start_ready(index)
 
     def lease_renewed(self) -> None:
-        for index in range(len(self.slots)):
+        for index, state in enumerate(self.slots):
             self.start_ready(index)
+            if state.delegate is not None and state.delegated:
+                self._pool.touch(state.delegate)  # it starts nothing while the lease lapses
 
     # -- cancels, outcomes, deaths ---------------------------------------------------
     def cancel(self, task_id: int) -> None:
@@ -296,8 +305,10 @@ class TaskRunner:
             self._report_cancelled(task_id)
         elif task_id in state.delegated and grant.worker is not None:
             if grant.worker.ready and grant.worker.proc.returncode is None:
-                # The worker drops it unless it has started it, and says which.
-                self._pool.tell(grant.worker, P.CANCEL, {"ids": [task_id]})
+                # The worker drops it unless it has started it, and says which; told after
+                # the hand-offs waiting now, so that it never overtakes the grant itself.
+                self._events.after(functools.partial(
+                    self._pool.tell, grant.worker, P.CANCEL, {"ids": [task_id]}))
                 state.cancelling.add(task_id)
             else:  # nobody to ask: a process that has not started has not started it
                 self._undelegate(state, task_id)
@@ -315,7 +326,9 @@ class TaskRunner:
             grant = self._undelegate(state, task_id)
             if grant is not None:  # a queued grant it started on its own
                 self._run(grant, worker)
-            if task_id in self.grants:
+            grant = self.grants.get(task_id)
+            if grant is not None:
+                grant.begun = True
                 self._events.started(task_id)
         for item, result in zip(body["results"], results):
             if item[0] in self.grants:
@@ -351,7 +364,7 @@ class TaskRunner:
                 self._undelegate(state, grant.task)
                 cancelled = grant.task in state.cancelling
                 state.cancelling.discard(grant.task)
-                if grant.run in started:
+                if grant.begun or grant.run in started:
                     self.free(grant.task, start=False)
                     self._events.result(grant.task, P.FAILED, [], {
                         "type": "WorkerLostError",
@@ -393,13 +406,17 @@ class TaskRunner:
                 self._events.give_back(grant.task)
             state.waiting.clear()
             for task_id, grant in list(state.delegated.items()):
-                if grant.worker is not None and grant.worker.ready \
-                        and grant.worker.proc.returncode is None:
-                    self._pool.tell(grant.worker, P.CANCEL, {"ids": [task_id]})
+                worker = grant.worker
+                if worker is not None and worker.ready and worker.proc.returncode is None:
+                    self._events.after(functools.partial(
+                        self._pool.tell, worker, P.CANCEL, {"ids": [task_id]}))
                     self._giving_back.add(task_id)
-                else:
+                else:  # not sent yet: it never will be
                     self._undelegate(state, task_id)
                     self.grants.pop(task_id, None)
+                    if worker is not None:
+                        worker.backlog = [(i, f) for i, f in worker.backlog
+                                          if i[0][0] != task_id]
                     self._events.give_back(task_id)
 
     def holding(self) -> list[int]:

@@ -121,6 +121,8 @@ class WorkerProcess:
             events = dict(poller.poll(5 if self.started else 1000))
             if self.agent in events:
                 self._receive()
+            elif not events and self.queued and self._start_queued():
+                self._send_results()  # the lease came back (the agent touches us too)
             if self._wake_r in events or (not events and self.started):
                 self._send_results()
             if os.getppid() != self.agent_pid:
@@ -234,6 +236,8 @@ class WorkerProcess:
             actor.free -= 1
             call = actor.waiting.popleft()
             self.starts.record(call[3]["run"])
+            with self._lock:
+                self.started.append(call[0])
             self.pool.submit(self._run_task, *call)  # no accounting
 
     def _run_task(self, task_id: int, payload: list[Any], deps: list[list[Any]],

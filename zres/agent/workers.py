@@ -41,6 +41,7 @@ class ActorProcess:
     concurrency: int
     context: dict[str, Any]
     sent: dict[int, int] = field(default_factory=dict)   # unfinished call -> run number
+    begun: set[int] = field(default_factory=set)         # ... of those, said started
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ import structlog
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..core.limits import quote
 from ..core.resources import Units, format_units
 from ..core.tasks import FINISHED, Task, TaskState, set_state
 from ..scheduler.policy import Scheduler
@@ -125,6 +126,14 @@ class ActorRouting:
         self._calls = Batches(send, P.CALL, "calls")
 
     # -- creation and calls ---------------------------------------------------------------
+    def check_new_ids(self, actor_ids: list[str]) -> None:
+        """Raise ProtocolError if any of ACTOR_IDS is in use, or given twice."""
+        seen: set[str] = set()
+        for actor_id in actor_ids:
+            if actor_id in seen or actor_id in self.actors or actor_id in self.dead_actors:
+                raise ProtocolError(f"submit: actor id {quote(actor_id, 40)} is already in use")
+            seen.add(actor_id)
+
     def add_actor(self, task: Task, spec: dict[str, Any]) -> bool:
         """Make the actor TASK constructs; False when it cannot exist (TASK failed)."""
         actor = ActorRecord(spec["id"], spec.get("name", ""), spec.get("cls", "?"),
@@ -133,8 +142,6 @@ class ActorRouting:
                             task.id)
         task.creates = actor.id
         actor.placement = task.id
-        if actor.id in self.actors or actor.id in self.dead_actors:
-            raise ProtocolError(f"submit: actor id {actor.id} is already in use")
         self.actors[actor.id] = actor
         self.placements[task.id] = actor
         if actor.name:
@@ -308,12 +315,12 @@ class ActorRouting:
                 out.update(actor.inflight)
         return out
 
-    def resend_unheld(self, agent: bytes, holding: set[int]) -> None:
-        """Calls sent to AGENT that it never took in (lost with a connection) go again."""
+    def resend_unheld(self, agent: bytes, holding: set[int], sent: set[int]) -> None:
+        """Calls SENT to AGENT that it never took in (lost with a connection) go again."""
         for actor in self.actors.values():
             if actor.agent != agent:
                 continue
-            lost = [c for c in actor.inflight if c not in holding
+            lost = [c for c in actor.inflight if c in sent and c not in holding
                     and (t := self._graph.get(c)) is not None and not t.held]
             for call_id in reversed(lost):  # back at the front, in the order they were made
                 del actor.inflight[call_id]

@@ -61,7 +61,10 @@ class AgentLink:
                     "session": reg.session})
                 return
             self.agent(ident, now)
-            self._send(ident, P.WELCOME, {**welcome, "resumed": True, "ack": known.seq})
+            known.resumes += 1
+            known.sent_before_resume = self._dispatch.sent_to(known)
+            self._send(ident, P.WELCOME, {**welcome, "resumed": known.resumes,
+                                          "ack": known.seq})
             return
         if self._agents.is_repeat(ident, reg):
             # A repeated registration (it crossed our welcome): keep what runs there.
@@ -85,26 +88,31 @@ class AgentLink:
         if displaced or len(self._agents) == 1:
             self._dispatch.recheck_feasibility()
 
-    def agent(self, ident: bytes, now: float, quiet: bool = False) -> AgentRecord | None:
+    def agent(self, ident: bytes, now: float, quiet: bool = False,
+              session: Any = None) -> AgentRecord | None:
         """The agent IDENT, noted alive (and back, if it was away); None, having told the
-        sender so (unless QUIET), if it is not a registered agent."""
+        sender so (unless QUIET; about its SESSION), if it is not a registered agent."""
         agent = self._agents.seen(ident, now)
         if agent is None:
             if not quiet:
-                self._send(ident, P.UNKNOWN, self.unknown_body(ident))
+                self._send(ident, P.UNKNOWN, self.unknown_body(ident, session))
         elif self._agents.heard(agent, self._fd()):
             log.info("agent_back", agent=agent.name)
             self._dispatch.set_accepting(agent)
         return agent
 
-    def unknown_body(self, ident: bytes) -> dict[str, Any]:
+    def unknown_body(self, ident: bytes, session: Any = None) -> dict[str, Any]:
+        """What to tell IDENT, which is not a registered agent, of its SESSION: the
+        session named, so an agent that has begun a new one does not stop that too."""
         why = self._agents.ended.get(ident)
-        return {"ended": why} if why is not None else {}
+        if why is None:
+            return {}
+        return {"ended": why, "session": session} if type(session) is int else {"ended": why}
 
     def _session_agent(self, ident: bytes, msg: P.Message,
                        now: float) -> AgentRecord | None:
         """The agent IDENT if MSG is of its current session (else None, sender told)."""
-        agent = self.agent(ident, now)
+        agent = self.agent(ident, now, session=msg.body.get("session"))
         if agent is not None and msg.body.get("session") != agent.session:
             self._send(ident, P.UNKNOWN, {"ended": "that session is over",
                                           "session": msg.body.get("session")})
@@ -116,8 +124,11 @@ class AgentLink:
         if agent is None:
             return
         seq = P.field(msg, "seq", int)
-        if seq <= agent.seq:
-            return  # sent again after a reconnection: taken in already
+        if seq != agent.seq + 1:
+            # At or below: sent again after a reconnection, taken in already. Above: one
+            # before it was lost with a connection; the agent sends every report not
+            # acknowledged, in order, once its resumption is welcomed.
+            return
         results = msg.body.get("results", [])
         if not isinstance(results, list) or not all(
                 isinstance(i, list) and len(i) == 4 for i in results):
@@ -134,9 +145,12 @@ class AgentLink:
 
     def on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self._session_agent(ident, msg, now)
-        if agent is not None:
-            tasks = P.field(msg, "tasks", list)
-            self._dispatch.reconcile(agent, {t for t in tasks if type(t) is int})
+        if agent is None or agent.sent_before_resume is None \
+                or msg.body.get("resumed") != agent.resumes:
+            return  # the answer to an earlier resumption: the latest one's comes later
+        tasks = P.field(msg, "tasks", list)
+        sent, agent.sent_before_resume = agent.sent_before_resume, None
+        self._dispatch.reconcile(agent, {t for t in tasks if type(t) is int}, sent)
 
     def on_drain(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self._session_agent(ident, msg, now)

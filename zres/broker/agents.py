@@ -60,6 +60,11 @@ class AgentRecord:
     fd: int = -1                     # the connection it last spoke over
     away: bool = False               # that connection closed: no new work till heard from
     draining: bool = False           # it is leaving: no new work
+    # A resumption in progress: its number (the HOLDING answering it names it), and what
+    # had been sent to the agent before its welcome. Only that can have been lost with the
+    # old connection: what went after the welcome follows it on the new one.
+    resumes: int = 0
+    sent_before_resume: set[int] | None = None
 
 
 def parse_registration(msg: P.Message, limits: Limits) -> Registration:

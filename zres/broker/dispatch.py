@@ -233,13 +233,19 @@ class Dispatcher:
                 info["agent"] = agent.name
                 self._graph.finish(task, str(outcome), frames, info)
 
-    def reconcile(self, agent: AgentRecord, holding: set[int]) -> None:
-        """AGENT resumed its session and holds HOLDING: what it was granted and does not
-        hold never reached it (lost with a connection): it goes again, uncharged; what it
-        holds that is not its any more is cancelled there."""
-        granted = [t for s in agent.slots for t in self._sched.queued(s)]
-        granted += [t for s in agent.slots for t in self._sched.slots[s].running]
-        for task_id in granted:
+    def sent_to(self, agent: AgentRecord) -> set[int]:
+        """Every grant, actor placement and call AGENT has been sent and not finished."""
+        granted = {t for s in agent.slots for t in self._sched.queued(s)}
+        granted.update(t for s in agent.slots for t in self._sched.slots[s].running)
+        return granted | self._actors.held_on(agent.ident)
+
+    def reconcile(self, agent: AgentRecord, holding: set[int], sent: set[int]) -> None:
+        """AGENT resumed its session and holds HOLDING. Of what it had been SENT before
+        the resumption, what it does not hold never reached it (lost with a connection):
+        it goes again, uncharged. What it holds that is not its any more is cancelled
+        there. (What was sent after the resumption's welcome cannot have been lost.)"""
+        granted = self.sent_to(agent)
+        for task_id in sent & granted:
             task = self._mine(agent, task_id)
             if task is None or task_id in holding:
                 continue
@@ -248,9 +254,8 @@ class Dispatcher:
             else:
                 self.release(task_id)
                 self._requeue(task)
-        self._actors.resend_unheld(agent.ident, holding)
-        mine = set(granted) | self._actors.held_on(agent.ident)
-        strays = sorted(t for t in holding if t not in mine)
+        self._actors.resend_unheld(agent.ident, holding, sent)
+        strays = sorted(t for t in holding if t not in granted)
         if strays:
             self._send(agent.ident, P.CANCEL, {"ids": strays})
 

@@ -66,6 +66,13 @@ def check_job_spec(spec: Any) -> dict[str, Any]:
         raise ProtocolError("submit: a job's env must map strings to strings")
     if not isinstance(spec.get("cwd"), (str, type(None))):
         raise ProtocolError("submit: a job's cwd must be a string")
+    # What the agent's exec would refuse, refused here, naming it.
+    texts = [*spec["argv"], *env, *env.values(), spec.get("cwd") or ""]
+    if any("\0" in text for text in texts):
+        raise ProtocolError("submit: a job's argv, env and cwd cannot hold a NUL character")
+    if any("=" in key or not key for key in env):
+        raise ProtocolError("submit: a job's environment variable names must be non-empty "
+                            "and hold no '='")
     return {"argv": spec["argv"], "env": env, "cwd": spec.get("cwd"),
             "detached": bool(spec.get("detached"))}
 

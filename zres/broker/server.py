@@ -63,6 +63,10 @@ class Broker:
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.epoch = random.getrandbits(48)
         self.limits = limits or Limits()
+        # What a client's submits must stay within (it splits its batches to fit).
+        self._client_limits = {"header_bytes": self.limits.header_bytes,
+                               "payload_bytes": self.limits.payload_bytes,
+                               "tasks": self.limits.tasks}
         self.hb_interval = heartbeat_interval
         # Agents start nothing once the broker may have given up on them: their lease ends
         # before the broker would declare them lost, with two heartbeats to spare.
@@ -218,8 +222,9 @@ class Broker:
         agent = self.agents.by_ident.get(ident)
         if agent is not None:
             # Everything an agent is told names its session: news for an ended session
-            # (grants, acks, cancels) must never reach the session after it.
-            body = {**(body or {}), "session": agent.session}
+            # (grants, acks, cancels) must never reach the session after it. (A reply
+            # about another session names that one.)
+            body = {"session": agent.session, **(body or {})}
         P.send(self.sock, [ident, *P.encode(kind, body, frames)])
 
     def _heartbeats(self, now: float) -> None:
@@ -241,7 +246,8 @@ class Broker:
             if isinstance(sent, float):
                 agent.echo = sent
         elif self.clients.seen(ident, now) is None:
-            self._send(ident, P.UNKNOWN, self.link.unknown_body(ident))
+            self._send(ident, P.UNKNOWN,
+                       self.link.unknown_body(ident, msg.body.get("session")))
 
     # -- clients --------------------------------------------------------------------
     def _client(self, ident: bytes, now: float) -> ClientRecord | None:
@@ -256,7 +262,7 @@ class Broker:
         new = self.clients.hello(ident, name, now)
         # "new" tells a client we had dropped (silent too long) that its tasks are gone.
         self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval,
-                                      "new": new})
+                                      "new": new, "limits": self._client_limits})
 
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self.agents.get(ident)
@@ -284,7 +290,10 @@ class Broker:
             raise LimitExceeded(f"a submit's payload of {payload} bytes is larger than the "
                                 f"broker's limit of {self.limits.payload_bytes} "
                                 "(max_payload_bytes)")
-        for sub in parse_submit(msg, self.limits):
+        submissions = parse_submit(msg, self.limits)
+        # Refused before anything is recorded: a refusal fails every task it held.
+        self.actors.check_new_ids([s.actor["id"] for s in submissions if s.actor])
+        for sub in submissions:
             task = Task(self.graph.new_id(), client.ident, sub.local, sub.units, sub.priority,
                         sub.retries, sub.name, sub.strict, sub.payload, [], kind=sub.kind)
             self.graph.add(task)

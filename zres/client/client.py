@@ -162,6 +162,12 @@ class Client(cf.Executor):
         extra_env = dict(env or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
             raise TypeError("env must map strings to strings")
+        bad = next((k for k in extra_env if not k or "=" in k), None)
+        if bad is not None:
+            raise ValueError(f"env: {bad!r} is not an environment variable name")
+        if any("\0" in text for text in [*args, *extra_env, *extra_env.values(),
+                                          os.fspath(cwd or "")]):
+            raise ValueError("argv, env and cwd cannot hold a NUL character")
         opts = self._options(resources, retries, priority, infeasible, name)
         label = name or os.path.basename(args[0])
         # The agent runs the command itself: nothing is pickled, the spec travels as is.

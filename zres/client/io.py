@@ -8,6 +8,7 @@ one batch per kind, heartbeats, and resolves futures as results arrive.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import itertools
 import os
 import threading
@@ -18,12 +19,14 @@ import weakref
 from collections import deque
 from typing import Any
 
+import msgpack
 import structlog
 import zmq
 
 from ..core import errors
 from ..core import protocol as P
 from ..core.errors import BrokerLostError, InfeasibleError, ZresError
+from ..core.limits import Limits
 from ..core.serialize import loads, loads_exception
 from .futures import Future
 
@@ -74,6 +77,7 @@ class IOThread:
         self.connected = Flag()
         self.refused: str | None = None   # why the broker refused our hello, if it did
         self.epoch: int | None = None
+        self.limits = Limits()  # the broker's, once it has welcomed us
         self.hb_interval = 0.5
         self.broker_timeout = broker_timeout or float(os.environ.get(
             "ZRES_CLIENT__BROKER_TIMEOUT", 30.0))
@@ -158,20 +162,34 @@ class IOThread:
         frames: list[Any] = []
         releases: list[int] = []
         cancels: list[int] = []
+        size = [0, 0]  # the batch's header and payload bytes (bounds)
+        limits = self.limits
 
         def flush_submits() -> None:
             if submits:
                 self._send(P.SUBMIT, {"tasks": list(submits)}, list(frames))
                 submits.clear()
                 frames.clear()
+                size[:] = [0, 0]
 
         while self.outbox:
             kind, item, item_frames = self.outbox.popleft()
             if kind == P.SUBMIT:
+                # Batches stay within the broker's limits: a message over one is refused
+                # whole, and one whose header is over cannot even say which tasks it held.
+                head = _header_bytes(item)
+                body = sum(len(P.buffer(f)) for f in item_frames)
+                if head > limits.header_bytes or body > limits.payload_bytes:
+                    self._too_big(item[0], head, body)
+                    continue
+                if len(submits) >= min(1000, limits.tasks) \
+                        or size[0] + head > limits.header_bytes \
+                        or size[1] + body > limits.payload_bytes:
+                    flush_submits()
                 submits.append(item)
                 frames.extend(item_frames)
-                if len(submits) >= 1000:
-                    flush_submits()
+                size[0] += head
+                size[1] += body
             elif kind == P.RELEASE:
                 releases.append(item)
             elif kind == P.CANCEL:
@@ -190,6 +208,17 @@ class IOThread:
             self._send(P.CANCEL, {"ids": cancels})
         if releases:
             self._send(P.RELEASE, {"ids": releases})
+
+    def _too_big(self, task_id: int, head: int, body: int) -> None:
+        future = self.pending.pop(task_id, None)
+        if future is None:
+            return
+        limits = self.limits
+        what = (f"its arguments are {body} bytes, more than the broker's limit of "
+                f"{limits.payload_bytes} (max_payload_bytes)" if body > limits.payload_bytes
+                else f"its description (dependencies, name) takes about {head} bytes, more "
+                f"than the broker's limit of {limits.header_bytes} (max_header_bytes)")
+        settle(future, exception=ZresError(f"task {future.name} was not sent: {what}"))
 
     def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
         P.send(self.sock, P.encode(kind, body, frames))
@@ -254,6 +283,11 @@ class IOThread:
             self.lose_all("the broker had dropped this client (silent too long) and "
                           "cancelled its tasks")
         self.epoch = epoch
+        given = msg.body.get("limits")
+        if isinstance(given, dict):
+            known = {f: v for f, v in given.items()
+                     if f in ("header_bytes", "payload_bytes", "tasks") and type(v) is int}
+            self.limits = dataclasses.replace(self.limits, **known)
         self.connected.set()
 
     def lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> list[int]:
@@ -299,6 +333,14 @@ class IOThread:
                           InfeasibleWarning, stacklevel=1)
         except Exception:  # warnings made errors: nobody can catch them in this thread
             log.warning("task_infeasible", task=name, reason=reason)
+
+
+def _header_bytes(item: list[Any]) -> int:
+    """A bound on the bytes one submit item takes in a message's header (msgpack)."""
+    size = 64 + 9 * len(item[4]) + 4 * len(item[6]) + sum(4 * len(n) + 14 for n in item[1])
+    if len(item) > 8:  # an actor's, a call's or a job's description
+        size += len(msgpack.packb(item[8], use_bin_type=True))
+    return size
 
 
 def _close_fds(*fds: int) -> None:

@@ -35,7 +35,8 @@ client -> broker
     resources  {agent: name, units}              change an agent's capacity at runtime
                                                  (names given are set, 0 removes one)
 broker -> client
-    welcome    {epoch, heartbeat: seconds}
+    welcome    {epoch, heartbeat: seconds, new, limits: {header_bytes, payload_bytes,
+                tasks}}                         limits: what one submit may hold
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
@@ -54,13 +55,15 @@ agent -> broker
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
                 cause, running: [call ids started]}], returned?: [id...]}
-               numbered per session, acknowledged cumulatively by ``ack`` in the broker's
-               messages, sent again after a reconnection until acknowledged. held: handed
+               numbered per session, taken in strictly in order (one after a gap is
+               dropped: it comes again), acknowledged cumulatively by ``ack`` in the
+               broker's messages, sent again after a resumption until acknowledged. held: handed
                to a worker process, so possibly started (reported before the hand-off);
                started: its body began; returned: granted here and never started, to be
                granted again. The broker reads a report in that order, all of it at once.
-    holding    {session, tasks: [id...]}        after a resumption, once the reports sent
-                                                again: every grant the agent holds
+    holding    {session, tasks: [id...], resumed} after a resumption (welcome{resumed: N}),
+                                                once the reports are sent again: every
+                                                grant the agent holds
     drain      {session}                        stopping: grant nothing more here
     bye        {session}                        gone; what it did not report is lost
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
