@@ -58,3 +58,20 @@ def starts(ledger: str) -> dict[str, int]:
             if kind == "start":
                 counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+class FileEvent:
+    """A threading.Event that a test and its tasks (in other processes) share: set is a
+    file that exists. Picklable, so it can be an argument of a task."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def set(self) -> None:
+        Path(self.path).touch()
+
+    def is_set(self) -> bool:
+        return os.path.exists(self.path)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return wait_for_file(self.path, 120.0 if timeout is None else timeout)

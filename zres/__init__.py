@@ -14,6 +14,7 @@ from .agent.jobs import CommandResult
 from .client.actors import ActorHandle, ActorMethod
 from .client.annotations import annotate
 from .client.client import Client, default_client
+from .client.executor import Executor
 from .client.futures import (
     ALL_COMPLETED,
     FIRST_COMPLETED,
@@ -45,7 +46,8 @@ __all__ = [
     "ActorDiedError", "ActorHandle", "ActorMethod", "actor", "get_actor", "kill",
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
-    "Client", "Future", "InfeasibleError", "InfeasibleWarning", "LocalCluster", "ProtocolError",
+    "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
+    "LocalCluster", "ProtocolError",
     "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
     "annotate", "as_completed", "gather", "get_task_context", "map", "submit", "wait",
 ]
@@ -59,6 +61,11 @@ def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
 def map(fn: Callable[..., Any], *iterables: Iterable[Any], **kwargs: Any) -> list[Future]:  # noqa: A001
     """Map FN over ITERABLES on the default client, batched on the wire."""
     return default_client().map(fn, *iterables, **kwargs)
+
+
+def executor(resources: Any = None, **defaults: Any) -> Executor:
+    """A concurrent.futures Executor on the default client; see Client.executor."""
+    return default_client().executor(resources, **defaults)
 
 
 def actor(cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:

@@ -10,7 +10,8 @@ The file is TOML: ``--config PATH``, else ``$ZRES_CONFIG``, else ``./zres.toml``
 Environment: ``ZRES_<SECTION>__<KEY>``, e.g. ``ZRES_AGENT__NTHREADS=4``, and for resources
 either ``ZRES_AGENT__RESOURCES="GPU=2 foo=1"`` or one per name,
 ``ZRES_AGENT__RESOURCES__GPU=2``. Resource names keep their case on every route.
-``ZRES_BROKER`` is the broker address for agents, clients and ``zres status``.
+``ZRES_BROKER`` is the broker address for agents, clients and every command; it comes after
+an address given on the command line (or to ``Client()``) and before the file's ``broker``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .core.address import normalize
 from .core.errors import ZresError
 from .core.resources import Units, mapping_to_units, parse_spec
 
@@ -77,8 +79,18 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
                 settings[key] = _convert(key, value, origin)
     if section == "agent":
         settings["resources"] = resources or {}
-    if settings.get("broker") is None and section in ("agent", "client"):
-        settings["broker"] = env.get("ZRES_BROKER")
+    if section == "broker":
+        try:
+            settings["listen"] = normalize(settings["listen"])
+        except ValueError as exc:
+            raise ConfigError(f"listen: {exc}") from None
+    if section in ("agent", "client"):
+        # The broker: the flag, then $ZRES_BROKER, then the file (or ZRES_<SECTION>__BROKER).
+        given = (flags or {}).get("broker") or env.get("ZRES_BROKER") or settings["broker"]
+        try:
+            settings["broker"] = normalize(given) if given else None
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return settings
 
 

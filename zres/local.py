@@ -15,6 +15,7 @@ from typing import Any
 import zmq
 
 from .core import protocol as P
+from .core.address import wait_for_answer
 from .core.errors import ZresError
 from .core.resources import UNIT, mapping_to_units
 
@@ -187,8 +188,9 @@ def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0
     try:
         sock.connect(address)
         P.send(sock, P.encode(kind, body))
-        if not sock.poll(int(timeout * 1000)):
-            raise ZresError(f"no zres broker answered at {address} within {timeout:g}s")
+        # A refused connection is said at once, not after TIMEOUT.
+        wait_for_answer(address, lambda seconds: bool(sock.poll(int(seconds * 1000))),
+                        timeout)
         msg = P.decode(P.recv(sock))  # it has arrived: poll said so
         if msg.kind != kind + "_reply":
             raise ZresError(f"the broker answered {msg.kind!r} to a {kind} request")

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zres.agent.running import DELEGATE, Grant, TaskRunner
+from zres.agent.grants import Grant
+from zres.agent.running import DELEGATE, TaskRunner
 from zres.agent.slots import SlotSpec
 from zres.core.resources import UNIT
 
@@ -178,13 +179,27 @@ def _one_running_and_one_delegated() -> tuple[TaskRunner, FakePool, Events]:
     return run, pool, events
 
 
-def test_a_cancel_never_overtakes_the_grant_it_cancels():
+def test_a_queued_grant_cancelled_before_its_hand_off_is_acknowledged_never_reaches_it():
+    # The broker cancels only what it has not heard held; the cancel overtakes the ack.
     run, pool, events = _one_running_and_one_delegated()
-    run.cancel(2)  # before the broker's ack lets the grant itself go
+    run.cancel(2)
     events.ack()
-    order = [entry for entry in pool.log if entry[0] != "run" or entry[1] == 2]
-    assert order == [("run", 2), ("cancel", {"ids": [2]})], (
-        "a cancel that reaches the worker before its grant is ignored, and the task runs")
+    assert ("run", 2) not in pool.log, "the cancelled grant reached its worker and ran"
+    assert events.results[2][1]["type"] == "CancelledError"
+    assert 2 not in run.slots[0].delegated and 2 not in run.grants
+
+
+def test_a_grant_cancelled_before_its_hand_off_is_acknowledged_frees_what_it_took():
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    run.cancel(1)
+    events.ack()
+    assert ("run", 1) not in pool.log, "the cancelled grant reached its worker and ran"
+    assert events.results[1][1]["type"] == "CancelledError"
+    assert run.slots[0].used.get("CPU", 0) == 0
+    run.add([grant(2, direct=True)])
+    events.ack()
+    assert started(pool) == [2]
 
 
 def test_a_grant_cancelled_before_its_worker_is_ready_is_never_sent():
@@ -237,3 +252,20 @@ def test_renewing_the_lease_wakes_a_worker_holding_queued_grants():
     assert pool.touched == [worker], (
         "a worker that held queued grants while the lease lapsed never starts them")
 
+
+
+def test_a_forced_cancel_kills_the_worker_of_a_call_that_does_not_stop():
+    run, pool, events = runner(CPU=2)
+    run.add([grant(1, direct=True), grant(2, direct=True)])
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"started": [1, 2], "results": []}, [])  # type: ignore[arg-type]
+    run.cancel(1, force=True)
+    assert ("cancel", {"ids": [1], "force": True}) in pool.log
+    run.slots[0].stopping[1] = 0.0  # its grace is over
+    run.reap()
+    assert worker.proc.returncode == -9 and worker.stopped_for == 1
+    run.reap()  # the process is gone
+    assert events.results[1][1]["type"] == "CancelledError"
+    lost = events.results[2][1]
+    assert lost["type"] == "WorkerLostError" and "cancelled with force" in lost["message"]

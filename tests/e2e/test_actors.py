@@ -150,7 +150,7 @@ def test_actor_keeps_state_between_calls(make_cluster, make_client):
     assert counter.get().result(30) == 216, "a method's exception fails that call only"
     state = actor_state(client, counter)
     assert state["state"] == "alive" and state["agent"] == "agent-0"
-    assert state["units"] == {"CPU": 10_000}
+    assert state["units"] == {}, "an actor that asks for nothing holds nothing (as Ray's)"
 
 
 def test_module_level_api_uses_the_default_client(make_cluster, make_client):
@@ -224,7 +224,7 @@ def test_actor_holds_its_gpu_until_killed(make_cluster, make_client, tmp_path):
     assert "GPU" in client.why(task)
     state = actor_state(client, model)
     assert (state["state"], state["agent"]) == ("alive", "agent-0")
-    assert state["units"] == {"CPU": 10_000, "GPU": 10_000}
+    assert state["units"] == {"GPU": 10_000}, "it holds what it asked for, no CPU"
     line = next(s for s in render_status(client.status()).splitlines() if "Counter(" in s)
     assert "alive on agent-0" in line and "GPU=1" in line, line
     client.kill(model)

@@ -310,8 +310,8 @@ def test_cancel_sigkills_what_ignores_sigterm_after_the_grace_and_only_then_free
     after = int(run("submit", "-r", "foo=1", "--env", f"PIDS={shell} {child}", "--",
                     "sh", "-c", CHECK_GONE).stdout)
     run("cancel", str(job))
-    log = logs / f"{job}.log"
-    wait_until(lambda: log.exists() and "got TERM" in log.read_text(), message="SIGTERM")
+    (log,) = logs.glob(f"*/{job}.log")  # one directory per cluster (named by its id)
+    wait_until(lambda: "got TERM" in log.read_text(), message="SIGTERM")
     wait_until(lambda: process_gone(shell), message="the shell to leave on SIGTERM")
     assert not process_gone(child), "SIGKILL came before the grace period was over"
     wait_until(lambda: process_gone(child), message="SIGKILL after the grace period")
@@ -373,3 +373,36 @@ def test_submit_file_queues_one_job_per_line(cli, tmp_path):
     assert [run("logs", str(i)).stdout for i in ids] == ["one\n", "two\n"]
     commands.write_text("sh -c 'unbalanced\n")
     assert "jobs.txt:1" in run("submit", "--file", str(commands), check=2).stderr
+
+
+def test_wait_with_no_ids_fails_for_a_job_that_failed_before_it_was_called(cli, tmp_path):
+    """`zres wait` covers every job no wait has reported yet, finished ones included (as a
+    shell's wait does its children): a job that failed first makes it exit 1, naming it."""
+    cluster, run = cli([{"foo": 1}])
+    good = int(run("submit", "--", "true").stdout)
+    bad = int(run("submit", "--name", "broken", "--", "false").stdout)
+    wait_until(lambda: {good, bad} <= {j for j, row in job_table(run).items()
+                                       if row[2] in ("done", "failed")},
+               message="both jobs to end")
+    waited = run("wait", check=1)
+    assert f"job {bad} (broken)" in waited.stderr and f"job {good} " not in waited.stderr
+    assert run("wait").returncode == 0, "a job already reported counts again"
+    later = int(run("submit", "--", "true").stdout)
+    assert run("wait").returncode == 0 and job_table(run)[later][2] == "done"
+
+
+def test_two_clusters_on_one_host_keep_their_job_logs_apart(make_cluster, tmp_path):
+    """Job ids start at 1 on each broker: their logs must not share a file."""
+    logs = tmp_path / "logs"
+    said = {}
+    for word in ("first", "second"):
+        cluster = make_cluster(agents=[])
+        cluster.add_agent({"foo": 1}, name=f"agent-{word}",
+                          extra_args=["--job-logs", str(logs)])
+        env = clean_env(ZRES_BROKER=cluster.address)
+        job = int(zres_cli("submit", "--", "echo", word, env=env).stdout)
+        assert zres_cli("wait", str(job), env=env).returncode == 0
+        said[word] = (env, job)
+    assert said["first"][1] == said["second"][1] == 1
+    for word, (env, job) in said.items():
+        assert zres_cli("logs", str(job), env=env).stdout == f"{word}\n"

@@ -69,7 +69,8 @@ def test_queued_task_cancelled_before_it_starts_never_runs(make_cluster, make_cl
     cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, env=PIPELINED)
     client = make_client(cluster.address)
     release, first, queued = running_and_queued(client, tmp_path, "agent-0")
-    queued.cancel()
+    # Its worker holds it, to start it on its own: the agent says it had not begun.
+    assert queued.cancel() and queued.cancelled() and queued.done()
     third = client.submit(hold, release, str(tmp_path / "third"), resources={"slot": 1})
     # Cancelling is asynchronous: the grant leaves the slot's queue once the agent (or the
     # worker holding the queue) has dropped it and said so.

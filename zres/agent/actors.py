@@ -17,7 +17,7 @@ import structlog
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
-from .running import Events
+from .grants import Events
 from .workers import ActorProcess, Worker, WorkerPool, exit_cause, kill
 
 log = structlog.get_logger("zres.agent")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import socket
 import time
@@ -33,10 +34,11 @@ from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
 from .actors import ActorSupervisor
 from .deferred import DeferredGrants
+from .grants import Grant
 from .jobs import GRACE, JobRunner, default_log_dir, read_log
 from .reports import Reports
-from .running import Grant, TaskRunner
-from .session import Session
+from .running import TaskRunner
+from .session import ReachWarning, Session
 from .slots import SlotSpec
 from .workers import WorkerPool
 
@@ -69,6 +71,7 @@ class Agent:
         self.reports = Reports()
         self.pool = WorkerPool(self.ctx, slots, broker, self.job_logs)
         self.session = Session(self.pool.lease)
+        self._reach = ReachWarning(broker)
         self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid)
         self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
                                       self.reports.exited)
@@ -164,6 +167,7 @@ class Agent:
             if silent and not self._silent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
             self._silent = silent
+        self._reach.update(now, self.session.registered)
         if not self.session.registered and not self._stopping \
                 and now - self.session.asked_at >= self.hb_timeout / 2:
             self._register(now)
@@ -218,6 +222,9 @@ class Agent:
             # resources would be granted twice.
             self._fence("the broker restarted")
             return
+        cluster = msg.body.get("cluster")
+        if isinstance(cluster, str) and re.fullmatch(r"[0-9a-f]{1,32}", cluster):
+            self.jobs.cluster = cluster  # (it names a directory: nothing else is taken)
         starve = float(msg.body.get("starve", self.runner.starve))
         self.runner.starve = self.pool.starve = starve
         first = self.session.welcomed(epoch, float(msg.body.get("lease", self.hb_timeout / 2)))
@@ -300,7 +307,7 @@ class Agent:
                     self.reports.result(task_id, P.FAILED, [], {"type": "CancelledError",
                                                                 "message": "cancelled"})
                     continue
-                self.runner.cancel(task_id)
+                self.runner.cancel(task_id, msg.body.get("force") is True)
                 if task_id in self.jobs.jobs:
                     self.jobs.cancel(task_id)
                 elif task_id in self.runner.placements and not self.actors.placed(task_id):
@@ -392,7 +399,7 @@ class Agent:
         job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
         body: dict[str, Any] = {"token": msg.body.get("token"), "job": job}
         try:
-            body["data"] = read_log(self.job_logs, job, max(offset, 0))
+            body["data"] = read_log(self.job_logs, self.jobs.cluster, job, max(offset, 0))
         except OSError as exc:
             body["error"] = f"agent {self.name} has no log for job {job}: {exc.strerror or exc}"
         P.send(self.broker, P.encode(P.LOGS_REPLY, body))

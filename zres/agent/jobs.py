@@ -50,13 +50,17 @@ def default_log_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"zres-jobs-{os.getuid()}")
 
 
-def log_path(log_dir: str, job_id: int) -> str:
-    return os.path.join(log_dir, f"{int(job_id)}.log")
+def log_path(log_dir: str, cluster: str, job_id: int) -> str:
+    """Where job JOB_ID of CLUSTER logs: one directory per cluster, so that the jobs of
+    several brokers on one host (or of one broker's successive lives, until ids survive
+    restarts) never share a file."""
+    return os.path.join(log_dir, cluster, f"{int(job_id)}.log")
 
 
-def read_log(log_dir: str, job_id: int, offset: int, limit: int = 256 * 1024) -> bytes:
+def read_log(log_dir: str, cluster: str, job_id: int, offset: int,
+             limit: int = 256 * 1024) -> bytes:
     """Return up to LIMIT bytes of JOB_ID's log from OFFSET; FileNotFoundError if none."""
-    with open(log_path(log_dir, job_id), "rb") as fh:
+    with open(log_path(log_dir, cluster, job_id), "rb") as fh:
         fh.seek(offset)
         return fh.read(limit)
 
@@ -79,6 +83,7 @@ class JobRunner:
                  watch: Callable[[int], None] | None = None,
                  unwatch: Callable[[int], None] | None = None) -> None:
         self.log_dir = log_dir
+        self.cluster = "unknown"   # the broker's cluster id, once it has welcomed us
         self.agent = agent
         self.grace = grace
         self._report = report
@@ -123,11 +128,12 @@ class JobRunner:
         """Start TASK_ID's command as SPEC {argv, env, cwd} says; a job that cannot start
         is reported failed at once, naming what was missing."""
         argv = list(spec["argv"])
-        path = log_path(self.log_dir, task_id)
+        path = log_path(self.log_dir, self.cluster, task_id)
         env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
                "ZRES_AGENT": self.agent, "ZRES_GPU_IDS": ",".join(gpus),
                "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),

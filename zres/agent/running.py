@@ -22,83 +22,23 @@ import functools
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from ..core import protocol as P
 from ..core.resources import Units
+from .grants import Events, Grant, SlotState, add_units
 from .slots import SlotSpec
 from .workers import Worker, WorkerPool, exit_cause, kill
 
 log = structlog.get_logger("zres.agent")
+STOP_GRACE = 2.0  # seconds a call cancelled with force has to end before its process dies
 
 # Queued grants a worker may hold to start on its own. Each may have started when its agent
 # is lost, so the broker charges them a retry then (fails them, with none): fewer means
 # less charged in a loss, more means fewer round trips between worker and agent.
 DELEGATE = 16
-
-
-class Events(Protocol):
-    """Where the runner's news for the broker goes (the agent's next report)."""
-
-    def held(self, task_id: int) -> None: ...
-
-    def started(self, task_id: int) -> None: ...
-
-    def result(self, task_id: int, outcome: str, frames: list[Any],
-               info: dict[str, Any]) -> None: ...
-
-    def give_back(self, task_id: int) -> None: ...
-
-    def then(self, action: Callable[[], None]) -> None: ...
-
-    def after(self, action: Callable[[], None]) -> None: ...
-
-
-@dataclass(slots=True, eq=False)
-class Grant:
-    """A grant this agent holds, from its arrival until its task ends here."""
-
-    task: int
-    slot: int
-    taken: Units
-    devices: tuple[str, ...]
-    item: list[Any]              # the RUN item: [task id, nframes, dep counts, context]
-    frames: list[Any]
-    key: tuple[int, int]         # (-priority, seq): the broker's order
-    since: float                 # when it arrived, for starvation
-    direct: bool                 # fits now by the broker's accounting
-    run: int = 0                 # its run number, once handed to a worker process
-    worker: Worker | None = None
-    running: bool = False        # its resources are counted in use
-    begun: bool = False          # its worker said it started (its start log is a ring)
-
-
-@dataclass(slots=True)
-class SlotState:
-    """What runs on one slot, and the grants waiting for room there."""
-
-    spec: SlotSpec
-    used: dict[str, int] = field(default_factory=dict)
-    waiting: list[Grant] = field(default_factory=list)        # not handed over, in order
-    delegated: dict[int, Grant] = field(default_factory=dict)  # handed to the delegate
-    delegated_taken: dict[str, int] = field(default_factory=dict)
-    delegate: Worker | None = None
-    cancelling: set[int] = field(default_factory=set)  # delegated, cancel sent, not answered
-    runners: dict[int, int] = field(default_factory=dict)  # id(worker) -> grants running
-    placements: int = 0          # actors and jobs running here, outside the pool
-
-    def fits(self, taken: Units) -> bool:
-        """Whether TAKEN fits beside what runs and what the delegate may start."""
-        return all(self.spec.units.get(n, 0) - self.used.get(n, 0)
-                   - self.delegated_taken.get(n, 0) >= a for n, a in taken.items())
-
-
-def _add(into: dict[str, int], amounts: Units, sign: int = 1) -> None:
-    for name, amount in amounts.items():
-        into[name] = into.get(name, 0) + sign * amount
 
 
 class TaskRunner:
@@ -126,7 +66,7 @@ class TaskRunner:
     def _run(self, grant: Grant, worker: Worker) -> None:
         """GRANT runs in WORKER from now: count it."""
         state = self.slots[grant.slot]
-        _add(state.used, grant.taken)
+        add_units(state.used, grant.taken)
         grant.running, grant.worker = True, worker
         state.runners[id(worker)] = state.runners.get(id(worker), 0) + 1
         worker.running.add(grant.task)
@@ -136,7 +76,7 @@ class TaskRunner:
         if not grant.running:
             return
         state = self.slots[grant.slot]
-        _add(state.used, grant.taken, -1)
+        add_units(state.used, grant.taken, -1)
         grant.running = False
         key = id(grant.worker)
         state.runners[key] -= 1
@@ -148,7 +88,7 @@ class TaskRunner:
     def _undelegate(self, state: SlotState, task_id: int) -> Grant | None:
         grant = state.delegated.pop(task_id, None)
         if grant is not None:
-            _add(state.delegated_taken, grant.taken, -1)
+            add_units(state.delegated_taken, grant.taken, -1)
         return grant
 
     # -- grants -------------------------------------------------------------------------
@@ -166,7 +106,7 @@ class TaskRunner:
         """Count TAKEN in use on SLOT for TASK_ID, a placement run outside the pool (an
         actor's process, a command job)."""
         state = self.slots[slot]
-        _add(state.used, taken)
+        add_units(state.used, taken)
         state.placements += 1
         self.placements[task_id] = (slot, taken)
 
@@ -176,7 +116,7 @@ class TaskRunner:
         placement = self.placements.pop(task_id, None)
         if placement is not None:
             slot, taken = placement
-            _add(self.slots[slot].used, taken, -1)
+            add_units(self.slots[slot].used, taken, -1)
             self.slots[slot].placements -= 1
         else:
             grant = self.grants.pop(task_id, None)
@@ -221,7 +161,7 @@ class TaskRunner:
             grant = state.waiting.pop(0)
             grant.run, grant.worker = next(self._runs), worker
             state.delegated[grant.task] = grant
-            _add(state.delegated_taken, grant.taken)
+            add_units(state.delegated_taken, grant.taken)
             self._events.held(grant.task)
             self._send(worker, grant, {"queued": True, "priority": -grant.key[0],
                                        "seq": grant.key[1], "since": grant.since})
@@ -241,6 +181,7 @@ class TaskRunner:
 
         def send() -> None:
             if self.grants.get(grant.task) is grant:  # not cancelled or given back meanwhile
+                grant.sent = True
                 self._pool.send(worker, item, grant.frames)
         self._events.then(send)
 
@@ -292,31 +233,62 @@ class TaskRunner:
                 self._pool.touch(state.delegate)  # it starts nothing while the lease lapses
 
     # -- cancels, outcomes, deaths ---------------------------------------------------
-    def cancel(self, task_id: int) -> None:
-        """Stop TASK_ID if it has not started (the broker has already failed it); a running
-        Python call cannot be interrupted safely and finishes unobserved."""
+    def cancel(self, task_id: int, force: bool = False) -> None:
+        """Stop TASK_ID if it has not started (the broker has already failed it). A running
+        call is stopped only with FORCE: an exception raised in it, then, if it has not
+        ended within STOP_GRACE, its worker process is killed."""
         grant = self.grants.get(task_id)
         if grant is None:
             return
         state = self.slots[grant.slot]
+        worker = grant.worker
         if any(g is grant for g in state.waiting):
             state.waiting.remove(grant)
             del self.grants[task_id]
             self._report_cancelled(task_id)
-        elif task_id in state.delegated and grant.worker is not None:
-            if grant.worker.ready and grant.worker.proc.returncode is None:
-                # The worker drops it unless it has started it, and says which; told after
-                # the hand-offs waiting now, so that it never overtakes the grant itself.
-                self._events.after(functools.partial(
-                    self._pool.tell, grant.worker, P.CANCEL, {"ids": [task_id]}))
-                state.cancelling.add(task_id)
-            else:  # nobody to ask: a process that has not started has not started it
-                self._undelegate(state, task_id)
+            return
+        if worker is not None and not grant.sent:
+            # Its hand-off still waits for the broker to hear it held, so the broker
+            # cancelled it knowing it had not begun: it never reaches the process.
+            if self._undelegate(state, task_id) is not None:
                 del self.grants[task_id]
-                grant.worker.backlog = [(i, f) for i, f in grant.worker.backlog
-                                        if i[0][0] != task_id]
-                self._report_cancelled(task_id)
                 self._end_delegation_if_done(grant.slot)
+            else:
+                self.free(task_id)
+            self._report_cancelled(task_id)
+            return
+        if worker is None or not (force or task_id in state.delegated):
+            return  # a running call, not forced: it finishes unobserved
+        if worker.ready and worker.proc.returncode is None:
+            # The worker drops a queued grant unless it has started it, and says which;
+            # told after the hand-offs waiting now, so that it never overtakes the grant.
+            body = {"ids": [task_id], "force": True} if force else {"ids": [task_id]}
+            self._events.after(functools.partial(self._pool.tell, worker, P.CANCEL, body))
+            if task_id in state.delegated:
+                state.cancelling.add(task_id)
+            if force:
+                state.stopping[task_id] = time.monotonic() + STOP_GRACE
+        elif task_id in state.delegated:
+            # Nobody to ask: a process that has not started has not started it.
+            self._undelegate(state, task_id)
+            del self.grants[task_id]
+            worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
+            self._report_cancelled(task_id)
+            self._end_delegation_if_done(grant.slot)
+
+    def _stop_overdue(self, now: float) -> None:
+        """Kill the worker process of each forced cancel that has not ended in time."""
+        for state in self.slots:
+            for task_id, deadline in list(state.stopping.items()):
+                grant = self.grants.get(task_id)
+                if grant is None or grant.worker is None:
+                    del state.stopping[task_id]  # it ended
+                elif now >= deadline and grant.worker.proc.returncode is None:
+                    log.warning("worker_stopped", pid=grant.worker.proc.pid,
+                                why=f"task {task_id}, cancelled with force, did not end "
+                                f"within {STOP_GRACE:g}s")
+                    grant.worker.stopped_for = task_id
+                    grant.worker.proc.kill()  # reaped next: see reap()
 
     def done(self, worker: Worker, body: dict[str, Any], results: list[list[Any]]) -> None:
         """WORKER reports: tasks it started, results, and queued grants it dropped."""
@@ -347,11 +319,13 @@ class TaskRunner:
 
     def reap(self) -> None:
         """Fail the started tasks of worker processes that died; the rest run again."""
+        self._stop_overdue(time.monotonic())
         for worker in list(self._pool.by_slot.values()):
             code = worker.proc.poll()
             if code is None:
                 continue
-            cause = exit_cause(code)
+            cause = exit_cause(code) if not worker.stopped_for else (
+                f"was killed to stop task {worker.stopped_for}, cancelled with force")
             started = self._pool.started_by(worker)
             mine = sorted((g for g in self.grants.values() if g.worker is worker),
                           key=lambda g: g.key)
@@ -364,7 +338,10 @@ class TaskRunner:
                 self._undelegate(state, grant.task)
                 cancelled = grant.task in state.cancelling
                 state.cancelling.discard(grant.task)
-                if grant.begun or grant.run in started:
+                if state.stopping.pop(grant.task, None) is not None:  # the one it stopped
+                    self.free(grant.task, start=False)
+                    self._report_cancelled(grant.task)
+                elif grant.begun or grant.run in started:
                     self.free(grant.task, start=False)
                     self._events.result(grant.task, P.FAILED, [], {
                         "type": "WorkerLostError",

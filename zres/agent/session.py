@@ -13,7 +13,12 @@ from __future__ import annotations
 import random
 import time
 
+import structlog
+
+from ..core.address import unreachable
 from .shared import Lease
+
+log = structlog.get_logger("zres.agent")
 
 
 class Session:
@@ -61,3 +66,27 @@ class Session:
 
 def _new_id() -> int:
     return random.getrandbits(62)
+
+
+class ReachWarning:
+    """Say, FIRST seconds after the agent last had a session at its broker and every
+    EVERY seconds after, that it cannot reach the broker: the address, and why if a look
+    can tell (an agent pointed at a wrong address must not wait in silence)."""
+
+    FIRST, EVERY = 5.0, 30.0
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._since: float | None = None
+        self._next = 0.0
+
+    def update(self, now: float, registered: bool) -> None:
+        if registered:
+            self._since = None
+        elif self._since is None:
+            self._since, self._next = now, now + self.FIRST
+        elif now >= self._next:
+            self._next = now + self.EVERY
+            log.warning("broker_unreachable", broker=self.address,
+                        seconds=round(now - self._since),
+                        why=unreachable(self.address) or "no zres broker answers there")

@@ -44,9 +44,11 @@ from ..core.context import TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
 from .shared import Lease, StartLog
+from .stopping import CallStopper, Stopped
 
 _MAX_THREADS = 1024
 _PR_SET_PDEATHSIG = 1
+_STOPPED = {"type": "CancelledError", "message": "stopped by a forced cancel"}
 
 # A queued grant as this process keeps it: (order key, queued since, taken, call).
 Queued = tuple[tuple[int, int], float, dict[str, int], tuple[Any, ...]]
@@ -96,6 +98,7 @@ class WorkerProcess:
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
+        self.stopper = CallStopper()
         self.lease = Lease(lease)
         self.starts = StartLog(starts)
         # The slot's accounting, for queued grants (see the module's docstring). Task
@@ -137,6 +140,9 @@ class WorkerProcess:
             msg = P.decode(frames)
             if msg.kind == P.CANCEL:
                 self._cancel(msg.body.get("ids", []))
+                if msg.body.get("force"):
+                    for task_id in msg.body.get("ids", []):
+                        self.stopper.stop(task_id)
                 continue
             if msg.kind != P.RUN:
                 continue
@@ -247,19 +253,32 @@ class WorkerProcess:
     def _call(self, task_id: int, payload: list[Any], deps: list[list[Any]],
               context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
         """Run one task; return its result as the agent is sent it."""
+        try:
+            return self._run_call(task_id, payload, deps, context)
+        except Stopped:  # a forced cancel that landed on the way out of the call
+            self.stopper.leave(task_id)
+            return task_id, P.FAILED, [], _STOPPED
+
+    def _run_call(self, task_id: int, payload: list[Any], deps: list[list[Any]],
+                  context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
         task = TaskContext(task_id, context["agent"], context["resources"],
                            list(context["gpus"]), context.get("attempt", 0))
         set_task_context(task)
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
+            self.stopper.enter(task_id)
             if self.actor is not None:
                 value = self.actor.run(fn, args, kwargs, bool(context.get("create")))
             else:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):
                     value = asyncio.run(_await(value))
+            self.stopper.leave(task_id)
             outcome, frames = P.OK, dumps(value)
+        except Stopped:
+            raise
         except BaseException as exc:  # report everything, SystemExit included
+            self.stopper.leave(task_id)
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)

@@ -57,6 +57,7 @@ class Worker:
     backlog: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
     running: set[int] = field(default_factory=set)
     actor: ActorProcess | None = None
+    stopped_for: int = 0             # killed to stop this task (a forced cancel)
 
 
 class WorkerPool:

@@ -13,7 +13,9 @@ started, so it spends a retry or, with none left, fails with AgentLostError sayi
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -32,12 +34,20 @@ from .outbox import Batches, Send
 log = structlog.get_logger("zres.broker")
 
 
+class CancelOutcome(enum.Enum):
+    CANCELLED = "cancelled"    # it never runs (or, forced, it is being stopped)
+    GOES_ON = "goes on"        # it may have begun: it runs to its end
+    ASKED = "asked"            # its agent says whether its worker process had begun it
+
+
 class Dispatcher:
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
-                 actors: ActorRouting, jobs: JobTable) -> None:
+                 actors: ActorRouting, jobs: JobTable,
+                 on_started: Callable[[Task], None]) -> None:
         self._send = send
+        self._on_started = on_started  # tells its client the task began
         self._graph = graph
         self._sched = sched
         self._agents = agents
@@ -92,19 +102,51 @@ class Dispatcher:
             else:
                 self.warn_infeasible(task, reason)
 
-    def cancel(self, task: Task) -> None:
-        """Fail TASK as cancelled, and stop it wherever it is."""
+    def cancel(self, task: Task, force: bool = False) -> CancelOutcome:
+        """Cancel TASK if it cannot have begun: it fails as cancelled now. One that has
+        begun goes on, unless FORCE: then it is stopped where it runs, and fails as
+        cancelled once its agent says it is gone. One held by a worker process that
+        starts it on its own (a pipelined grant) is dropped there unless it has begun:
+        its agent's word settles it (ASKED)."""
+        actor = self._actors.actors.get(task.creates) if task.creates else None
+        if actor is not None:
+            if actor.state is not ActorState.PENDING and not force:
+                return CancelOutcome.GOES_ON  # its __init__ may be running
+            self._actors.kill(actor, "its construction was cancelled")
+            return CancelOutcome.CANCELLED
+        if task.actor:
+            if task.state is TaskState.RUNNING:
+                return CancelOutcome.GOES_ON  # sent to its actor (a call is not stopped alone)
+        elif task.state is TaskState.RUNNING and (task.held or task.begun):
+            owner = self._owner(task.id)
+            if owner is None:
+                return CancelOutcome.GOES_ON
+            if force:
+                task.stopping = True
+                self._send(owner.ident, P.CANCEL, {"ids": [task.id], "force": True})
+                return CancelOutcome.CANCELLED
+            if task.begun or task.id in self._jobs.active:
+                return CancelOutcome.GOES_ON  # a held job is starting: jobs never queue
+            if not task.cancelling:
+                task.cancelling = True
+                self._send(owner.ident, P.CANCEL, {"ids": [task.id]})
+            return CancelOutcome.ASKED
+        self.drop(task)
+        return CancelOutcome.CANCELLED
+
+    def drop(self, task: Task) -> None:
+        """Fail TASK as cancelled now, wherever it is: a grant not handed over is taken
+        back and a command job stopped; a Python call already started runs to its end
+        unobserved (its resources come back then, its result is dropped)."""
         actor = self._actors.actors.get(task.creates) if task.creates else None
         if actor is not None:
             self._actors.kill(actor, "its construction was cancelled")
             return
-        if task.actor:  # a call: failing it is enough (one running finishes unobserved)
-            pass
+        if task.actor:
+            pass  # a call: failing it is enough (one sent finishes unobserved)
         elif task.state is TaskState.QUEUED:
             self._sched.dequeue(task.id)
         elif task.state is TaskState.RUNNING:
-            # A queued grant is dropped and a command job stopped; a running Python call
-            # cannot be, and its resources come back when it returns (its result dropped).
             owner = self._owner(task.id)
             if owner is not None:
                 self._send(owner.ident, P.CANCEL, {"ids": [task.id]})
@@ -177,8 +219,13 @@ class Dispatcher:
         for task_id in _ids(body.get("started")):
             task = self._mine(agent, task_id)
             if task is None:
+                call = self._actors.call_on(agent.ident, task_id)
+                if call is not None:
+                    self._on_started(call)
                 continue
+            self._on_started(task)
             task.held = task.begun = True
+            task.cancelling = False  # a cancel asked for came too late: it runs on
             task.started_at = now
             grant = self._sched.running[task_id]
             if not grant.started:
@@ -225,6 +272,9 @@ class Dispatcher:
             task = self._graph.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
                 continue
+            if task.stopping and outcome != P.OK:  # a forced cancel stopped it
+                self._stopped(task)
+                continue
             if task.begun and outcome != P.FAILED:
                 self._sched.finished(task.kind, now - task.started_at)
             if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
@@ -265,13 +315,25 @@ class Dispatcher:
         self._requeue(task)
 
     def _requeue(self, task: Task) -> None:
+        if task.stopping:  # cancelled while it ran, and now gone: it never runs again
+            self._stopped(task)
+            return
+        if task.cancelling:  # its client asked to cancel it, and it had not begun
+            self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled")
+            return
         set_state(task, TaskState.QUEUED)
         task.held = task.begun = False
         self._jobs.requeued(task)
         self._enqueue(task)
 
+    def _stopped(self, task: Task) -> None:
+        self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled while it ran")
+
     def _lost(self, task: Task, why: str) -> None:
         """TASK may have run where it was: spend a retry, or fail it saying so."""
+        if task.stopping:
+            self._stopped(task)
+            return
         if task.retries:
             self._retry(task, why)
             return
@@ -326,7 +388,7 @@ class Dispatcher:
             if task is not None and task.state not in FINISHED \
                     and task.creates not in self._actors.actors \
                     and not self._jobs.detached(task):
-                self.cancel(task)
+                self.drop(task)
 
 
 def _ids(value: Any) -> list[int]:

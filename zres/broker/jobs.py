@@ -47,6 +47,7 @@ class JobRecord:
     finished: float | None = None
     exit_code: int | None = None
     error: str = ""
+    reported: bool = False       # a `zres wait` has reported how it ended
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
@@ -156,8 +157,15 @@ class JobTable:
 
     # -- requests ---------------------------------------------------------------------------
     def on_jobs(self, ident: bytes, msg: P.Message, now: float) -> None:
-        """List jobs: active ones, finished ones too with ``all``, or exactly ``jobs``."""
+        """List jobs: active ones, finished ones too with ``all`` (or those no wait has
+        reported yet with ``unreported``), or exactly ``jobs``. ``reported`` marks jobs
+        whose end a wait has reported."""
         body: dict[str, Any] = {"req": msg.body.get("req")}
+        reported = msg.body.get("reported")
+        for job_id in reported if isinstance(reported, list) else []:
+            job = self.done.get(job_id) if type(job_id) is int else None
+            if job is not None:
+                job.reported = True
         wanted = msg.body.get("jobs")
         if isinstance(wanted, list):
             records = []
@@ -170,6 +178,8 @@ class JobTable:
             jobs = list(self.active.values())
             if msg.body.get("all"):
                 jobs = list(self.done.values()) + jobs
+            elif msg.body.get("unreported"):
+                jobs = [j for j in self.done.values() if not j.reported] + jobs
             body["jobs"] = [self._describe(j) for j in sorted(jobs, key=lambda j: j.id)]
         local = msg.body.get("ids")
         client = self._clients.get(ident)

@@ -28,8 +28,9 @@ from ..scheduler.policy import Scheduler
 from .actors import ActorRouting, ActorState
 from .agent_link import AgentLink
 from .agents import AgentRegistry
+from .cancels import CancelAnswers
 from .clients import ClientRecord, ClientRegistry
-from .dispatch import Dispatcher
+from .dispatch import CancelOutcome, Dispatcher
 from .graph import TaskGraph
 from .jobs import JobTable
 from .outbox import Batches
@@ -62,6 +63,9 @@ class Broker:
         self.sock.bind(listen)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.epoch = random.getrandbits(48)
+        # The cluster's identity: job logs are kept apart per cluster. (A broker's epoch,
+        # for now: a restarted broker is a new cluster, as its job ids start again.)
+        self.cluster_id = f"{self.epoch:012x}"
         self.limits = limits or Limits()
         # What a client's submits must stay within (it splits its batches to fit).
         self._client_limits = {"header_bytes": self.limits.header_bytes,
@@ -88,13 +92,16 @@ class Broker:
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
                              self.explain.brief, self.sched.infeasible_reason,
-                             cancel=lambda task: self.dispatch.cancel(task))
+                             cancel=lambda task: self.dispatch.drop(task))
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
-                                   self.actors, self.jobs)
+                                   self.actors, self.jobs, on_started=self._started)
+        self._running = Batches(self._send, P.RUNNING, "ids")
+        self.cancels = CancelAnswers(self._send)
         self._results = Batches(self._send, P.RESULTS, "results")
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
-                                  "epoch": self.epoch, "heartbeat": self.hb_interval,
+                                  "epoch": self.epoch, "cluster": self.cluster_id,
+                                  "heartbeat": self.hb_interval,
                                   "lease": self.lease, "starve": self.sched.starvation_after},
                               fd=lambda: self._fd)
         self.poller = zmq.Poller()
@@ -170,6 +177,7 @@ class Broker:
             except Exception:
                 log.exception("heartbeat_failed")
         self.actors.pump_all()
+        self._running.flush()  # before the results: a future runs, then finishes
         self._results.flush()
         self.link.flush_acks()
         self._last_turn = time.monotonic()
@@ -326,13 +334,33 @@ class Broker:
         client = self._client(ident, now)
         if client is None:
             return
+        force = msg.body.get("force") is True
+        cancelled: list[int] = []
+        asked: dict[int, int] = {}
         for local in P.field(msg, "ids", list):
             task = self.graph.get(client.ids.get(local, -1))
-            if task is not None and task.state not in FINISHED:
-                self.dispatch.cancel(task)
+            if task is None or task.state in FINISHED or task.stopping:
+                continue
+            outcome = self.dispatch.cancel(task, force)
+            if outcome is CancelOutcome.CANCELLED:
+                cancelled.append(local)
+            elif outcome is CancelOutcome.ASKED:
+                asked[task.id] = local
+        if "req" in msg.body:
+            self.cancels.answer(ident, msg.body["req"], cancelled, asked)
+
+    def _started(self, task: Task) -> None:
+        """TASK began on an agent: its client hears it (batched), so its future runs."""
+        if task.cancelling:
+            self.cancels.settle(task, cancelled=False)
+        client = self.clients.get(task.client)
+        if client is not None and client.ids.get(task.local_id) == task.id:
+            self._running.add(client.ident, task.local_id)
 
     def _recorded(self, task: Task) -> None:
         """TASK has its outcome: update its job and actor, and send it to its client."""
+        if task.cancelling:
+            self.cancels.settle(task, task.info.get("type") == "CancelledError")
         self.jobs.finished(task, task.outcome, task.info)
         actor = self.actors.actors.get(task.creates) if task.creates else None
         if actor is not None and task.outcome != P.OK and actor.state is ActorState.PENDING:
@@ -359,7 +387,8 @@ class Broker:
 
     def status(self) -> dict[str, Any]:
         """Describe agents, task counts and every task that cannot run, as plain data."""
-        return self.explain.report(self.address, self.epoch, len(self.clients))
+        return {**self.explain.report(self.address, self.epoch, len(self.clients)),
+                "cluster": self.cluster_id}
 
     # -- agents ---------------------------------------------------------------------
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:

@@ -10,7 +10,7 @@ from ..core import protocol as P
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.resources import format_amount, format_units, parse_spec
-from .options import UsageError, add_daemon_options, broker_address, request, seconds
+from .options import BROKER_ORDER, add_daemon_options, broker_address, request, seconds
 
 
 def add_parsers(sub: Any) -> None:
@@ -22,7 +22,7 @@ def add_parsers(sub: Any) -> None:
     add_daemon_options(broker)
 
     agent = sub.add_parser("agent", help="run a node agent")
-    agent.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
+    agent.add_argument("address", nargs="?", help=BROKER_ORDER.replace("[client]", "[agent]"))
     agent.add_argument("--resources", "-r", help='what this node offers, e.g. "GPU=2 foo=1"')
     agent.add_argument("--nworkers", type=int, help="worker processes (slots), default 1")
     agent.add_argument("--nthreads", type=int, help="threads per worker (default: cores)")
@@ -39,13 +39,13 @@ def add_parsers(sub: Any) -> None:
     add_daemon_options(agent)
 
     status = sub.add_parser("status", help="show agents, resources and waiting tasks")
-    status.add_argument("address", nargs="?", help="broker address (default $ZRES_BROKER)")
+    status.add_argument("address", nargs="?", help=BROKER_ORDER)
     status.add_argument("--timeout", type=seconds, default=10.0)
 
     res = sub.add_parser("resources", help="change an agent's capacity while it runs")
     res.add_argument("agent", help="agent name, as zres status shows it")
     res.add_argument("spec", help='new amounts, e.g. "GPU=1 foo=3" (0 removes a name)')
-    res.add_argument("--broker", help="broker address (default $ZRES_BROKER)")
+    res.add_argument("--broker", help=BROKER_ORDER)
     res.add_argument("--timeout", type=seconds, default=10.0)
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
@@ -75,14 +75,12 @@ def agent(args: argparse.Namespace) -> int:
                                      "job_grace": args.job_grace,
                                      "drain_grace": args.drain_grace},
                            path=args.config)
-    if not settings["broker"]:
-        raise UsageError("no broker address: give one (tcp://HOST:7070) or set ZRES_BROKER")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
-    agent = Agent(settings["broker"], slots, settings["name"], settings["heartbeat_interval"],
-                  settings["heartbeat_timeout"], settings["job_logs"], settings["job_grace"],
-                  settings["drain_grace"])
+    agent = Agent(settings["broker"] or config.DEFAULT_ADDRESS, slots, settings["name"],
+                  settings["heartbeat_interval"], settings["heartbeat_timeout"],
+                  settings["job_logs"], settings["job_grace"], settings["drain_grace"])
     _exit_with(args, agent.stop)
     agent.run()
     return agent.exit_code
@@ -113,7 +111,8 @@ def resources(args: argparse.Namespace) -> int:
 
 def render_status(status: dict[str, Any]) -> str:
     """Format a broker status reply for people."""
-    lines = [f"broker {status['address']}  clients: {status['clients']}", "", "agents:"]
+    lines = [f"broker {status['address']}  cluster: {status.get('cluster', '?')}  "
+             f"clients: {status['clients']}", "", "agents:"]
     if not status["agents"]:
         lines.append("  (none)")
     for agent in status["agents"]:
@@ -134,7 +133,8 @@ def render_status(status: dict[str, Any]) -> str:
             label = f"{actor['cls']}({actor['name'] or actor['id'][:8]})"
             where = f" on {actor['agent']}" if actor["agent"] else ""
             why = f": {actor['reason']}" if actor.get("reason") else ""
-            lines.append(f"  {label:<24} {actor['state']}{where}  {format_units(actor['units'])}"
+            holds = format_units(actor["units"]) or "nothing"
+            lines.append(f"  {label:<24} {actor['state']}{where}  holds {holds}"
                          f"  calls: {actor['running']} sent, {actor['queued']} queued"
                          f"  restarts left: {actor['restarts_left']}{why}")
     if status["waiting"]:

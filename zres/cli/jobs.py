@@ -4,7 +4,7 @@
     zres jobs [--all]
     zres logs JOB [--follow]
     zres cancel JOB
-    zres wait [JOB ...]            # exit status 1 if any failed or cannot run
+    zres wait [JOB ...]            # exit status 1 if any did not succeed, naming it
     zres run-queue --once          # wait for every queued job
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 from ..core import protocol as P
 from ..core.errors import ZresError
 from ..core.resources import format_units, parse_spec, units_to_float
-from .options import broker_address, request, seconds
+from .options import BROKER_ORDER, broker_address, request, seconds
 
 _FINAL = {"done", "failed", "cancelled", "lost", "infeasible", "unknown"}
 _POLL = 0.2  # seconds between looks at the job table while waiting or following
@@ -60,8 +60,10 @@ def add_parsers(sub: Any) -> None:
     cancel.add_argument("job", type=int, nargs="+")
     _broker_option(cancel)
 
-    wait = sub.add_parser("wait", help="block until jobs finish; non-zero if any failed")
-    wait.add_argument("job", type=int, nargs="*", help="default: every queued or running job")
+    wait = sub.add_parser("wait", help="block until jobs finish; exit 1 if any did not "
+                          "succeed, naming it")
+    wait.add_argument("job", type=int, nargs="*", help="default: every job no wait has "
+                      "reported yet (queued, running, or ended since the last wait)")
     wait.add_argument("--timeout", type=seconds, help="give up after this many seconds")
     _broker_option(wait)
 
@@ -71,7 +73,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _broker_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--broker", help="broker address (default $ZRES_BROKER)")
+    parser.add_argument("--broker", help=BROKER_ORDER)
 
 
 def _request(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -191,8 +193,10 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def wait(args: argparse.Namespace) -> int:
-    """Wait for the given jobs (or all active ones); report any that failed or cannot run."""
-    wanted = list(args.job) or [j["id"] for j in _request(args, P.JOBS, {})["jobs"]]
+    """Wait for the given jobs, or for every job no wait has reported yet (like a shell's
+    wait for its children, finished ones included); report any that did not succeed."""
+    wanted = list(args.job) or [j["id"] for j in
+                                _request(args, P.JOBS, {"unreported": True})["jobs"]]
     return _wait_for(args, wanted, args.timeout)
 
 
@@ -223,6 +227,8 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
                   f"{', '.join(str(j['id']) for j in pending)}", file=sys.stderr)
             return 1
         time.sleep(_POLL)
+    if table:
+        _request(args, P.JOBS, {"jobs": [], "reported": [j["id"] for j in table]})
     status = 0
     for job in table:
         if job["state"] == "done":

@@ -9,13 +9,16 @@ import zmq
 
 from ..core.errors import ZresError
 from . import cluster, jobs
-from .options import EXIT_USAGE, Parser, UsageError
+from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError
 
 _COMMANDS = {**cluster.COMMANDS, **jobs.COMMANDS}
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="zres", description="Resource-aware task scheduler.")
+    parser = Parser(prog="zres", description="Resource-aware task scheduler.",
+                    epilog=f"Every command finds its {BROKER_ORDER}. Agents read [agent] "
+                    "instead of [client]; Python's zres.Client() reads the same, and with "
+                    "no broker anywhere starts a private one.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     cluster.add_parsers(sub)
     jobs.add_parsers(sub)

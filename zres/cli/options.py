@@ -49,9 +49,16 @@ def add_daemon_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=None)
 
 
+# Said by every command that talks to a broker (and by --help).
+BROKER_ORDER = ("broker address: the one given here, else $ZRES_BROKER, else broker in the "
+                "config file's [client] section (zres.toml), else "
+                f"{config.DEFAULT_ADDRESS}; HOST:PORT means tcp://HOST:PORT")
+
+
 def broker_address(given: str | None) -> str:
-    """The broker to talk to: GIVEN, else $ZRES_BROKER or the config file, else the default."""
-    return given or config.load("client")["broker"] or config.DEFAULT_ADDRESS
+    """The broker to talk to: GIVEN, else $ZRES_BROKER, else the config file, else the
+    default address."""
+    return config.load("client", {"broker": given})["broker"] or config.DEFAULT_ADDRESS
 
 
 def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0

@@ -13,59 +13,75 @@ import os
 import pickle
 import shlex
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import _base
 from typing import Any, cast
 
+from .. import config
 from ..core import protocol as P
+from ..core.address import wait_for_answer
 from ..core.errors import ZresError
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
 from . import registry
 from .actors import ActorHandle
 from .annotations import current_annotations
+from .connect import find_broker
+from .executor import Executor
 from .futures import Future, gather
-from .io import IOThread
+from .io import STOP, IOThread
 
 _INFEASIBLE_MODES = ("warn", "error")
 
 
-class Client(cf.Executor):
-    """Connect to a broker, or start a private local cluster when none is named.
+class Client:
+    """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
+    return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
+    ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
+    Executor on the same connection.
 
-    ``Client()`` uses ``$ZRES_BROKER`` if set, else starts a broker and one agent with
-    this machine's resources (a ``LocalCluster``) that it stops on ``close()``.
+    The broker is ADDRESS if given, else ``$ZRES_BROKER``, else ``broker`` in the config
+    file's ``[client]`` section (``zres.toml``), else one answering at
+    tcp://127.0.0.1:7070; with none of these, a private cluster (a broker and one agent
+    offering this machine, a ``LocalCluster``) starts for this client, which says so in
+    one line and stops it on ``close()``. Nothing else can join a private cluster, so a
+    task no agent there can run fails at once with InfeasibleError.
+
+    INFEASIBLE ("warn" or "error") is what a task nobody can run gets by default: a
+    warning while it waits for an agent that could, or that error at once ("error" on a
+    private cluster, else "warn").
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
-                 infeasible: str = "warn", connect_timeout: float = 30.0,
+                 infeasible: str | None = None, connect_timeout: float = 30.0,
                  broker_timeout: float | None = None) -> None:
-        _check_infeasible(infeasible)
-        self.infeasible = infeasible
-        self.cluster = None
-        address = address or os.environ.get("ZRES_BROKER")
-        if not address:
-            from ..local import LocalCluster
-            self.cluster = LocalCluster()
-            address = self.cluster.address
+        if infeasible is not None:
+            _check_infeasible(infeasible)
+        settings = config.load("client", {"broker": address,
+                                          "broker_timeout": broker_timeout})
+        address, self.cluster = find_broker(settings["broker"])
+        self.infeasible = infeasible or ("error" if self.cluster is not None else "warn")
         self.address = address
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
         self._pickler = CallPickler(Future)
-        self._io = IOThread(self.name, address, broker_timeout)
+        self._io = IOThread(self.name, address, settings["broker_timeout"])
         self._closed = False
+        self._exited = False  # closed at the interpreter's exit
+        self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
         try:
-            self._io.connected.wait_for(connect_timeout)
-        except TimeoutError:
+            wait_for_answer(address, self._io.connected.wait, connect_timeout)
+        except ZresError:
             self.close()
-            raise ZresError(f"no zres broker answered at {address} within "
-                            f"{connect_timeout:g}s") from None
+            raise
         if self._io.refused is not None:
             self.close()
             raise ZresError(f"the broker at {address} refused this client: {self._io.refused}")
         registry.add(self)
 
     # -- submitting ---------------------------------------------------------------------
-    def submit(self, fn: Callable[..., Any], /, *args: Any,  # type: ignore[override]
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
                resources: Mapping[str, Any] | None = None, retries: int | None = None,
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None,
@@ -73,7 +89,14 @@ class Client(cf.Executor):
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
+        (For a function taking one of these keywords itself, use ``executor()``.)
         """
+        return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key)
+
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                resources: Mapping[str, Any] | None = None, retries: int | None = None,
+                priority: int | None = None, infeasible: str | None = None,
+                key: str | None = None) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key)
         deps: list[Any] = []
         index: dict[int, int] = {}
@@ -83,11 +106,21 @@ class Client(cf.Executor):
         self._io.wake()
         return future
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],  # type: ignore[override]
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
             key: str | None = None, **kwargs: Any) -> list[Future]:
-        """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does)."""
+        """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
+
+        KWARGS go to every call. (``executor().map`` is the standard's: an iterator of
+        results, with ``timeout``.)
+        """
+        return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key)
+
+    def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
+             kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
+             retries: int | None = None, priority: int | None = None,
+             infeasible: str | None = None, key: str | None = None) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
@@ -102,9 +135,19 @@ class Client(cf.Executor):
         self._io.wake()
         return futures
 
-    def _options(self, resources: Mapping[str, Any] | None, retries: int | None,
-                 priority: int | None, infeasible: str | None,
-                 key: str | None) -> dict[str, Any]:
+    def executor(self, resources: Mapping[str, Any] | None = None,
+                 **defaults: Any) -> Executor:
+        """Return a ``concurrent.futures.Executor`` whose calls run on this cluster, each
+        asking for RESOURCES, with DEFAULTS (priority, retries, infeasible). It keeps the
+        standard contract exactly (see ``zres.client.executor``); shutting it down leaves
+        this client open."""
+        executor = Executor(self, resources, **defaults)
+        self._executors.add(executor)
+        return executor
+
+    def _options(self, resources: Mapping[str, Any] | None, retries: int | None = None,
+                 priority: int | None = None, infeasible: str | None = None,
+                 key: str | None = None) -> dict[str, Any]:
         self._check_open()
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
@@ -193,10 +236,11 @@ class Client(cf.Executor):
               **kwargs: Any) -> ActorHandle:
         """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
 
-        The actor holds RESOURCES until it ends. Its methods run in its own process, calls
-        from one client in the order made, up to MAX_CONCURRENCY at once (threads; coroutine
-        methods on its event loop). If its process or agent dies it is started again, up
-        to RESTARTS times (-1: no limit). A NAMEd actor can be found with ``get_actor`` and
+        The actor holds RESOURCES until it ends, and no CPU unless RESOURCES names CPU.
+        Its methods run in its own process, calls from one client in the order made, up to
+        MAX_CONCURRENCY at once (threads; coroutine methods on its event loop). If its
+        process or agent dies it is started again, up to RESTARTS times (-1: no limit). A
+        NAMEd actor can be found with ``get_actor`` and
         outlives this client; an unnamed one ends when this client disconnects.
         """
         if not inspect.isclass(cls):
@@ -207,7 +251,11 @@ class Client(cf.Executor):
                 raise ValueError(f"{label} must be an int >= {low}, got {value!r}")
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"name must be a non-empty str, got {name!r}")
-        opts = self._options(resources, 0, priority, infeasible, None)
+        # An actor holds what it asks for, and no CPU unless it asks: an idle actor must not
+        # keep a CPU from tasks (Ray's hold none while alive either). One that computes
+        # says so: resources={"CPU": 1}.
+        asked = current_annotations().get("resources") if resources is None else resources
+        opts = self._options({"CPU": 0, **(asked or {})}, 0, priority, infeasible, None)
         actor_id = uuid.uuid4().hex
         methods = sorted(m for m in dir(cls)
                          if not m.startswith("__") and callable(getattr(cls, m, None)))
@@ -248,6 +296,7 @@ class Client(cf.Executor):
         frames = self._pickler.call(pickle.dumps(method, protocol=5), args, kwargs, deps, {})
         label = key or f"{actor._zres_cls}.{method}"
         future = self._make_future(label, key, frames, deps, opts, {"call": actor._zres_id})
+        future.actor_call = True
         self._io.wake()
         return future
 
@@ -285,11 +334,57 @@ class Client(cf.Executor):
             raise ZresError(reply["error"])
         return [units_to_float(units) for units in reply["slots"]]
 
-    def _cancel(self, future: Future) -> None:
-        self._io.pending.pop(future.id, None)
-        self._io.outbox.append((P.CANCEL, future.id, ()))
-        future._release_when_dropped = True
-        self._io.wake()
+    def cancel(self, futures: Future | Iterable[Future], force: bool = False) -> None:
+        """Cancel FUTURES (one, or an iterable): what has not started never runs, and its
+        future is cancelled now. A running task goes on (as ``Future.cancel`` says), unless
+        FORCE: then it is stopped where it runs (an exception raised in its call; its
+        worker process killed if the call has not ended two seconds later; a command job's
+        process group terminated), and its future ends cancelled once it is gone, its
+        resources free again. A task that finishes first keeps its result.
+        """
+        items = [futures] if isinstance(futures, Future) else list(futures)
+        for future in items:
+            if not isinstance(future, Future) or future.client is not self:
+                raise ValueError(f"{future!r} is not a future of this client")
+            if force and future.actor_call:
+                raise ValueError(f"{future.name} is an actor's method call: it cannot be "
+                                 "stopped alone; kill the actor (zres.kill) instead")
+        if force:  # their futures end when the broker says the tasks are gone
+            for future in items:
+                if not future.done():
+                    self._io.outbox.append((STOP, future.id, ()))
+                    future._release_when_dropped = True
+            self._io.wake()
+        else:
+            self._cancel([f for f in items if f._state == _base.PENDING])
+
+    def _cancel(self, futures: list[Future]) -> None:
+        """Ask the broker to cancel the tasks of FUTURES that have not begun; those it
+        cancels end cancelled once it answers. This waits for the answer (a round trip)
+        unless it runs on the I/O thread, in a done-callback: then they end when it comes."""
+        if not futures or self._closed:
+            return
+        reply = self._io.ask(P.CANCEL, {"ids": [f.id for f in futures]})
+        by_id = {f.id: f for f in futures}
+
+        def cancelled(reply: cf.Future) -> None:  # type: ignore[type-arg]
+            if reply.exception() is not None:
+                return  # the broker is gone: they fail as everything pending does
+            for task_id in reply.result().get("cancelled", ()):
+                future = by_id.get(task_id)
+                if future is not None:
+                    future._release_when_dropped = True
+                    self._io.pending.pop(task_id, None)
+                    future._end_cancelled(_base.PENDING)
+
+        if self._io.on_thread():
+            reply.add_done_callback(cancelled)
+            return
+        try:
+            reply.result(self._io.broker_timeout)
+        except (cf.TimeoutError, ZresError):
+            return  # no answer: nothing is known to be cancelled
+        cancelled(reply)
 
     def _release(self, task_id: int) -> None:
         if not self._closed:
@@ -298,7 +393,8 @@ class Client(cf.Executor):
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
-        """Disconnect; tasks still pending fail; stop the local cluster if this client owns one."""
+        """Disconnect; tasks still pending fail (as Dask's close cancels them); stop the
+        private cluster if this client started one."""
         with self._io.lock:
             if self._closed:
                 return
@@ -309,8 +405,19 @@ class Client(cf.Executor):
         if self.cluster is not None:
             self.cluster.close()
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self.close()
+    def _at_exit(self) -> None:
+        """The program ends and never closed this client. As a ThreadPoolExecutor's work
+        does, what its executors hold finishes first, and on a private cluster (which ends
+        with the program) every pending task; then it closes."""
+        try:
+            if self.cluster is not None:
+                waiting = list(self._io.pending.values())
+            else:
+                waiting = [f for e in list(self._executors) for f in e.outstanding()]
+            cf.wait(waiting)
+        finally:
+            self._exited = True
+            self.close()
 
     def __enter__(self) -> Client:
         return self

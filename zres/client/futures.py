@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 from collections.abc import Generator, Iterable, Iterator, Mapping
+from concurrent.futures import _base
 from typing import Any, Protocol
 
 FIRST_COMPLETED = cf.FIRST_COMPLETED
@@ -19,7 +20,7 @@ class Owner(Protocol):
 
     def _release(self, task_id: int) -> None: ...
 
-    def _cancel(self, future: Future) -> None: ...
+    def _cancel(self, futures: list[Future]) -> None: ...
 
     def why(self, future: Future, timeout: float = 10.0) -> str: ...
 
@@ -38,6 +39,7 @@ class Future(cf.Future):  # type: ignore[type-arg]
         self.name = name
         self.agent: str | None = None         # where it ran, once finished
         self.infeasible: str | None = None    # why no agent can run it, if reported
+        self.actor_call = False               # a method call on an actor
         # Once finished (or cancelled), the broker keeps the result until this is dropped.
         self._release_when_dropped = False
 
@@ -54,11 +56,43 @@ class Future(cf.Future):  # type: ignore[type-arg]
         return f"<zres.Future {self.name} id={self.id} {state}>"
 
     def cancel(self) -> bool:
-        """Cancel the task if it has not finished; a running call finishes unobserved."""
-        if not super().cancel():
-            return False
-        self.client._cancel(self)
+        """Cancel the task unless it has begun, as concurrent.futures does: True if it is
+        cancelled (it will never run), False if it may have begun or has finished.
+
+        The broker decides, knowing exactly which tasks an agent may have started, so
+        this waits for its answer (one round trip). Called from a done-callback (the
+        client's I/O thread, which cannot wait), it returns False and the future ends
+        cancelled when the answer comes, if the task had not begun.
+        ``client.cancel(future, force=True)`` stops a running task.
+        """
+        if self._state == _base.PENDING:
+            self.client._cancel([self])
+        return self.cancelled()
+
+    def _end_cancelled(self, *states: str) -> bool:
+        """Move the future from one of STATES to cancelled, notifying everyone who waits
+        on it at once; return whether it moved.
+
+        No executor thread picks a cancelled zres future up to tell ``wait`` and
+        ``as_completed`` (a ThreadPoolExecutor's worker does that for its own), so this
+        does it, under the future's lock, as ``set_running_or_notify_cancel`` would.
+        From RUNNING: the task was stopped (a forced cancel, a cancelled job).
+        """
+        with self._condition:
+            if self._state not in states:
+                return False
+            self._state = _base.CANCELLED_AND_NOTIFIED
+            for waiter in self._waiters:
+                waiter.add_cancelled(self)
+            self._condition.notify_all()
+        self._invoke_callbacks()
         return True
+
+    def _set_running(self) -> None:
+        """The task began on an agent (the client's I/O thread heard it)."""
+        with self._condition:
+            if self._state == _base.PENDING:
+                self._state = _base.RUNNING
 
     def why(self, timeout: float = 10.0) -> str:
         """Say why this task is not running yet (or where it runs)."""

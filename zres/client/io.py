@@ -17,6 +17,7 @@ import uuid
 import warnings
 import weakref
 from collections import deque
+from concurrent.futures import _base
 from typing import Any
 
 import msgpack
@@ -48,12 +49,14 @@ def settle(future: Future, result: Any = None, exception: BaseException | None =
         pass  # cancelled meanwhile
 
 
+STOP = "stop"  # an outbox entry: a task to cancel with force (sent batched, as CANCEL)
+
 _ERRORS: dict[str, type[BaseException]] = {
     "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
     "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
     "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
     "CommandFailed": errors.CommandFailed,
-    "CancelledError": cf.CancelledError, "ZresError": ZresError,
+    "ZresError": ZresError,
 }
 
 
@@ -100,10 +103,19 @@ class IOThread:
             self._awake = True
             os.write(self._wake_w, b"x")
 
-    def request(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def ask(self, kind: str, body: dict[str, Any]) -> cf.Future:  # type: ignore[type-arg]
+        """Send a request (after everything queued before it); its reply comes later."""
         reply: cf.Future = cf.Future()  # type: ignore[type-arg]
         self.outbox.append((kind, (body, reply), ()))
         self.wake()
+        return reply
+
+    def on_thread(self) -> bool:
+        """Whether the caller is this I/O thread (a done-callback), which must not wait."""
+        return threading.current_thread() is self._thread
+
+    def request(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        reply = self.ask(kind, body)
         try:
             return reply.result(timeout)  # type: ignore[no-any-return]
         except cf.TimeoutError:
@@ -142,8 +154,9 @@ class IOThread:
                         lost = self.lose_all(
                             f"no word from the broker for {self.broker_timeout:g}s")
                         # Should the same broker come back, it must not run them for nobody.
+                        if lost:  # nobody waits for the answer
+                            self.ask(P.CANCEL, {"ids": lost})
                         for task_id in lost:
-                            self.outbox.append((P.CANCEL, task_id, ()))
                             self.outbox.append((P.RELEASE, task_id, ()))
             P.send(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
@@ -157,11 +170,11 @@ class IOThread:
         P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name}))
 
     def _send_outbox(self) -> None:
-        """Send everything queued: submits in batches, then cancels and releases."""
+        """Send everything queued: submits in batches, then stops and releases."""
         submits: list[Any] = []
         frames: list[Any] = []
         releases: list[int] = []
-        cancels: list[int] = []
+        stops: list[int] = []   # cancels with force
         size = [0, 0]  # the batch's header and payload bytes (bounds)
         limits = self.limits
 
@@ -192,20 +205,18 @@ class IOThread:
                 size[1] += body
             elif kind == P.RELEASE:
                 releases.append(item)
-            elif kind == P.CANCEL:
-                cancels.append(item)
+            elif kind == STOP:
+                stops.append(item)
             else:  # a request: the broker must see what was queued before it first
                 flush_submits()
-                if cancels:
-                    self._send(P.CANCEL, {"ids": cancels})
-                    cancels = []
+                self._send_stops(stops)
+                stops = []
                 body, reply = item
                 req = next(self._request_ids)
                 self.requests[req] = reply
                 self._send(kind, {**body, "req": req})
         flush_submits()
-        if cancels:
-            self._send(P.CANCEL, {"ids": cancels})
+        self._send_stops(stops)
         if releases:
             self._send(P.RELEASE, {"ids": releases})
 
@@ -219,6 +230,10 @@ class IOThread:
                 else f"its description (dependencies, name) takes about {head} bytes, more "
                 f"than the broker's limit of {limits.header_bytes} (max_header_bytes)")
         settle(future, exception=ZresError(f"task {future.name} was not sent: {what}"))
+
+    def _send_stops(self, stops: list[int]) -> None:
+        if stops:
+            self._send(P.CANCEL, {"ids": stops, "force": True})
 
     def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
         P.send(self.sock, P.encode(kind, body, frames))
@@ -238,6 +253,11 @@ class IOThread:
         self._last_heard = time.monotonic()
         if msg.kind == P.RESULTS:
             self._on_results(msg)
+        elif msg.kind == P.RUNNING:
+            for task_id in msg.body.get("ids", ()):
+                future = self.pending.get(task_id)
+                if future is not None:
+                    future._set_running()
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.HEARTBEAT:
@@ -248,7 +268,7 @@ class IOThread:
         elif msg.kind == P.WARN:
             self._on_warn(msg)
         elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY, P.KILL_REPLY,
-                          P.LOOKUP_REPLY, P.JOBS_REPLY):
+                          P.LOOKUP_REPLY, P.JOBS_REPLY, P.CANCEL_REPLY):
             reply = self.requests.pop(msg.body.get("req", -1), None)
             if reply is not None:
                 reply.set_result(msg.body)
@@ -318,6 +338,8 @@ class IOThread:
                         f"the result of {future.name} cannot be unpickled here: {exc!r}"))
             elif outcome == P.RAISED:
                 settle(future, exception=loads_exception(frames))
+            elif info.get("type") == "CancelledError":  # stopped, or its job or input was
+                future._end_cancelled(_base.PENDING, _base.RUNNING)
             else:
                 error = _ERRORS.get(str(info.get("type")), ZresError)
                 settle(future, exception=error(info.get("message", "task failed")))

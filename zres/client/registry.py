@@ -15,6 +15,7 @@ from typing import Any
 _open: list[Any] = []
 _lock = threading.Lock()
 _start: Callable[[], Any] | None = None
+_hooked = False  # _at_exit is registered (at the first client: after the user's own hooks)
 
 
 def set_factory(start: Callable[[], Any]) -> None:
@@ -24,8 +25,12 @@ def set_factory(start: Callable[[], Any]) -> None:
 
 
 def add(client: Any) -> None:
+    global _hooked
     with _lock:
         _open.append(client)
+        if not _hooked:
+            _hooked = True
+            atexit.register(_at_exit)
 
 
 def remove(client: Any) -> None:
@@ -35,11 +40,21 @@ def remove(client: Any) -> None:
 
 
 def default() -> Any:
-    """Return the newest open client, starting one (closed at exit) if none is open."""
+    """Return the newest open client, starting one if none is open."""
     with _lock:
         if _open:
             return _open[-1]
     assert _start is not None, "zres.client.client sets the factory when it is imported"
-    client = _start()
-    atexit.register(client.close)
-    return client
+    return _start()
+
+
+def _at_exit() -> None:
+    """The program ends: each client still open finishes what it must and closes
+    (``Client._at_exit``), newest first. Ctrl-C stops the waiting, not the closing."""
+    with _lock:
+        clients = list(reversed(_open))
+    for client in clients:
+        try:
+            client._at_exit()
+        except KeyboardInterrupt:
+            client.close()

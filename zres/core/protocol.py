@@ -22,13 +22,16 @@ client -> broker
                {call: actor id} makes it a method call (payload: method name, arguments)
                {job: {argv, env, cwd, detached}} makes it a command job (no payload);
                a detached job outlives the client that submitted it
-    jobs       {all?: bool, ids?: [id...]}       -> jobs_reply {jobs: [...], ids?: [job id]}
+    jobs       {all?: bool, unreported?: bool, jobs?: [job id...], ids?: [id...],
+                reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
+               reported: a wait has said how these ended (unreported lists the others)
     job_cancel {job}                             any client may cancel any job
     logs       {job, offset}                     -> logs_reply {data, finished, error?}
     kill       {actor: id}                       end an actor now -> kill_reply
     lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...}}
     release    {ids: [id...]}                    the client dropped these futures
-    cancel     {ids: [id...]}
+    cancel     {ids: [id...], force?: bool, req?} those not begun never run; force: stop
+                                                 the others too; with req -> cancel_reply
     status     {}                                -> status_reply
     why        {id}                              -> why_reply
     bye        {}                                the client closed: cancel what it left
@@ -39,8 +42,10 @@ broker -> client
                 tasks}}                         limits: what one submit may hold
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
+    running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
     job_cancel_reply {error?}
+    cancel_reply {req, cancelled: [id...]}       those cancelled; the rest may have begun
     resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
     refused    {kind?, error, req?, ids?}       a message over a limit, or malformed: its
@@ -68,7 +73,7 @@ agent -> broker
     bye        {session}                        gone; what it did not report is lost
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
 broker -> agent
-    welcome    {epoch, session, agent, heartbeat, lease: seconds, starve: seconds,
+    welcome    {epoch, cluster, session, agent, heartbeat, lease: seconds, starve: seconds,
                 resumed?, ack?}
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
                opts {queued?, taken?, priority, seq, attempt, actor?, job?}: queued
@@ -78,7 +83,7 @@ broker -> agent
     call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
     kill_actor {ids: [actor id...]}
     logs       {token, job, offset}             read a job's log file
-    cancel     {ids: [id...]}
+    cancel     {ids: [id...], force?: bool}     force: stop them even if they started
     resources  {slots: [units...]}              the new capacity, for re-registering
     heartbeat  {epoch, echo?: t, ack?}          echo: the agent's latest heartbeat's t
     ack        {ack}                            reports received up to this seq
@@ -92,7 +97,9 @@ agent -> worker process (over ipc)
                context.run numbers the start in the worker's start log; context.queued
                grants start when they fit (priority, seq, since, taken); context.create
                marks an actor's construction (actor processes only)
-    cancel     {ids: [id...]}                   drop these queued grants unless started
+    cancel     {ids: [id...], force?: bool}     drop these queued grants unless started;
+                                                force: stop them where they run (an
+                                                exception raised in the call's thread)
 worker process -> agent
     done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?}
     ready      {pid}
@@ -128,6 +135,7 @@ WHY = "why"
 WHY_REPLY = "why_reply"
 RESULTS = "results"
 WARN = "warn"
+RUNNING = "running"
 UNKNOWN = "unknown"
 REGISTER = "register"
 DONE = "done"
@@ -154,14 +162,16 @@ JOBS = "jobs"
 JOBS_REPLY = "jobs_reply"
 JOB_CANCEL = "job_cancel"
 JOB_CANCEL_REPLY = "job_cancel_reply"
+CANCEL_REPLY = "cancel_reply"
 LOGS = "logs"
 LOGS_REPLY = "logs_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
-                   WHY_REPLY, RESULTS, WARN, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
+                   WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
-                   JOB_CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN, ACK, REFUSED})
+                   JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
+                   ACK, REFUSED})
 
 # Task outcomes.
 OK = "ok"

@@ -64,6 +64,12 @@ class Task:
     # with no retry spent.
     held: bool = False
     begun: bool = False
+    # A forced cancel is stopping it where it runs: it ends cancelled once its agent says
+    # it is gone (its resources free then), never retried.
+    stopping: bool = False
+    # Its client asked to cancel it once it was held: its agent says whether it had begun
+    # (it runs on) or not (it ends cancelled, and so it does if it comes back unstarted).
+    cancelling: bool = False
 
 
 def set_state(task: Task, new: TaskState) -> None:

@@ -1,0 +1,95 @@
+"""Broker addresses: what a user may type, and whether anything listens there.
+
+ZeroMQ connects in the background and retries for ever, so a wrong address looks like a
+slow broker. Looking for ourselves (a plain TCP or Unix-socket connect) turns "connection
+refused" or "unknown host" into an error that names the address at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import socket
+import time
+from collections.abc import Callable
+
+from .errors import ZresError
+
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d+)")
+_TRANSPORTS = ("tcp", "ipc", "inproc")
+
+
+def normalize(address: str) -> str:
+    """Return ADDRESS as ZeroMQ takes it: ``host:port`` means ``tcp://host:port``.
+
+    Raises ValueError, naming the address and the forms accepted, for anything else.
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"{address!r} is not a broker address: use tcp://HOST:PORT "
+                         "(e.g. tcp://127.0.0.1:7070) or ipc://PATH")
+    address = address.strip()
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        if _HOST_PORT.fullmatch(address):
+            return f"tcp://{address}"
+        raise ValueError(f"{address!r} is not a broker address: use tcp://HOST:PORT "
+                         "(e.g. tcp://127.0.0.1:7070), HOST:PORT or ipc://PATH")
+    if scheme not in _TRANSPORTS:
+        raise ValueError(f"{address!r}: unknown transport {scheme!r} (use tcp, ipc or inproc)")
+    if scheme == "tcp" and not _HOST_PORT.fullmatch(rest.rpartition(";")[2]):
+        raise ValueError(f"{address!r}: a tcp address needs a host and a port, "
+                         "e.g. tcp://127.0.0.1:7070")
+    if not rest:
+        raise ValueError(f"{address!r}: the address after {scheme}:// is empty")
+    return address
+
+
+def unreachable(address: str, timeout: float = 0.5) -> str | None:
+    """Say why nothing accepts connections at ADDRESS ("connection refused"), or None
+    when something does or it cannot be told (no answer yet, another transport)."""
+    scheme, _, rest = address.partition("://")
+    try:
+        if scheme == "tcp":
+            match = _HOST_PORT.fullmatch(rest.rpartition(";")[2])
+            if match is None:
+                return None
+            host = match.group(1).strip("[]")
+            socket.create_connection((host, int(match.group(2))), timeout).close()
+        elif scheme == "ipc":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(rest)
+        return None
+    except socket.gaierror:
+        return f"unknown host {rest.rpartition(':')[0].rpartition(';')[2]!r}"
+    except TimeoutError:
+        return None  # a slow or filtered network: it may yet answer
+    except FileNotFoundError:
+        return "no such socket file"
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                         errno.EADDRNOTAVAIL, errno.ENOTSOCK):
+            return exc.strerror.lower() if exc.strerror else str(exc)
+        return None
+
+
+def wait_for_answer(address: str, answered: Callable[[float], bool], timeout: float,
+                    what: str = "no zres broker answered") -> None:
+    """Call ANSWERED(seconds), which waits up to that long for the broker, until it says
+    True; raise ZresError at TIMEOUT, or as soon as nothing listens at ADDRESS (looked at
+    after the first half second, then every second)."""
+    start = time.monotonic()
+    deadline = start + timeout
+    next_look = start + 0.5
+    while True:
+        now = time.monotonic()
+        if answered(max(0.0, min(deadline, next_look) - now)):
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            raise ZresError(f"{what} at {address} within {timeout:g}s")
+        if now >= next_look:
+            next_look = now + 1.0
+            why = unreachable(address)
+            if why is not None:
+                raise ZresError(f"cannot reach the zres broker at {address}: {why}")
