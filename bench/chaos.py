@@ -7,7 +7,8 @@ Each round starts a cluster (two CPU agents offering slot=2, one agent with two 
 submits tasks with dependencies and retries, pipelined short tasks, GPU tasks, calls to
 actors that restart, and command jobs, and meanwhile SIGKILLs agents (restarting them),
 SIGSTOPs them for up to twice the heartbeat timeout, SIGKILLs worker processes and
-SIGTERMs agents (which drain). Every task body appends its start and end to a ledger and,
+SIGTERMs agents (which drain); it also cancels tasks as they go (some with force).
+Every task body appends its start and end to a ledger and,
 while it runs, holds an exclusive lock (flock) on one unit of what it was granted: a slot
 unit, or its GPU device. The kernel drops a lock the moment its process ends, however it
 ends, so a lock found taken means two bodies ran at once on one unit: an over-grant.
@@ -16,6 +17,8 @@ Checked per round, and printed as a table:
 - every future resolved, with the right value or a zres error that tells the truth
   ("while running" only if the body began);
 - no retries=0 body began twice, and no retries=N body more than N+1 times;
+- a task whose cancel() said True never began, and ended cancelled; nothing ended
+  cancelled that was not cancelled (with force or not), or waited on one that was;
 - no unit of a resource over-granted at any instant;
 - no process of the round left behind once the cluster is closed.
 """
@@ -143,6 +146,9 @@ class Round:
         self.expected: dict[str, int] = {}      # key -> right value
         self.retries: dict[str, int] = {}       # key -> retries it was given
         self.futures: dict[str, zres.Future] = {}
+        self.inputs: dict[str, list[str]] = {}  # key -> the keys it waits on
+        self.cancel_said: dict[str, bool] = {}  # key -> what its cancel() answered
+        self.forced: set[str] = set()           # keys cancelled with force
         self.faults: Counter[str] = Counter()
         self.timeline: list[tuple[float, str, str]] = []   # when, fault, agent
         self.stop_faults = threading.Event()
@@ -192,6 +198,7 @@ class Round:
                 inputs = [k for k in rng.sample(done, min(len(done), rng.randint(0, 2)))
                           if k[0] in "ps"]
                 self.expected[key] = value + sum(self.expected[k] for k in inputs)
+                self.inputs[key] = inputs
                 self.futures[key] = client.submit(
                     body, *common, key, rng.uniform(0.005, 0.05), value,
                     *[self.futures[k] for k in inputs], resources={"slot": 1},
@@ -217,8 +224,25 @@ class Round:
                      str(rng.uniform(0.05, 0.3))], resources={"slot": 1}, name=key)
             self.retries[key] = retries
             done.append(key)
+            if rng.random() < 0.08:
+                self._cancel(client, rng.choice(done[-30:]))
             if i % 50 == 49:
                 time.sleep(rng.uniform(0.0, 0.2))  # arrivals spread over the round
+
+    def _cancel(self, client: zres.Client, key: str) -> None:
+        """Cancel KEY's task, most often as Future.cancel() does, at times with force."""
+        future = self.futures[key]
+        if key[0] == "c" or key in self.cancel_said or key in self.forced:
+            return  # an actor's call cannot be stopped alone; one cancel each
+        if self.rng.random() < 0.25:
+            client.cancel(future, force=True)
+            self.forced.add(key)
+        else:
+            self.cancel_said[key] = future.cancel()
+
+    def _waits_on_cancelled(self, key: str) -> bool:
+        return any(self.futures[k].cancelled() or self._waits_on_cancelled(k)
+                   for k in self.inputs.get(key, ()))
 
     def _faults(self, cluster: zres.LocalCluster, specs: dict[str, dict[str, Any]]) -> None:
         rng = self.rng.__class__(self.rng.random())
@@ -267,6 +291,16 @@ class Round:
             if not future.done():
                 outcomes["unresolved"] += 1
                 problems.append(f"{key}: never resolved ({future.why()})")
+                continue
+            said = self.cancel_said.get(key)
+            if said and (starts[key] or not future.cancelled()):
+                problems.append(f"{key}: cancel() said True, yet it began {starts[key]} "
+                                f"times and ended {future._state}")
+            if future.cancelled():
+                outcomes["cancelled"] += 1
+                if not said and key not in self.forced \
+                        and not self._waits_on_cancelled(key):
+                    problems.append(f"{key}: ended cancelled; cancel() said {said}")
                 continue
             error = future.exception()
             if error is None:

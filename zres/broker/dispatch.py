@@ -27,6 +27,7 @@ from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant
 from .actors import ActorRouting, ActorState
 from .agents import AgentRecord, AgentRegistry
+from .cancels import CancelAnswers
 from .graph import TaskGraph
 from .jobs import JobTable
 from .outbox import Batches, Send
@@ -44,10 +45,11 @@ class Dispatcher:
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
-                 actors: ActorRouting, jobs: JobTable,
+                 actors: ActorRouting, jobs: JobTable, cancels: CancelAnswers,
                  on_started: Callable[[Task], None]) -> None:
         self._send = send
         self._on_started = on_started  # tells its client the task began
+        self._cancels = cancels
         self._graph = graph
         self._sched = sched
         self._agents = agents
@@ -225,7 +227,7 @@ class Dispatcher:
                 continue
             self._on_started(task)
             task.held = task.begun = True
-            task.cancelling = False  # a cancel asked for came too late: it runs on
+            self._too_late_to_cancel(task)
             task.started_at = now
             grant = self._sched.running[task_id]
             if not grant.started:
@@ -309,7 +311,14 @@ class Dispatcher:
         if strays:
             self._send(agent.ident, P.CANCEL, {"ids": strays})
 
+    def _too_late_to_cancel(self, task: Task) -> None:
+        """TASK began, or may have: a cancel asked of its agent is answered no."""
+        if task.cancelling:
+            task.cancelling = False
+            self._cancels.settle(task, cancelled=False)
+
     def _retry(self, task: Task, why: str) -> None:
+        self._too_late_to_cancel(task)  # it may have begun where it was
         task.retries -= 1
         log.info("task_retried", task=task.name, id=task.id, why=why, retries_left=task.retries)
         self._requeue(task)

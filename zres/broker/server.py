@@ -93,10 +93,11 @@ class Broker:
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
                              self.explain.brief, self.sched.infeasible_reason,
                              cancel=lambda task: self.dispatch.drop(task))
-        self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
-                                   self.actors, self.jobs, on_started=self._started)
-        self._running = Batches(self._send, P.RUNNING, "ids")
         self.cancels = CancelAnswers(self._send)
+        self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
+                                   self.actors, self.jobs, self.cancels,
+                                   on_started=self._started)
+        self._running = Batches(self._send, P.RUNNING, "ids")
         self._results = Batches(self._send, P.RESULTS, "results")
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
@@ -351,8 +352,6 @@ class Broker:
 
     def _started(self, task: Task) -> None:
         """TASK began on an agent: its client hears it (batched), so its future runs."""
-        if task.cancelling:
-            self.cancels.settle(task, cancelled=False)
         client = self.clients.get(task.client)
         if client is not None and client.ids.get(task.local_id) == task.id:
             self._running.add(client.ident, task.local_id)
