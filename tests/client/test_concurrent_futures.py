@@ -109,6 +109,16 @@ class ExecutorMixin:
     def create_event(self) -> FileEvent:
         return FileEvent(str(self.tmp_path / f"event-{next(self._events)}"))
 
+    def run_touching(self, main: list[str]) -> subprocess.CompletedProcess[bytes]:
+        """Run a program whose main runs the lines MAIN, with upstream's sleep_and_touch
+        defined."""
+        return self.run_program("\n".join([
+            "import time, pathlib, zres",
+            "def sleep_and_touch(t, path):",
+            "    time.sleep(t)",
+            "    pathlib.Path(path).touch()",
+            'if __name__ == "__main__":', *(f"    {line}" for line in main)]))
+
     def run_program(self, code: str) -> subprocess.CompletedProcess[bytes]:
         """Run CODE in a new interpreter using this cluster, as upstream's
         assert_python_ok does (it must exit 0)."""
@@ -402,15 +412,8 @@ class TestExecutorShutdown(ExecutorMixin):
     def test_interpreter_shutdown(self) -> None:
         # The atexit hook: a program that ends with work pending waits for it.
         marker = self.tmp_path / "apple"
-        done = self.run_program(f"""if 1:
-            import time, pathlib, zres
-            def sleep_and_touch(t, path):
-                time.sleep(t)
-                pathlib.Path(path).touch()
-            if __name__ == "__main__":
-                t = zres.Client().executor()
-                t.submit(sleep_and_touch, 1.0, {str(marker)!r})
-            """)
+        done = self.run_touching(["t = zres.Client().executor()",
+                                  f"t.submit(sleep_and_touch, 1.0, {str(marker)!r})"])
         assert not done.stderr
         assert marker.exists(), "the program ended without running its pending task"
 
@@ -457,16 +460,9 @@ class TestExecutorShutdown(ExecutorMixin):
     def test_hang_gh83386(self) -> None:
         """shutdown(wait=False) doesn't hang at exit with running futures."""
         marker = self.tmp_path / "apple"
-        done = self.run_program(f"""if True:
-            import time, pathlib, zres
-            def sleep_and_touch(t, path):
-                time.sleep(t)
-                pathlib.Path(path).touch()
-            if __name__ == "__main__":
-                t = zres.Client().executor()
-                t.submit(sleep_and_touch, 1.0, {str(marker)!r})
-                t.shutdown(wait=False)
-            """)
+        done = self.run_touching(["t = zres.Client().executor()",
+                                  f"t.submit(sleep_and_touch, 1.0, {str(marker)!r})",
+                                  "t.shutdown(wait=False)"])
         assert not done.stderr
         assert marker.exists()
 
@@ -497,16 +493,9 @@ class TestExecutorShutdown(ExecutorMixin):
 
     def test_cancel_futures_wait_false(self) -> None:
         marker = self.tmp_path / "apple"
-        done = self.run_program(f"""if True:
-            import time, pathlib, zres
-            def sleep_and_touch(t, path):
-                time.sleep(t)
-                pathlib.Path(path).touch()
-            if __name__ == "__main__":
-                t = zres.Client().executor()
-                t.submit(sleep_and_touch, .1, {str(marker)!r})
-                t.shutdown(wait=False, cancel_futures=True)
-            """)
+        done = self.run_touching(["t = zres.Client().executor()",
+                                  f"t.submit(sleep_and_touch, .1, {str(marker)!r})",
+                                  "t.shutdown(wait=False, cancel_futures=True)"])
         assert not done.stderr
 
 

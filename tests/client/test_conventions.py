@@ -57,6 +57,18 @@ def test_a_task_runs_and_a_running_task_cannot_be_cancelled(make_cluster, make_c
     assert running.result(30) == "released"
 
 
+def running_in_worker(make_cluster, make_client, cpus: int, fn, tmp_path):  # noqa: ANN001, ANN201
+    """A one-agent cluster with CPUS running FN (which touches its marker): the client, the
+    running future, and the pid of the worker process that runs it."""
+    cluster = make_cluster(agents=[{"CPU": cpus}], **FAST)
+    client = make_client(cluster.address)
+    marker = str(tmp_path / "running")
+    future = client.submit(fn, marker)
+    wait_for_file(marker, 30)
+    wait_until(future.running, 30, message="running")
+    return client, future, client.submit(worker_pid, resources={"CPU": 0}).result(30)
+
+
 def touch(path: str) -> str:
     Path(path).touch()
     return path
@@ -86,13 +98,8 @@ def test_cancel_is_exact_what_it_cancels_never_runs_and_the_rest_finishes(
 
 def test_a_forced_cancel_stops_a_running_call_and_frees_its_resources_when_it_ends(
         make_cluster, make_client, tmp_path):
-    cluster = make_cluster(agents=[{"CPU": 1}], **FAST)
-    client = make_client(cluster.address)
-    marker = str(tmp_path / "spinning")
-    future = client.submit(spin, marker)
-    wait_for_file(marker, 30)
-    wait_until(future.running, 30, message="running")
-    pid = client.submit(worker_pid, resources={"CPU": 0}).result(30)
+    client, future, pid = running_in_worker(make_cluster, make_client, 1, spin, tmp_path)
+    marker = str(tmp_path / "running")
     client.cancel(future, force=True)
     wait_until(future.done, 30, message="the forced cancel")
     assert future.cancelled()
@@ -102,13 +109,8 @@ def test_a_forced_cancel_stops_a_running_call_and_frees_its_resources_when_it_en
 
 
 def test_a_forced_cancel_kills_a_worker_blocked_in_c(make_cluster, make_client, tmp_path):
-    cluster = make_cluster(agents=[{"CPU": 2}], **FAST)
-    client = make_client(cluster.address)
-    marker = str(tmp_path / "sleeping")
-    future = client.submit(sleep_in_c, marker)
-    wait_for_file(marker, 30)
-    wait_until(future.running, 30, message="running")
-    pid = client.submit(worker_pid, resources={"CPU": 0}).result(30)
+    client, future, pid = running_in_worker(make_cluster, make_client, 2, sleep_in_c,
+                                            tmp_path)
     client.cancel([future], force=True)
     wait_until(future.done, 30, message="the worker to be killed")
     assert future.cancelled()
