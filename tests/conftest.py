@@ -18,6 +18,21 @@ import zres
 cloudpickle.register_pickle_by_value(tests)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Brokers started on a fixed port keep their state under $XDG_STATE_HOME: the
+    suite's own, never the user's (nor shared with another run of it)."""
+    before = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "ZRES_STATE_DIR")}
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
+    os.environ.pop("ZRES_STATE_DIR", None)
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
                message: str = "condition") -> Any:
     """Poll CONDITION until it returns something truthy; fail after TIMEOUT seconds."""

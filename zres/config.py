@@ -34,7 +34,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
-               "max_deps": None},
+               "max_deps": None, "state": None},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
@@ -84,6 +84,11 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
             settings["listen"] = normalize(settings["listen"])
         except ValueError as exc:
             raise ConfigError(f"listen: {exc}") from None
+        # The state directory: the flag, then $ZRES_STATE_DIR, then the file, then one per
+        # user and port (None: a temporary one, for a broker on a port picked at random).
+        settings["state"] = ((flags or {}).get("state") or env.get("ZRES_STATE_DIR")
+                             or settings["state"]
+                             or default_state_dir(settings["listen"], env))
     if section in ("agent", "client"):
         # The broker: the flag, then $ZRES_BROKER, then the file (or ZRES_<SECTION>__BROKER).
         given = (flags or {}).get("broker") or env.get("ZRES_BROKER") or settings["broker"]
@@ -92,6 +97,23 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return settings
+
+
+def default_state_dir(listen: str, env: Mapping[str, str]) -> str | None:
+    """Where a broker listening on LISTEN keeps its state unless told: under
+    ``$XDG_STATE_HOME`` (else ``~/.local/state``) ``/zres/``, one directory per port (or
+    ipc path). None for a port picked at random (0): nothing could find it again."""
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                     "state")
+    scheme, _, rest = listen.partition("://")
+    if scheme == "tcp":
+        port = rest.rpartition(":")[2]
+        if not port.isdigit() or int(port) == 0:
+            return None
+        name = f"broker-{port}"
+    else:
+        name = f"broker-{scheme}-" + "".join(c if c.isalnum() else "_" for c in rest)[-80:]
+    return os.path.join(base, "zres", name)
 
 
 def _file_name(path: str | None, env: Mapping[str, str]) -> str | None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import atexit
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +52,8 @@ class LocalCluster:
         self.drain_grace = drain_grace
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.broker: subprocess.Popen[bytes] | None = None
+        # Its broker's state: its own, gone with it (nothing else can find this cluster).
+        self.state_dir = tempfile.mkdtemp(prefix="zres-local-state-")
         specs: list[Mapping[str, Any] | None] = [None] if agents is None else list(agents)
         self._exit_with = ["--exit-with", str(os.getpid())]
         atexit.register(self.close)  # a program that ends without close(), or by an exception
@@ -66,7 +70,7 @@ class LocalCluster:
     def _start_broker(self, address: str, timeout: float) -> str:
         self.broker = subprocess.Popen(
             [sys.executable, "-m", "zres", "broker", "--listen", address,
-             "--log-format", "json", *self._exit_with],
+             "--state", self.state_dir, "--log-format", "json", *self._exit_with],
             stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
             stdin=subprocess.DEVNULL)
         assert self.broker.stdout is not None
@@ -123,6 +127,7 @@ class LocalCluster:
             if self.broker.stdout:
                 self.broker.stdout.close()
             self.broker = None
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -23,15 +23,22 @@ class TaskGraph:
     """
 
     def __init__(self, on_ready: Callable[[Task], None],
-                 on_recorded: Callable[[Task], None]) -> None:
+                 on_recorded: Callable[[Task], None],
+                 reserve_ids: Callable[[int], int] | None = None, first_id: int = 1) -> None:
         self.tasks: dict[int, Task] = {}
-        self._next_id = 0
+        self._next_id = first_id - 1
         self._on_ready = on_ready
         self._on_recorded = on_recorded
+        # RESERVE_IDS(above) durably notes a new ceiling for ids (the state store), so
+        # that a restarted broker never hands out an id again; None: ids live in memory.
+        self._reserve_ids = reserve_ids
+        self._ceiling = self._next_id
 
     def new_id(self) -> int:
-        """Return a task id never used before by this broker."""
+        """Return a task id never used before on this cluster."""
         self._next_id += 1
+        if self._reserve_ids is not None and self._next_id > self._ceiling:
+            self._ceiling = self._reserve_ids(self._next_id)
         return self._next_id
 
     def get(self, task_id: int) -> Task | None:

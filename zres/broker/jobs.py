@@ -7,6 +7,7 @@ finished jobs and ``zres logs`` can find the agent that holds a job's log.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from .agents import AgentRegistry
 from .clients import ClientRegistry
 from .graph import TaskGraph
 from .outbox import Send
+from .store import Store
 
 _FINISHED_KEPT = 10_000  # finished jobs remembered for `zres jobs --all` and `zres logs`
 
@@ -48,6 +50,8 @@ class JobRecord:
     exit_code: int | None = None
     error: str = ""
     reported: bool = False       # a `zres wait` has reported how it ended
+    priority: int = 0
+    strict: bool = False         # fails at once if infeasible
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
@@ -88,7 +92,7 @@ class JobTable:
     def __init__(self, send: Send, graph: TaskGraph, clients: ClientRegistry,
                  agents: AgentRegistry, why: Callable[[Task], str],
                  infeasible: Callable[[Units], str | None],
-                 cancel: Callable[[Task], None]) -> None:
+                 cancel: Callable[[Task], None], store: Store | None = None) -> None:
         self._send = send
         self._graph = graph
         self._clients = clients
@@ -96,6 +100,7 @@ class JobTable:
         self._why = why
         self._infeasible = infeasible
         self._cancel = cancel
+        self._store = store
         self.active: dict[int, JobRecord] = {}
         self.done: OrderedDict[int, JobRecord] = OrderedDict()
         self._tokens = itertools.count(1)
@@ -106,9 +111,40 @@ class JobTable:
 
     def add(self, task: Task, spec: dict[str, Any]) -> None:
         """Make TASK a command job described by SPEC (checked by ``check_job_spec``)."""
-        self.active[task.id] = JobRecord(
+        job = self.active[task.id] = JobRecord(
             task.id, task.name, spec["argv"], dict(task.units), spec["detached"], time.time(),
-            {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]})
+            {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]},
+            priority=task.priority, strict=task.strict)
+        self._keep(job)
+
+    def _keep(self, job: JobRecord) -> None:
+        """Write JOB to the state store at the end of this loop turn."""
+        if self._store is not None:
+            self._store.put_job(dataclasses.asdict(job))
+
+    def restore(self, records: list[dict[str, Any]]) -> list[JobRecord]:
+        """Take back the jobs a previous life of this broker kept; return those to queue
+        again. One that was running was stopped by its agent when the broker went away
+        (running work is not re-adopted yet); one whose client was not detached has
+        nobody to report to."""
+        again: list[JobRecord] = []
+        names = {f.name for f in dataclasses.fields(JobRecord)}
+        for record in records:
+            job = JobRecord(**{k: v for k, v in record.items() if k in names})
+            if job.state == "running" or (job.state == "queued" and not job.detached):
+                job.state = "lost" if job.state == "running" else "cancelled"
+                job.error = ("the broker restarted while it ran, and its agent stopped it"
+                             if job.state == "lost" else
+                             "the broker restarted, and the client that submitted it was "
+                             "gone with it")
+                job.finished = time.time()
+                self._keep(job)
+            if job.state == "queued":
+                self.active[job.id] = job
+                again.append(job)
+            else:
+                self.done[job.id] = job
+        return again
 
     def detached(self, task: Task) -> bool:
         job = self.active.get(task.id)
@@ -118,11 +154,13 @@ class JobTable:
         job = self.active.get(task.id)
         if job is not None:
             job.state, job.agent, job.gpus, job.started = "running", agent, gpus, time.time()
+            self._keep(job)
 
     def requeued(self, task: Task) -> None:
         job = self.active.get(task.id)
         if job is not None:
             job.state, job.agent, job.gpus, job.started = "queued", "", [], None
+            self._keep(job)
 
     def finished(self, task: Task, outcome: str, info: dict[str, Any]) -> None:
         job = self.active.pop(task.id, None)
@@ -140,8 +178,11 @@ class JobTable:
             job.state = _FAILED_STATES.get(str(info.get("type")), "failed")
             job.error = str(info.get("message", ""))
         self.done[job.id] = job
+        self._keep(job)
         while len(self.done) > _FINISHED_KEPT:
-            self.done.popitem(last=False)
+            forgotten, _ = self.done.popitem(last=False)
+            if self._store is not None:
+                self._store.forget_job(forgotten)
 
     def _describe(self, job: JobRecord) -> dict[str, Any]:
         entry = job.as_dict()
@@ -166,6 +207,7 @@ class JobTable:
             job = self.done.get(job_id) if type(job_id) is int else None
             if job is not None:
                 job.reported = True
+                self._keep(job)
         wanted = msg.body.get("jobs")
         if isinstance(wanted, list):
             records = []
@@ -184,7 +226,12 @@ class JobTable:
         local = msg.body.get("ids")
         client = self._clients.get(ident)
         if isinstance(local, list) and client is not None:
-            body["ids"] = [client.ids.get(i) for i in local]
+            # The submitter learns its job ids (its jobs accepted) only once they are kept.
+            if self._store is not None and not self._store.commit():
+                body["error"] = (f"the broker could not keep its state in "
+                                 f"{self._store.directory}: {self._store.error}")
+            else:
+                body["ids"] = [client.ids.get(i) for i in local]
         self._send(ident, P.JOBS_REPLY, body)
 
     def on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:

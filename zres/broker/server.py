@@ -35,6 +35,7 @@ from .graph import TaskGraph
 from .jobs import JobTable
 from .outbox import Batches
 from .status import Explainer
+from .store import StateUnwritable, Store
 from .submit import parse_submit
 
 log = structlog.get_logger("zres.broker")
@@ -50,7 +51,8 @@ class Broker:
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
-                 prefetch: int = 32, limits: Limits | None = None) -> None:
+                 prefetch: int = 32, limits: Limits | None = None,
+                 store: Store | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -62,10 +64,12 @@ class Broker:
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.bind(listen)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.epoch = random.getrandbits(48)
-        # The cluster's identity: job logs are kept apart per cluster. (A broker's epoch,
-        # for now: a restarted broker is a new cluster, as its job ids start again.)
-        self.cluster_id = f"{self.epoch:012x}"
+        self.epoch = random.getrandbits(48)   # this life of the broker
+        # STORE keeps the state a restart must not lose (None: nothing is kept). The
+        # cluster's identity outlives the broker's lives with it: job logs are kept apart
+        # per cluster, and job ids never repeat on one.
+        self.store = store
+        self.cluster_id = store.cluster_id() if store else f"{self.epoch:012x}"
         self.limits = limits or Limits()
         # What a client's submits must stay within (it splits its batches to fit).
         self._client_limits = {"header_bytes": self.limits.header_bytes,
@@ -86,18 +90,22 @@ class Broker:
         # The parts name each other's methods through lambdas where each needs one made
         # after it: objects that refer to each other, modules that do not.
         self.graph = TaskGraph(on_ready=lambda task: self.dispatch.make_ready(task),
-                               on_recorded=self._recorded)
+                               on_recorded=self._recorded,
+                               reserve_ids=store.reserve_ids if store else None,
+                               first_id=(store.meta("id_ceiling", 0) if store else 0) + 1)
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id))
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
                              self.explain.brief, self.sched.infeasible_reason,
-                             cancel=lambda task: self.dispatch.drop(task))
+                             cancel=lambda task: self.dispatch.drop(task), store=store)
         self.cancels = CancelAnswers(self._send)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self._started)
         self._running = Batches(self._send, P.RUNNING, "ids")
+        if store is not None:
+            self._restore(store)
         self._results = Batches(self._send, P.RESULTS, "results")
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
@@ -120,6 +128,19 @@ class Broker:
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
         }
 
+    def _restore(self, store: Store) -> None:
+        """Take back the jobs kept by this cluster's previous broker, queued again."""
+        again = self.jobs.restore(store.jobs())
+        for job in again:
+            task = Task(job.id, b"", -1, dict(job.units), job.priority, 0, job.name,
+                        job.strict, [], [], holders=0)  # no client holds it any more
+            self.graph.add(task)
+            self.graph.link(task, [])
+        store.commit()
+        if again or self.jobs.done:
+            log.info("state_restored", dir=store.directory, queued=len(again),
+                     finished=len(self.jobs.done))
+
     # -- loop -----------------------------------------------------------------------
     def run(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until stop() or SIGINT/SIGTERM; call READY once signals are handled."""
@@ -131,6 +152,8 @@ class Broker:
         while not self._stopping:
             self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
         log.info("broker_stopped", address=self.address)
+        if self.store is not None:
+            self.store.close()
         self._monitor.close(0)
         self.sock.close(0)
 
@@ -181,6 +204,8 @@ class Broker:
         self._running.flush()  # before the results: a future runs, then finishes
         self._results.flush()
         self.link.flush_acks()
+        if self.store is not None:
+            self.store.commit()  # one commit per turn, for all that changed in it
         self._last_turn = time.monotonic()
 
     def _on_connection_events(self) -> None:
@@ -207,7 +232,7 @@ class Broker:
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")
             handler(ident, msg, now)
-        except (ProtocolError, LimitExceeded) as exc:
+        except (ProtocolError, LimitExceeded, StateUnwritable) as exc:
             # Said to the sender (its tasks or request fail, naming why) and logged short.
             log.warning("bad_message", peer=ident[:16].hex(), error=quote(str(exc)))
             self._refuse(ident, msg, str(exc))
@@ -300,6 +325,10 @@ class Broker:
                                 f"broker's limit of {self.limits.payload_bytes} "
                                 "(max_payload_bytes)")
         submissions = parse_submit(msg, self.limits)
+        if self.store is not None and self.store.error is not None \
+                and any(s.job is not None for s in submissions):
+            raise StateUnwritable(f"the broker cannot keep new jobs: writing its state in "
+                                  f"{self.store.directory} fails ({self.store.error})")
         # Refused before anything is recorded: a refusal fails every task it held.
         self.actors.check_new_ids([s.actor["id"] for s in submissions if s.actor])
         for sub in submissions:
@@ -387,7 +416,8 @@ class Broker:
     def status(self) -> dict[str, Any]:
         """Describe agents, task counts and every task that cannot run, as plain data."""
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
-                "cluster": self.cluster_id}
+                "cluster": self.cluster_id,
+                "state": self.store.describe() if self.store is not None else None}
 
     # -- agents ---------------------------------------------------------------------
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
 from typing import Any
 
 from .. import config, logs
@@ -19,6 +24,12 @@ def add_parsers(sub: Any) -> None:
     broker.add_argument("--listen", help=f"address to bind (default {config.DEFAULT_ADDRESS})")
     broker.add_argument("--prefetch", type=int, help="short tasks each slot may hold queued, "
                         "to hide the round trip between them (default 32; 0: none)")
+    broker.add_argument("--state", metavar="DIR", help="keep the cluster's state (jobs, "
+                        "ids) here, so a restarted broker carries on (default: "
+                        "$ZRES_STATE_DIR, else [broker] state in the config file, else "
+                        "$XDG_STATE_HOME/zres/broker-PORT; a temporary one for port 0)")
+    broker.add_argument("--fresh", action="store_true",
+                        help="start with empty state, saying what it discarded")
     add_daemon_options(broker)
 
     agent = sub.add_parser("agent", help="run a node agent")
@@ -54,15 +65,33 @@ def add_parsers(sub: Any) -> None:
 
 def broker(args: argparse.Namespace) -> int:
     from ..broker.server import Broker
-    settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch},
-                           path=args.config)
+    from ..broker.store import Store
+    settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch,
+                                      "state": args.state}, path=args.config)
     logs.setup(args.log_format, args.log_level)
-    broker = Broker(settings["listen"], settings["heartbeat_interval"],
-                    settings["heartbeat_timeout"], settings["client_timeout"],
-                    settings["starvation_after"], prefetch=settings["prefetch"],
-                    limits=Limits.from_settings(settings))
-    _exit_with(args, broker.stop)
-    broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
+    directory = settings["state"]
+    temporary = directory is None
+    if temporary:
+        directory = tempfile.mkdtemp(prefix="zres-broker-state-")
+    try:
+        store = Store(directory, fresh=args.fresh)
+    except (OSError, sqlite3.Error) as exc:
+        raise ZresError(f"cannot keep the broker's state in {directory}: {exc} (--state "
+                        "DIR names another directory)") from None
+    if store.discarded:
+        held = ", ".join(f"{n} {state}" for state, n in sorted(store.discarded.items()))
+        print(f"zres broker: --fresh discarded the state in {directory} (jobs: {held})",
+              file=sys.stderr, flush=True)
+    try:
+        broker = Broker(settings["listen"], settings["heartbeat_interval"],
+                        settings["heartbeat_timeout"], settings["client_timeout"],
+                        settings["starvation_after"], prefetch=settings["prefetch"],
+                        limits=Limits.from_settings(settings), store=store)
+        _exit_with(args, broker.stop)
+        broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
+    finally:
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
@@ -109,10 +138,28 @@ def resources(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state_line(state: dict[str, Any]) -> str:
+    """Where the broker keeps its state, how big it is, and when it last wrote it."""
+    size = state.get("bytes", 0)
+    shown = next(f"{size / scale:.1f} {unit}" for scale, unit in
+                 ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+                 if size >= scale or unit == "B")
+    last = state.get("last_commit")
+    when = f"last written {time.time() - last:.0f}s ago" if last else "nothing written yet"
+    line = f"state: {state.get('dir')}  {shown}  {when}"
+    if state.get("error"):
+        line += f"  CANNOT WRITE: {state['error']} (new jobs are refused)"
+    return line
+
+
 def render_status(status: dict[str, Any]) -> str:
     """Format a broker status reply for people."""
     lines = [f"broker {status['address']}  cluster: {status.get('cluster', '?')}  "
-             f"clients: {status['clients']}", "", "agents:"]
+             f"clients: {status['clients']}"]
+    state = status.get("state")
+    if isinstance(state, dict):
+        lines.append(_state_line(state))
+    lines += ["", "agents:"]
     if not status["agents"]:
         lines.append("  (none)")
     for agent in status["agents"]:

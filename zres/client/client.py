@@ -223,7 +223,10 @@ class Client:
     def job_ids(self, futures: Iterable[Future], timeout: float = 10.0) -> list[int | None]:
         """Return the broker's job id of each command-job future (None if unknown)."""
         ids = [f.id for f in futures]
-        return list(self._io.request(P.JOBS, {"ids": ids, "jobs": []}, timeout)["ids"])
+        reply = self._io.request(P.JOBS, {"ids": ids, "jobs": []}, timeout)
+        if "error" in reply:
+            raise ZresError(reply["error"])
+        return list(reply["ids"])
 
     def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
         """Return the job table: queued and running jobs, finished ones too with ALL."""

@@ -1,0 +1,177 @@
+"""The broker's state on disk: an SQLite database (Python's own ``sqlite3``, WAL mode).
+
+What it keeps, so that a restarted broker (after a crash, an upgrade, a reboot) carries
+on as the same cluster:
+- the cluster's identity (job logs are kept under it);
+- a ceiling under which task ids have been handed out: a restarted broker starts above
+  it, so task ids, job ids and job log paths never repeat;
+- the job table: every command job with what it needs to run (its command, resources,
+  priority) and how it ended.
+
+Changes are collected during a loop turn and committed once at its end (group commit),
+fsynced (``synchronous=FULL``: a committed job survives a power cut, not only a crash).
+Whatever tells a submitter that its job was accepted waits for that commit. A commit
+that fails (disk full, directory gone) keeps its changes for the next try and is
+reported in ``error``: the broker then refuses new jobs, naming why, and serves the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from typing import Any
+
+import msgpack
+import structlog
+
+log = structlog.get_logger("zres.broker")
+
+FILENAME = "state.sqlite3"
+ID_BLOCK = 100_000  # task ids reserved per write of the ceiling
+
+
+class StateUnwritable(Exception):
+    """The broker cannot write its state: what it would have to keep is refused."""
+
+
+class Store:
+    """The state database in DIRECTORY (created 0700 if missing). FRESH: discard what it
+    held (``discarded`` then says what). MAX_PAGES caps the database's size in pages, as a
+    full disk would."""
+
+    def __init__(self, directory: str, fresh: bool = False, max_pages: int = 0) -> None:
+        self.directory = os.path.abspath(directory)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self.path = os.path.join(self.directory, FILENAME)
+        self.discarded: dict[str, int] = {}
+        if fresh:
+            self.discarded = _discard(self.path)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        if max_pages:
+            self._db.execute(f"PRAGMA max_page_count={int(max_pages)}")
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, "
+                         "record BLOB NOT NULL)")
+        self._meta: dict[str, Any] = {}
+        self._jobs: dict[int, dict[str, Any]] = {}
+        self._forget: set[int] = set()
+        self.last_commit: float | None = None   # wall-clock time of the last commit
+        self.error: str | None = None           # why the last commit failed, if it did
+
+    # -- reading, at start-up -----------------------------------------------------------
+    def meta(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else msgpack.unpackb(row[0])
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job kept, in id order."""
+        return [msgpack.unpackb(record) for (record,) in
+                self._db.execute("SELECT record FROM jobs ORDER BY id")]
+
+    def cluster_id(self) -> str:
+        """This cluster's identity: made (12 hex digits) and kept on first start."""
+        known = self.meta("cluster")
+        if isinstance(known, str):
+            return known
+        made = f"{random.getrandbits(48):012x}"
+        self.set_meta("cluster", made)
+        if not self.commit():
+            raise OSError(f"cannot write the broker's state in {self.directory}: "
+                          f"{self.error}")
+        return made
+
+    # -- writing --------------------------------------------------------------------------
+    def set_meta(self, key: str, value: Any) -> None:
+        self._meta[key] = value
+
+    def put_job(self, record: dict[str, Any]) -> None:
+        """Keep RECORD (a job's, with its ``id``) at the next commit."""
+        self._jobs[int(record["id"])] = record
+
+    def dirty(self) -> bool:
+        return bool(self._meta or self._jobs or self._forget)
+
+    def reserve_ids(self, above: int) -> int:
+        """Note that task ids up to a new ceiling over ABOVE may be handed out, durably,
+        before any is; return the ceiling."""
+        ceiling = above + ID_BLOCK
+        self.set_meta("id_ceiling", ceiling)
+        if not self.commit():
+            log.error("state_not_written", dir=self.directory, error=self.error,
+                      what="the task id ceiling; ids may repeat after a restart")
+        return ceiling
+
+    def commit(self) -> bool:
+        """Write what changed since the last commit, in one transaction; False if it could
+        not be written (kept for the next try, and the reason in ``error``)."""
+        if not self.dirty():
+            return self.error is None
+        try:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [(k, msgpack.packb(v)) for k, v in self._meta.items()])
+            self._db.executemany(
+                "INSERT OR REPLACE INTO jobs (id, record) VALUES (?, ?)",
+                [(i, msgpack.packb(r)) for i, r in self._jobs.items()])
+            self._db.executemany("DELETE FROM jobs WHERE id = ?",
+                                 [(i,) for i in self._forget])
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # no transaction was left open
+            if self.error is None:
+                log.error("state_commit_failed", dir=self.directory, error=str(exc))
+            self.error = str(exc)
+            return False
+        if self.error is not None:
+            log.info("state_commit_recovered", dir=self.directory)
+        self.error = None
+        self._meta.clear()
+        self._jobs.clear()
+        self._forget.clear()
+        self.last_commit = time.time()
+        return True
+
+    def forget_job(self, job_id: int) -> None:
+        """Drop the record of JOB_ID (a finished job past what is remembered)."""
+        self._jobs.pop(job_id, None)
+        self._forget.add(job_id)
+
+    def size(self) -> int:
+        """Bytes on disk: the database and its write-ahead log."""
+        return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal")
+                   if os.path.exists(p))
+
+    def describe(self) -> dict[str, Any]:
+        return {"dir": self.directory, "bytes": self.size(), "last_commit": self.last_commit,
+                "error": self.error}
+
+    def close(self) -> None:
+        self.commit()
+        self._db.close()
+
+
+def _discard(path: str) -> dict[str, int]:
+    """Delete the database at PATH; return what it held (jobs by state)."""
+    if not os.path.exists(path):
+        return {}
+    held: dict[str, int] = {}
+    try:
+        db = sqlite3.connect(path)
+        for (record,) in db.execute("SELECT record FROM jobs"):
+            state = str(msgpack.unpackb(record).get("state", "?"))
+            held[state] = held.get(state, 0) + 1
+        db.close()
+    except sqlite3.Error:
+        held["unreadable"] = 1
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
+    return held
