@@ -6,6 +6,7 @@ directory carries on: queued jobs run, finished ones are still listed, ids conti
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_cli import clean_env, free_port, spawn, zres_cli  # noqa: F401
-from tests.conftest import wait_until
+from tests.conftest import process_gone, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = {"ZRES_BROKER__HEARTBEAT_INTERVAL": "0.2", "ZRES_BROKER__HEARTBEAT_TIMEOUT": "2",
@@ -71,22 +72,28 @@ def test_a_killed_broker_restarted_on_its_state_carries_on(spawn, tmp_path):  # 
     before = cluster.cluster_id()
     finished = cluster.submit("echo first")
     assert cluster.run("wait", str(finished)).returncode == 0
-    started = tmp_path / "started"
-    running = cluster.submit(f"touch {started}; sleep 300")
-    wait_until(started.exists, message="the long job to start")
+    started_pid = tmp_path / "started"
+    running = cluster.submit(f"echo $$ > {started_pid}.tmp; mv {started_pid}.tmp "
+                             f"{started_pid}; exec sleep 300")
+    wait_until(started_pid.exists, message="the long job to start")
     queued = cluster.submit("echo after the restart")
     assert cluster.jobs()[queued] == "queued"
 
+    pid = pid_of(started_pid)
     cluster.kill_broker()
     cluster.broker = cluster.start_broker()
 
     assert cluster.cluster_id() == before, "a restarted broker is the same cluster"
     jobs = cluster.jobs()
     assert jobs[finished] == "done", "a finished job is still listed"
-    assert jobs[running] == "lost"
-    said = cluster.run("wait", str(running), check=1).stderr
-    assert "the broker restarted while it ran, and its agent stopped it" in said
-    # The queued job was kept, and runs once the agent is back.
+    # The running job ran on: its agent offered it back, and it was not restarted.
+    wait_until(lambda: cluster.jobs()[running] == "running" and "node" in
+               cluster.run("status").stdout, message="the agent to offer its job back")
+    assert not process_gone(pid), "the running job was stopped"
+    assert pid_of(started_pid) == pid, "the running job was started again"
+    # foo=1 is its: the queued job waits until it ends, then runs.
+    assert cluster.jobs()[queued] == "queued"
+    cluster.run("cancel", str(running))
     assert cluster.run("wait", str(queued)).returncode == 0
     assert cluster.run("logs", str(queued)).stdout == "after the restart\n"
     assert cluster.run("logs", str(finished)).stdout == "first\n", "a log was overwritten"
@@ -95,6 +102,10 @@ def test_a_killed_broker_restarted_on_its_state_carries_on(spawn, tmp_path):  # 
     assert cluster.run("wait", str(newer)).returncode == 0
     status = cluster.run("status").stdout
     assert f"state: {cluster.state}" in status and "last written" in status
+
+
+def pid_of(path: Path) -> int:
+    return int(path.read_text())
 
 
 def test_fresh_starts_empty_and_says_what_it_discarded(spawn, tmp_path):  # noqa: F811
@@ -119,3 +130,46 @@ def test_an_unusable_state_directory_is_refused_naming_it(tmp_path):
                       "--state", str(blocker / "state"))
     assert result.returncode != 0
     assert f"cannot keep the broker's state in {blocker / 'state'}" in result.stderr
+
+
+def test_a_job_that_ends_while_the_broker_is_down_keeps_its_outcome(spawn, tmp_path):  # noqa: F811
+    cluster = Cluster(spawn, tmp_path)
+    go, began = tmp_path / "go", tmp_path / "began"
+    job = cluster.submit(f"touch {began}; while [ ! -e {go} ]; do sleep 0.02; done; "
+                         "echo finished; exit 3")
+    wait_until(began.exists, message="the job to start")
+    cluster.kill_broker()
+    go.touch()  # it ends with nobody to tell but its agent
+    wait_until(lambda: "finished" in next(cluster.logs.glob(f"*/{job}.log")).read_text(),
+               message="the job to end")
+    cluster.broker = cluster.start_broker()
+    said = cluster.run("wait", str(job), check=1).stderr
+    assert "exit code 3" in said, said
+    assert cluster.run("logs", str(job)).stdout == "finished\n"
+    # Its foo=1 is free again: the next job runs.
+    assert cluster.run("wait", str(cluster.submit("true"))).returncode == 0
+
+
+def test_a_job_the_restarted_broker_does_not_know_is_stopped_and_holds_until_gone(
+        spawn, tmp_path):  # noqa: F811
+    cluster = Cluster(spawn, tmp_path)
+    cluster.kill_broker()
+    older = tmp_path / "older-state"
+    shutil.copytree(cluster.state, older)  # a state from before the job
+    cluster.broker = cluster.start_broker()
+    pid_file = tmp_path / "pid"
+    # It ignores SIGTERM for a while: its foo=1 must stay taken until it is gone.
+    job = cluster.submit(f"trap '' TERM; echo $$ > {pid_file}.tmp; mv {pid_file}.tmp "
+                         f"{pid_file}; sleep 300")
+    wait_until(pid_file.exists, message="the job to start")
+    pid = pid_of(pid_file)
+    cluster.kill_broker()
+    shutil.rmtree(cluster.state)
+    shutil.copytree(older, cluster.state)
+    cluster.broker = cluster.start_broker()
+    # The agent offers it; the broker counts its foo=1 while it stops it.
+    wait_until(lambda: "running=1" in cluster.run("status").stdout, message="the offer")
+    after = cluster.submit("true")
+    assert after > job, "an id that runs on an agent was handed out again"
+    wait_until(lambda: process_gone(pid), timeout=30, message="the unknown job to be stopped")
+    assert cluster.run("wait", str(after)).returncode == 0

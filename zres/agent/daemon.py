@@ -35,7 +35,7 @@ from ..core.resources import format_units, token_devices, units_to_float
 from .actors import ActorSupervisor
 from .deferred import DeferredGrants
 from .grants import Grant
-from .jobs import GRACE, JobRunner, default_log_dir, read_log
+from .jobs import GRACE, JobRunner, default_log_dir
 from .reports import Reports
 from .running import TaskRunner
 from .session import ReachWarning, Session
@@ -208,19 +208,23 @@ class Agent:
             "pid": os.getpid(), "t": now,
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
                       for s in self.slots]}
+        frames: list[Any] = []
         if resume:
             body["resume"] = True
             body["epoch"] = self.session.epoch
-        P.send(self.broker, P.encode(P.REGISTER, body))
+        elif self.session.epoch is None:  # a new session: offer the jobs still running
+            body["jobs"], body["ended"], frames = self.jobs.offer()
+        P.send(self.broker, P.encode(P.REGISTER, body, frames))
 
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
         if msg.body.get("session") not in (None, self.session.id):
             return  # an answer to a session we have since left
         if self.session.epoch not in (None, epoch) and self._holds_work():
-            # A new broker counts none of our work as running: stop it, or its
-            # resources would be granted twice.
-            self._fence("the broker restarted")
+            # A new broker counts none of our work as running: stop it, or its resources
+            # would be granted twice; but jobs of a cluster that keeps its state run on,
+            # offered to it with the next session (it adopts them or stops them).
+            self._fence("the broker restarted", keep_jobs=self._adopts(msg))
             return
         cluster = msg.body.get("cluster")
         if isinstance(cluster, str) and re.fullmatch(r"[0-9a-f]{1,32}", cluster):
@@ -242,17 +246,22 @@ class Agent:
         elif first:
             log.info("agent_registered", agent=self.name, epoch=epoch)
 
-    def _fence(self, why: str) -> None:
-        """The broker no longer counts our work: stop all of it, forget the old session's
-        news, and register as a new session."""
-        log.warning("agent_fenced", agent=self.name, why=why)
-        self.runner.abandon(why)
+    def _fence(self, why: str, keep_jobs: bool = False) -> None:
+        """The broker no longer counts our work: stop all of it (but KEEP_JOBS), forget
+        the old session's news, and register as a new session."""
+        log.warning("agent_fenced", agent=self.name, why=why, jobs_kept=keep_jobs)
+        self.runner.abandon(why, keep=set(self.jobs.jobs) if keep_jobs else set())
         self.actors.stop_all(why)
-        self.jobs.stop_all()
+        if not keep_jobs:
+            self.jobs.stop_all()
         self.pool.drop_pending()
         self._deferred.take()
         self.reports.reset()
         self.session.restart()
+
+    def _adopts(self, msg: P.Message) -> bool:
+        """Whether MSG comes from a broker of our cluster that keeps its state."""
+        return msg.body.get("adopts") is True and msg.body.get("cluster") == self.jobs.cluster
 
     def _holds_work(self) -> bool:
         return self.runner.busy() or bool(self.actors.by_id) or bool(self.jobs.jobs)
@@ -317,7 +326,7 @@ class Agent:
         elif msg.kind == P.CALL:
             self.actors.call(msg)
         elif msg.kind == P.LOGS:
-            self._on_logs(msg)
+            P.send(self.broker, P.encode(P.LOGS_REPLY, self.jobs.log_reply(msg)))
         elif msg.kind == P.KILL_ACTOR:
             self.actors.kill(P.field(msg, "ids", list))
         elif msg.kind == P.RESOURCES:
@@ -343,7 +352,7 @@ class Agent:
                 self.stop()
                 return
             if msg.body.get("session") in (None, self.session.id):
-                self._fence(str(msg.body.get("ended")))
+                self._fence(str(msg.body.get("ended")), keep_jobs=self._adopts(msg))
         elif self.session.registered:
             log.warning("broker_forgot_us")
             self.session.ask_again()
@@ -377,16 +386,17 @@ class Agent:
                 self.runner.hold(slot, task_id, taken)
                 self.reports.held(task_id)
                 self.reports.then(functools.partial(self._start_job, task_id, opts["job"],
-                                                    list(devices)))
+                                                    list(devices), (slot, gpus, taken)))
             else:
                 grants.append(Grant(task_id, slot, taken, devices, item, frames,
                                     (-int(opts.get("priority", 0)), int(opts.get("seq", 0))),
                                     now, direct=not opts.get("queued")))
         self.runner.add(grants)
 
-    def _start_job(self, task_id: int, spec: dict[str, Any], gpus: list[str]) -> None:
+    def _start_job(self, task_id: int, spec: dict[str, Any], gpus: list[str],
+                   place: tuple[int, list[int], dict[str, int]]) -> None:
         if task_id in self.runner.placements:  # (not cancelled while the broker heard)
-            self.jobs.start(task_id, spec, gpus)
+            self.jobs.start(task_id, spec, gpus, place)
             if task_id in self.jobs.jobs:
                 self.reports.started(task_id)
 
@@ -394,15 +404,6 @@ class Agent:
                    info: dict[str, Any]) -> None:
         self.runner.free(task_id)
         self.reports.result(task_id, outcome, frames, info)
-
-    def _on_logs(self, msg: P.Message) -> None:
-        job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
-        body: dict[str, Any] = {"token": msg.body.get("token"), "job": job}
-        try:
-            body["data"] = read_log(self.job_logs, self.jobs.cluster, job, max(offset, 0))
-        except OSError as exc:
-            body["error"] = f"agent {self.name} has no log for job {job}: {exc.strerror or exc}"
-        P.send(self.broker, P.encode(P.LOGS_REPLY, body))
 
     # -- draining ---------------------------------------------------------------------
     def _give_back_unstarted(self) -> None:

@@ -18,8 +18,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -73,6 +74,12 @@ class Job:
     log: str
     cancelled: bool = False
     kill_at: float | None = None     # SIGKILL what is left of the group then
+    slot: int = 0                    # where it was granted, on which GPU positions,
+    positions: list[int] = field(default_factory=list)  # taking what: told to a
+    taken: dict[str, int] = field(default_factory=dict)  # restarted broker
+
+
+RECENT = 1000  # job outcomes remembered for a restarted broker
 
 
 class JobRunner:
@@ -88,6 +95,8 @@ class JobRunner:
         self.grace = grace
         self._report = report
         self.jobs: dict[int, Job] = {}
+        # How the last jobs ended, for a restarted broker that may not have heard it.
+        self.recent: OrderedDict[int, tuple[str, list[Any], dict[str, Any]]] = OrderedDict()
         # A descriptor per job leader that becomes readable when it exits (Linux 5.3+), so
         # the agent's loop wakes at once; elsewhere the loop looks every tenth of a second.
         self._watch, self._unwatch = watch, unwatch
@@ -124,9 +133,11 @@ class JobRunner:
         except OSError as exc:
             log.warning("jobs_record_failed", error=str(exc))
 
-    def start(self, task_id: int, spec: dict[str, Any], gpus: list[str]) -> None:
-        """Start TASK_ID's command as SPEC {argv, env, cwd} says; a job that cannot start
-        is reported failed at once, naming what was missing."""
+    def start(self, task_id: int, spec: dict[str, Any], gpus: list[str],
+              place: tuple[int, list[int], dict[str, int]] = (0, [], {})) -> None:
+        """Start TASK_ID's command as SPEC {argv, env, cwd} says, on GPUS (at PLACE: slot,
+        GPU positions, what it takes); a job that cannot start is reported failed at once,
+        naming what was missing."""
         argv = list(spec["argv"])
         path = log_path(self.log_dir, self.cluster, task_id)
         env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
@@ -146,11 +157,12 @@ class JobRunner:
             reason = getattr(exc, "strerror", None) or exc
             why = f"cannot start {argv[0]!r}: {reason}{where}"
             _append(path, f"zres: {why}\n")
-            self._report(task_id, P.RAISED, dumps_exception(
+            self._ended(task_id, P.RAISED, dumps_exception(
                 CommandFailed(f"job {task_id}: {why}", None, path, "")),
                 {"error": why, "log": path})
             return
-        self.jobs[task_id] = Job(task_id, argv, proc, path)
+        self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
+                                 positions=list(place[1]), taken=dict(place[2]))
         self._save()
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
@@ -210,18 +222,46 @@ class JobRunner:
         log.info("job_ended", job=job.task, exit_code=code, cancelled=job.cancelled)
         info = {"exit_code": code, "log": job.log}
         if job.cancelled:
-            self._report(job.task, P.FAILED, [], {**info, "type": "CancelledError",
-                                                  "message": "cancelled"})
+            self._ended(job.task, P.FAILED, [], {**info, "type": "CancelledError",
+                                                 "message": "cancelled"})
         elif code == 0:
-            self._report(job.task, P.OK, dumps(CommandResult(job.task, 0, job.log,
-                                                             self.agent)), info)
+            self._ended(job.task, P.OK, dumps(CommandResult(job.task, 0, job.log,
+                                                            self.agent)), info)
         else:
             tail = _tail(job.log)
             how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
                    else f"exited with code {code}")
-            self._report(job.task, P.RAISED, dumps_exception(CommandFailed(
+            self._ended(job.task, P.RAISED, dumps_exception(CommandFailed(
                 f"job {job.task} ({' '.join(job.argv)}) {how}; the log's last lines:\n{tail}",
                 code, job.log, tail)), info)
+
+    def _ended(self, task_id: int, outcome: str, frames: list[Any],
+               info: dict[str, Any]) -> None:
+        self.recent[task_id] = (outcome, frames, info)
+        while len(self.recent) > RECENT:
+            self.recent.popitem(last=False)
+        self._report(task_id, outcome, frames, info)
+
+    def offer(self) -> tuple[list[list[Any]], list[list[Any]], list[Any]]:
+        """What a restarted broker may take back: the running jobs ([id, slot, GPU
+        positions, taken]), how the last jobs ended ([id, outcome, nframes, info]), and the
+        frames of those ends."""
+        running = [[job.task, job.slot, job.positions, job.taken] for job in self.jobs.values()]
+        ended = [[i, outcome, len(frames), info]
+                 for i, (outcome, frames, info) in self.recent.items()]
+        frames = [f for _, frames, _ in self.recent.values() for f in frames]
+        return running, ended, frames
+
+    def log_reply(self, msg: P.Message) -> dict[str, Any]:
+        """Answer the broker's LOGS request: part of a job's log, or why there is none."""
+        job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
+        body: dict[str, Any] = {"token": msg.body.get("token"), "job": job}
+        try:
+            body["data"] = read_log(self.log_dir, self.cluster, job, max(offset, 0))
+        except OSError as exc:
+            body["error"] = f"agent {self.agent} has no log for job {job}: " \
+                            f"{exc.strerror or exc}"
+        return body
 
     def stop_all(self) -> None:
         """SIGKILL every job's group and forget them (the broker no longer counts them)."""

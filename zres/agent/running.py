@@ -359,8 +359,10 @@ class TaskRunner:
                     bisect.insort(state.waiting, grant, key=_order)
             self.start_ready(worker.slot)
 
-    def abandon(self, why: str) -> None:
-        """Stop everything running or queued here: the broker no longer counts it."""
+    def abandon(self, why: str, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        """Stop everything running or queued here: the broker no longer counts it. The
+        placements KEEP (jobs a restarted broker may adopt) stay counted."""
+        kept = {t: p for t, p in self.placements.items() if t in keep}
         for worker in list(self._pool.by_slot.values()):
             if worker.running or worker.backlog or any(
                     g.worker is worker for g in self.grants.values()):
@@ -372,6 +374,8 @@ class TaskRunner:
         self.grants.clear()
         self.placements.clear()
         self._giving_back.clear()
+        for task_id, (slot, taken) in kept.items():
+            self.hold(slot, task_id, taken)
 
     def give_back_unstarted(self) -> None:
         """Give the broker back every grant that has not started (the agent is leaving):

@@ -28,12 +28,16 @@ _BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at on
 
 class AgentLink:
     """Handle what agents send. WELCOME() gives the fields every welcome carries; FD()
-    the connection the message being handled came over."""
+    the connection the message being handled came over; ADOPT(agent, registration,
+    frames) takes back the jobs a new session offers, returning those to stop."""
 
     def __init__(self, send: Send, agents: AgentRegistry, dispatch: Dispatcher,
                  limits: Limits, welcome: Callable[[], dict[str, Any]],
-                 fd: Callable[[], int]) -> None:
+                 fd: Callable[[], int],
+                 adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]]
+                 ) -> None:
         self._send = send
+        self._adopt = adopt
         self._agents = agents
         self._dispatch = dispatch
         self._limits = limits
@@ -56,9 +60,12 @@ class AgentLink:
         known = self._agents.get(ident)
         if reg.resume:
             if known is None or known.session != reg.session:
+                # A restarted broker that keeps its state takes back the jobs of a session
+                # it never knew (never one it ended: their resources went elsewhere).
                 self._send(ident, P.UNKNOWN, {
                     "ended": self._agents.ended.get(ident, "this broker does not know it"),
-                    "session": reg.session})
+                    "session": reg.session, "cluster": welcome["cluster"],
+                    "adopts": welcome["adopts"] and ident not in self._agents.ended})
                 return
             self.agent(ident, now)
             known.resumes += 1
@@ -82,8 +89,14 @@ class AgentLink:
                 self._send(record.ident, P.UNKNOWN, {"replaced": True})
                 self._dispatch.lose_agent(record, "replaced by a new agent of the same name",
                                          recheck=False)
-        self._agents.add(ident, reg, now).fd = self._fd()
+        record = self._agents.add(ident, reg, now)
+        record.fd = self._fd()
+        # Jobs it kept running while a previous broker of this cluster went: taken back
+        # before anything else can be granted their resources, or stopped.
+        stop = self._adopt(record, msg.body, msg.frames)
         self._send(ident, P.WELCOME, welcome)
+        if stop:
+            self._send(ident, P.CANCEL, {"ids": stop})
         # With no agent, nothing was infeasible; the first one to join decides what is.
         if displaced or len(self._agents) == 1:
             self._dispatch.recheck_feasibility()

@@ -41,6 +41,14 @@ class TaskGraph:
             self._ceiling = self._reserve_ids(self._next_id)
         return self._next_id
 
+    def skip_past(self, task_id: int) -> None:
+        """Never hand out TASK_ID or below from now (an agent runs a task of that id, from
+        a state this broker no longer has)."""
+        if task_id > self._next_id:
+            self._next_id = task_id
+            if self._reserve_ids is not None and self._next_id > self._ceiling:
+                self._ceiling = self._reserve_ids(self._next_id)
+
     def get(self, task_id: int) -> Task | None:
         return self.tasks.get(task_id)
 

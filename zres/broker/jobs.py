@@ -102,12 +102,14 @@ class JobTable:
         self._cancel = cancel
         self._store = store
         self.active: dict[int, JobRecord] = {}
+        # Running when the broker restarted: back once its agent offers it (adoption).
+        self.adopting: dict[int, JobRecord] = {}
         self.done: OrderedDict[int, JobRecord] = OrderedDict()
         self._tokens = itertools.count(1)
         self._log_requests: dict[int, tuple[bytes, Any, int, bool]] = {}
 
     def get(self, job_id: int) -> JobRecord | None:
-        return self.active.get(job_id) or self.done.get(job_id)
+        return self.active.get(job_id) or self.adopting.get(job_id) or self.done.get(job_id)
 
     def add(self, task: Task, spec: dict[str, Any]) -> None:
         """Make TASK a command job described by SPEC (checked by ``check_job_spec``)."""
@@ -124,27 +126,34 @@ class JobTable:
 
     def restore(self, records: list[dict[str, Any]]) -> list[JobRecord]:
         """Take back the jobs a previous life of this broker kept; return those to queue
-        again. One that was running was stopped by its agent when the broker went away
-        (running work is not re-adopted yet); one whose client was not detached has
-        nobody to report to."""
+        again. One that was running waits for its agent to offer it back (``adopting``);
+        a queued one whose client was not detached has nobody to report to."""
         again: list[JobRecord] = []
         names = {f.name for f in dataclasses.fields(JobRecord)}
         for record in records:
             job = JobRecord(**{k: v for k, v in record.items() if k in names})
-            if job.state == "running" or (job.state == "queued" and not job.detached):
-                job.state = "lost" if job.state == "running" else "cancelled"
-                job.error = ("the broker restarted while it ran, and its agent stopped it"
-                             if job.state == "lost" else
-                             "the broker restarted, and the client that submitted it was "
-                             "gone with it")
-                job.finished = time.time()
-                self._keep(job)
-            if job.state == "queued":
+            if job.state == "queued" and not job.detached:
+                self.not_adopted(job, "the broker restarted, and the client that "
+                                 "submitted it was gone with it", "cancelled")
+            elif job.state == "running":
+                self.adopting[job.id] = job
+            elif job.state == "queued":
                 self.active[job.id] = job
                 again.append(job)
             else:
                 self.done[job.id] = job
         return again
+
+    def adopted(self, job: JobRecord) -> None:
+        """JOB, running when the broker restarted, is running again as its task."""
+        self.adopting.pop(job.id, None)
+        self.active[job.id] = job
+
+    def not_adopted(self, job: JobRecord, why: str, state: str = "lost") -> None:
+        self.adopting.pop(job.id, None)
+        job.state, job.error, job.finished = state, why, time.time()
+        self.done[job.id] = job
+        self._keep(job)
 
     def detached(self, task: Task) -> bool:
         job = self.active.get(task.id)
@@ -217,7 +226,7 @@ class JobTable:
                                else {"id": job_id, "state": "unknown"})
             body["jobs"] = records
         else:
-            jobs = list(self.active.values())
+            jobs = [*self.active.values(), *self.adopting.values()]
             if msg.body.get("all"):
                 jobs = list(self.done.values()) + jobs
             elif msg.body.get("unreported"):

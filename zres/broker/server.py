@@ -26,6 +26,7 @@ from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
 from ..scheduler.policy import Scheduler
 from .actors import ActorRouting, ActorState
+from .adoption import Adoption
 from .agent_link import AgentLink
 from .agents import AgentRegistry
 from .cancels import CancelAnswers
@@ -104,15 +105,20 @@ class Broker:
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self._started)
         self._running = Batches(self._send, P.RUNNING, "ids")
+        # Jobs running when a previous broker of this cluster went: their agents offer
+        # them back; those not back within the grace period are lost.
+        self.adoption = Adoption(self.graph, self.sched, self.jobs,
+                                 grace=max(60.0, 10 * heartbeat_timeout))
         if store is not None:
-            self._restore(store)
+            self.adoption.restore(store)
         self._results = Batches(self._send, P.RESULTS, "results")
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,
-                                  "heartbeat": self.hb_interval,
+                                  "heartbeat": self.hb_interval, "adopts": store is not None,
                                   "lease": self.lease, "starve": self.sched.starvation_after},
-                              fd=lambda: self._fd)
+                              fd=lambda: self._fd,
+                              adopt=lambda *a: self.adoption.offered(*a))
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
@@ -127,19 +133,6 @@ class Broker:
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
         }
-
-    def _restore(self, store: Store) -> None:
-        """Take back the jobs kept by this cluster's previous broker, queued again."""
-        again = self.jobs.restore(store.jobs())
-        for job in again:
-            task = Task(job.id, b"", -1, dict(job.units), job.priority, 0, job.name,
-                        job.strict, [], [], holders=0)  # no client holds it any more
-            self.graph.add(task)
-            self.graph.link(task, [])
-        store.commit()
-        if again or self.jobs.done:
-            log.info("state_restored", dir=store.directory, queued=len(again),
-                     finished=len(self.jobs.done))
 
     # -- loop -----------------------------------------------------------------------
     def run(self, ready: Callable[[], None] | None = None) -> None:
@@ -198,6 +191,7 @@ class Broker:
             self._last_beat = now
             try:
                 self._heartbeats(now)
+                self.adoption.expire(now)
             except Exception:
                 log.exception("heartbeat_failed")
         self.actors.pump_all()

@@ -59,7 +59,10 @@ class Store:
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
         self._forget: set[int] = set()
-        self.last_commit: float | None = None   # wall-clock time of the last commit
+        # Wall-clock time of the last commit (at start: of the files' last change).
+        self.last_commit: float | None = max(
+            (os.path.getmtime(p) for p in (self.path, self.path + "-wal")
+             if os.path.exists(p)), default=None)
         self.error: str | None = None           # why the last commit failed, if it did
 
     # -- reading, at start-up -----------------------------------------------------------

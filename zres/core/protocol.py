@@ -57,6 +57,9 @@ agent -> broker
                reconnections; t: when it was sent (the agent's clock) anchors the lease;
                resume: a reconnection of a live session (answered welcome{resumed} or
                unknown{ended})
+               a new session also offers jobs?: [[id, slot, [gpu position...]]] still
+               running and ended?: [[id, outcome, nframes, info]] (frames follow) of
+               late: a restarted broker of the cluster adopts them or cancels them
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
                 cause, running: [call ids started]}], returned?: [id...]}
@@ -74,7 +77,8 @@ agent -> broker
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
 broker -> agent
     welcome    {epoch, cluster, session, agent, heartbeat, lease: seconds, starve: seconds,
-                resumed?, ack?}
+                adopts: bool, resumed?, ack?}   adopts: it keeps its state, so jobs run on
+                                                through its restarts (same cluster)
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
                opts {queued?, taken?, priority, seq, attempt, actor?, job?}: queued
                grants start when room frees there (direct ones fit now); actor {actor: id,

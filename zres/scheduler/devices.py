@@ -42,6 +42,29 @@ def pick_devices(slot: Slot, units: Mapping[str, int]) -> tuple[list[int], list[
     return [best[1]], [amount], [memory]
 
 
+def devices_at(slot: Slot, units: Mapping[str, int],
+               positions: list[int]) -> tuple[list[int], list[int], list[int]] | None:
+    """The devices a request holds at POSITIONS, as ``pick_devices`` would have chosen
+    them: (positions, shares, memory), or None if they are not free for it now."""
+    amount, memory = units.get(GPU, 0), units.get(GPU_MEMORY, 0)
+    if not amount and not memory:
+        return ([], [], []) if not positions else None
+    if any(not 0 <= p < slot.gpu_usable for p in positions) \
+            or len(set(positions)) != len(positions):
+        return None
+    if amount >= UNIT:
+        if len(positions) != amount // UNIT or not all(
+                slot.gpu_free[p] == UNIT and slot.gpu_mem_free[p] == slot.gpu_mem_total[p]
+                for p in positions):
+            return None
+        return list(positions), [UNIT] * len(positions), [slot.gpu_mem_total[p]
+                                                          for p in positions]
+    if len(positions) != 1 or slot.gpu_free[positions[0]] < max(amount, 1) \
+            or slot.gpu_mem_free[positions[0]] < memory:
+        return None
+    return list(positions), [amount], [memory]
+
+
 def could_ever_fit(slot: Slot, units: Units) -> bool:
     """Return whether SLOT, with nothing running, could run UNITS."""
     if not fits(slot.total, units):

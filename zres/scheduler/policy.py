@@ -11,7 +11,7 @@ from collections.abc import Hashable
 
 from ..core.resources import GPU, GPU_MEMORY, Units, fits
 from . import explain
-from .devices import could_ever_fit, pick_devices
+from .devices import could_ever_fit, devices_at, pick_devices
 from .durations import Durations
 from .queue import WaitingQueue
 from .records import Grant, Shape, Slot, Waiting, add_to
@@ -150,6 +150,29 @@ class Scheduler:
         slot.running.add(grant.task)
         if grant.short:
             add_to(slot.short_taken, grant.taken)
+
+    def adopt(self, task_id: int, slot_id: int, units: Units, positions: list[int],
+              priority: int = 0) -> bool:
+        """Take UNITS on SLOT_ID (GPU POSITIONS) for TASK_ID, which runs there already (a
+        job a restarted broker takes back); False if they are not free for it."""
+        slot = self.slots.get(slot_id)
+        if slot is None or task_id in self.running:
+            return False
+        devices = devices_at(slot, units, positions)
+        if devices is None or not fits(slot.free, units):
+            return False
+        gpus, shares, memory = devices
+        taken = dict(units)
+        if gpus:
+            taken[GPU] = sum(shares)
+            if sum(memory):
+                taken[GPU_MEMORY] = sum(memory)
+        grant = Grant(task_id, slot.id, units, gpus, taken, shares, memory,
+                      priority=priority, short=False)
+        self._start(slot, grant)
+        self.running[task_id] = grant
+        self._changed = True
+        return True
 
     def release(self, task_id: int) -> None:
         """Give a finished task's resources back to its slot (or drop it from the slot's
