@@ -3,12 +3,15 @@ repeat, and a store that cannot write refuses new jobs instead of pretending to 
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.broker.test_agent_link import Peer
 from zres.broker.graph import TaskGraph
+from zres.broker.jobs import JobRecord
 from zres.broker.server import Broker
 from zres.broker.store import ID_BLOCK, Store
 from zres.core import protocol as P
@@ -77,5 +80,55 @@ def test_a_broker_that_cannot_keep_its_state_refuses_new_jobs_naming_why(tmp_pat
         assert "full" in refused.body["error"]
     finally:
         client.close()
+        broker.sock.close(0)
+        broker._monitor.close(0)
+
+
+def restarted_with_held_job(tmp_path: Path) -> Broker:
+    """A broker restarted on a state in which job 7 was held by agent "node" (it may have
+    started it) but never reported started."""
+    store = Store(str(tmp_path))
+    store.cluster_id()
+    store.put_job(dataclasses.asdict(JobRecord(
+        7, "j", ["true"], {"foo": UNIT}, True, time.time(),
+        {"argv": ["true"], "env": {}, "cwd": None}, held_on="node")))
+    assert store.commit()
+    store.close()
+    return Broker("tcp://127.0.0.1:0", store=Store(str(tmp_path)))
+
+
+def offer(agent: Peer, jobs: list) -> P.Message:
+    """Register agent "node" (foo=1) as a new session offering JOBS still running."""
+    agent.send(P.REGISTER, {"name": "node", "session": 9, "host": "h", "pid": 1,
+                            "t": time.monotonic(), "jobs": jobs, "ended": [],
+                            "slots": [{"units": {"CPU": UNIT, "foo": UNIT}, "gpus": []}]})
+    return agent.take(P.WELCOME)
+
+
+def job_state(client: Peer, job: int) -> str:
+    """The job's state, and why it waits if it does."""
+    client.send(P.JOBS, {"jobs": [job], "req": 1})
+    record = client.take(P.JOBS_REPLY).body["jobs"][0]
+    return f"{record['state']}: {record.get('reason', '')}"
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["still-there", "never-started"])
+def test_a_job_held_but_not_reported_started_runs_on_or_goes_again(tmp_path, offered):
+    broker = restarted_with_held_job(tmp_path)
+    agent, client = Peer(broker), Peer(broker)
+    try:
+        assert "waiting for agent node to say whether it still runs it" in \
+            job_state(client, 7), "it may have started: it must wait for its agent"
+        welcome = offer(agent, [[7, 0, [], {"foo": UNIT}]] if offered else [])
+        assert welcome.body["adopts"] is True
+        if offered:  # its agent started it after all: it runs on, its foo=1 taken
+            assert job_state(client, 7).startswith("running")
+            assert not [m for m in agent.sync() if m.kind in (P.CANCEL, P.ASSIGN)]
+        else:  # it never started there: granted again
+            assign = agent.take(P.ASSIGN)
+            assert [t[0] for t in assign.body["tasks"]] == [7]
+    finally:
+        for peer in (agent, client):
+            peer.close()
         broker.sock.close(0)
         broker._monitor.close(0)

@@ -75,7 +75,7 @@ class Adoption:
                 continue
             task_id, index, positions, taken = entry
             job = self._jobs.adopting.get(task_id)
-            if job is not None and job.agent == agent.name and self._sched.adopt(
+            if job is not None and _on(job) == agent.name and self._sched.adopt(
                     task_id, agent.slots[index], dict(job.units), positions, job.priority):
                 task = self._running(job, agent)
                 log.info("job_adopted", job=job.id, agent=agent.name)
@@ -102,9 +102,13 @@ class Adoption:
                 items if ok else [], P.split_frames(frames, [i[2] for i in items]) if ok
                 else []):
             job = self._jobs.adopting.get(task_id)
-            if job is not None and job.agent == agent.name and isinstance(info, dict):
+            if job is not None and _on(job) == agent.name and isinstance(info, dict):
                 self._graph.finish(self._running(job, agent), str(outcome), result, info)
-        for job in [j for j in self._jobs.adopting.values() if j.agent == agent.name]:
+        for job in [j for j in self._jobs.adopting.values() if _on(j) == agent.name]:
+            if self._jobs.held_only(job):  # it never started there: it goes again
+                self._jobs.requeue_adopting(job)
+                self._graph.link(self._task(job), [])
+                continue
             self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
                                    f"{agent.name} no longer had it when it came back")
         return stop
@@ -114,7 +118,7 @@ class Adoption:
         set_state(task, TaskState.QUEUED)
         set_state(task, TaskState.RUNNING)
         task.agent = agent.name
-        self._jobs.adopted(job)
+        self._jobs.adopted(job, agent.name)
         return task
 
     def expire(self, now: float) -> None:
@@ -122,8 +126,13 @@ class Adoption:
         if self._jobs.adopting and now >= self._deadline:
             for job in list(self._jobs.adopting.values()):
                 self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
-                                       f"{job.agent} did not come back within "
+                                       f"{_on(job)} did not come back within "
                                        f"{self.grace:g}s")
+
+
+def _on(job: JobRecord) -> str:
+    """The agent JOB runs on, or may: a job held there but not reported started yet."""
+    return job.agent or job.held_on
 
 
 def _units(value: Any) -> dict[str, int] | None:

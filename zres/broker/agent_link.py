@@ -29,15 +29,17 @@ _BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at on
 class AgentLink:
     """Handle what agents send. WELCOME() gives the fields every welcome carries; FD()
     the connection the message being handled came over; ADOPT(agent, registration,
-    frames) takes back the jobs a new session offers, returning those to stop."""
+    frames) takes back the jobs a new session offers, returning those to stop; COMMIT()
+    writes the state kept on disk, if any changed."""
 
     def __init__(self, send: Send, agents: AgentRegistry, dispatch: Dispatcher,
                  limits: Limits, welcome: Callable[[], dict[str, Any]],
                  fd: Callable[[], int],
-                 adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]]
-                 ) -> None:
+                 adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]],
+                 commit: Callable[[], object]) -> None:
         self._send = send
         self._adopt = adopt
+        self._commit = commit
         self._agents = agents
         self._dispatch = dispatch
         self._limits = limits
@@ -150,7 +152,9 @@ class AgentLink:
         agent.seq = seq
         self._dispatch.report(agent, msg.body, payloads, now)
         if msg.body.get("held"):
-            # Its hand-offs wait for this: at once, not at the end of the loop turn.
+            # Its hand-offs wait for this: at once, not at the end of the loop turn; but
+            # after the state is kept (a job it may now start is recorded as held there).
+            self._commit()
             agent.acked = seq
             self._send(ident, P.ACK, {"ack": seq})
         elif sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:

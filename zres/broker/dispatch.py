@@ -218,6 +218,8 @@ class Dispatcher:
             task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
             if task is not None:
                 task.held = True
+                if task.id in self._jobs.active:
+                    self._jobs.held(task, agent.name)
         for task_id in _ids(body.get("started")):
             task = self._mine(agent, task_id)
             if task is None:

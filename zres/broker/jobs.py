@@ -52,6 +52,7 @@ class JobRecord:
     reported: bool = False       # a `zres wait` has reported how it ended
     priority: int = 0
     strict: bool = False         # fails at once if infeasible
+    held_on: str = ""            # the agent that may start it (it heard the grant held)
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
@@ -135,8 +136,8 @@ class JobTable:
             if job.state == "queued" and not job.detached:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
-            elif job.state == "running":
-                self.adopting[job.id] = job
+            elif job.state == "running" or job.held_on:
+                self.adopting[job.id] = job  # it runs, or may: its agent says which
             elif job.state == "queued":
                 self.active[job.id] = job
                 again.append(job)
@@ -144,10 +145,25 @@ class JobTable:
                 self.done[job.id] = job
         return again
 
-    def adopted(self, job: JobRecord) -> None:
-        """JOB, running when the broker restarted, is running again as its task."""
+    def held_only(self, job: JobRecord) -> bool:
+        """Whether JOB (adopting) was held by its agent but never reported started."""
+        return job.state == "queued"
+
+    def adopted(self, job: JobRecord, agent: str) -> None:
+        """JOB, running (or starting) on AGENT when the broker restarted, is running again
+        as its task."""
         self.adopting.pop(job.id, None)
         self.active[job.id] = job
+        if job.state != "running":
+            job.state, job.agent, job.started = "running", agent, time.time()
+            self._keep(job)
+
+    def requeue_adopting(self, job: JobRecord) -> None:
+        """JOB was held by its agent and never started: it is queued again."""
+        self.adopting.pop(job.id, None)
+        job.held_on = ""
+        self.active[job.id] = job
+        self._keep(job)
 
     def not_adopted(self, job: JobRecord, why: str, state: str = "lost") -> None:
         self.adopting.pop(job.id, None)
@@ -159,6 +175,13 @@ class JobTable:
         job = self.active.get(task.id)
         return job is not None and job.detached
 
+    def held(self, task: Task, agent: str) -> None:
+        """TASK's agent may start it from now: kept before the agent is told it may."""
+        job = self.active.get(task.id)
+        if job is not None:
+            job.held_on = agent
+            self._keep(job)
+
     def started(self, task: Task, agent: str, gpus: list[str]) -> None:
         job = self.active.get(task.id)
         if job is not None:
@@ -169,6 +192,7 @@ class JobTable:
         job = self.active.get(task.id)
         if job is not None:
             job.state, job.agent, job.gpus, job.started = "queued", "", [], None
+            job.held_on = ""
             self._keep(job)
 
     def finished(self, task: Task, outcome: str, info: dict[str, Any]) -> None:
@@ -195,6 +219,9 @@ class JobTable:
 
     def _describe(self, job: JobRecord) -> dict[str, Any]:
         entry = job.as_dict()
+        if job.id in self.adopting:
+            entry["reason"] = (f"the broker restarted: waiting for agent "
+                               f"{job.agent or job.held_on} to say whether it still runs it")
         task = self._graph.get(job.id)
         if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):
             # Judged now, not when it was queued: an agent may have joined or left since.

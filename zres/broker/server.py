@@ -118,7 +118,8 @@ class Broker:
                                   "heartbeat": self.hb_interval, "adopts": store is not None,
                                   "lease": self.lease, "starve": self.sched.starvation_after},
                               fd=lambda: self._fd,
-                              adopt=lambda *a: self.adoption.offered(*a))
+                              adopt=lambda *a: self.adoption.offered(*a),
+                              commit=lambda: store.commit() if store is not None else True)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
@@ -182,6 +183,10 @@ class Broker:
             self.agents.forgive(now - start)
             self.clients.forgive(now - start)
             log.warning("broker_stalled", seconds=round(now - start, 1))
+        if self.store is not None:
+            # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job
+            # only once the broker has kept that it may.
+            self.store.commit()
         if self.sched.needs_pass():
             try:
                 self.dispatch.assign(self.sched.schedule(now))
@@ -198,8 +203,6 @@ class Broker:
         self._running.flush()  # before the results: a future runs, then finishes
         self._results.flush()
         self.link.flush_acks()
-        if self.store is not None:
-            self.store.commit()  # one commit per turn, for all that changed in it
         self._last_turn = time.monotonic()
 
     def _on_connection_events(self) -> None:
