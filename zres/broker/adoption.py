@@ -15,6 +15,7 @@ its next session, with their slot and GPU positions, and says how recent jobs en
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -45,9 +46,15 @@ class Adoption:
 
     def restore(self, store: Store) -> None:
         """Take back the job table kept in STORE: queue the queued jobs again."""
-        again = self._jobs.restore(store.jobs())
-        for job in again:
-            self._graph.link(self._task(job), [])
+        # Hundreds of thousands of records become objects here, none of them garbage: the
+        # cyclic collector would walk them all, again and again, for nothing.
+        gc.disable()
+        try:
+            again = self._jobs.restore(store.jobs())
+            for job in again:
+                self._graph.link(self._task(job), [])
+        finally:
+            gc.enable()
         store.commit()
         if again or self._jobs.done or self._jobs.adopting:
             log.info("state_restored", dir=store.directory, queued=len(again),

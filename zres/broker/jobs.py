@@ -132,7 +132,10 @@ class JobTable:
         again: list[JobRecord] = []
         names = {f.name for f in dataclasses.fields(JobRecord)}
         for record in records:
-            job = JobRecord(**{k: v for k, v in record.items() if k in names})
+            try:
+                job = JobRecord(**record)
+            except TypeError:  # kept by another version: the fields both know
+                job = JobRecord(**{k: v for k, v in record.items() if k in names})
             if job.state == "queued" and not job.detached:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
