@@ -269,3 +269,19 @@ def test_a_forced_cancel_kills_the_worker_of_a_call_that_does_not_stop():
     assert events.results[1][1]["type"] == "CancelledError"
     lost = events.results[2][1]
     assert lost["type"] == "WorkerLostError" and "cancelled with force" in lost["message"]
+
+
+def test_a_forced_cancel_of_a_grant_waiting_for_its_starting_worker_frees_it_unstarted():
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    run.free(1)
+    (worker,) = pool.by_slot.values()
+    worker.ready = False  # a new process, still starting: grant 2 waits in its backlog
+    run.add([grant(2, direct=True)])
+    events.ack()
+    worker.backlog = [([[2, 1, [], {}]], [b"x"])]  # where the pool keeps it meanwhile
+    run.cancel(2, force=True)
+    assert events.results[2][1]["type"] == "CancelledError"
+    assert not worker.backlog and 2 not in run.grants
+    assert run.slots[0].used.get("CPU", 0) == 0

@@ -132,3 +132,21 @@ def test_a_job_held_but_not_reported_started_runs_on_or_goes_again(tmp_path, off
             peer.close()
         broker.sock.close(0)
         broker._monitor.close(0)
+
+
+def test_a_finished_job_stays_finished_after_a_restart(tmp_path):
+    store = Store(str(tmp_path))
+    store.cluster_id()
+    store.put_job(dataclasses.asdict(JobRecord(
+        3, "j", ["true"], {}, True, time.time(), {"argv": ["true"]}, state="done",
+        agent="node", held_on="node")))
+    assert store.commit()
+    store.close()
+    broker = Broker("tcp://127.0.0.1:0", store=Store(str(tmp_path)))
+    client = Peer(broker)
+    try:
+        assert job_state(client, 3) == "done: "
+    finally:
+        client.close()
+        broker.sock.close(0)
+        broker._monitor.close(0)

@@ -157,8 +157,8 @@ class Agent:
             self.jobs.reap()
         if self._draining_until is not None:
             self._drain_step(now)
-        # The report; the hand-offs it announces go once the broker acknowledges it.
-        self._send_report()
+        if self.session.registered:  # (numbered from the welcome) its hand-offs go once acked
+            self._send_report()
         self.pool.flush()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now

@@ -273,6 +273,7 @@ class JobRunner:
                 pass
             self._forget(job.task)
         self.jobs.clear()
+        self.recent.clear()  # (a broker that gets these is not the one they ran for)
         self._save()
 
     def holding(self) -> list[int]:

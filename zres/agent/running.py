@@ -275,6 +275,11 @@ class TaskRunner:
             worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
             self._report_cancelled(task_id)
             self._end_delegation_if_done(grant.slot)
+        elif worker.proc.returncode is None:
+            # Forced, and its process is still starting: it waits in the backlog, unstarted.
+            worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
+            self.free(task_id)
+            self._report_cancelled(task_id)
 
     def _stop_overdue(self, now: float) -> None:
         """Kill the worker process of each forced cancel that has not ended in time."""

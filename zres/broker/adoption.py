@@ -104,7 +104,9 @@ class Adoption:
             task.started_at = time.monotonic()
         ended = body.get("ended")
         items = ended if isinstance(ended, list) else []
-        ok = all(isinstance(i, list) and len(i) == 4 and type(i[2]) is int for i in items)
+        ok = all(isinstance(i, list) and len(i) == 4 and type(i[0]) is int
+                 and type(i[2]) is int and i[2] >= 0 for i in items) \
+            and sum(i[2] for i in items) == len(frames)
         for (task_id, outcome, _, info), result in zip(
                 items if ok else [], P.split_frames(frames, [i[2] for i in items]) if ok
                 else []):

@@ -216,8 +216,15 @@ class Dispatcher:
         """Take in one report of AGENT's, all at once, in its fields' order."""
         for task_id in _ids(body.get("held")):
             task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
-            if task is not None:
+            if task is None and self._owner(task_id) is agent \
+                    and task_id not in self._actors.placements:
+                # Dropped here (cancelled) while this report was away (a cancel lost with
+                # a connection): told again, before the ack that would let it start.
+                self._send(agent.ident, P.CANCEL, {"ids": [task_id]})
+            elif task is not None:
                 task.held = True
+                if task.cancelling:  # asked before: perhaps lost with a connection
+                    self._send(agent.ident, P.CANCEL, {"ids": [task_id]})
                 if task.id in self._jobs.active:
                     self._jobs.held(task, agent.name)
         for task_id in _ids(body.get("started")):
@@ -309,7 +316,11 @@ class Dispatcher:
                 self.release(task_id)
                 self._requeue(task)
         self._actors.resend_unheld(agent.ident, holding, sent)
-        strays = sorted(t for t in holding if t not in granted)
+        # Not its any more, dropped (cancelled) here, or asked to cancel: told (again).
+        strays = sorted(t for t in holding if t not in granted or (
+            t not in self._actors.placements and t not in self._actors.call_actor
+            and ((task := self._graph.get(t)) is None or task.state is not TaskState.RUNNING
+                 or task.cancelling)))
         if strays:
             self._send(agent.ident, P.CANCEL, {"ids": strays})
 
@@ -342,6 +353,7 @@ class Dispatcher:
 
     def _lost(self, task: Task, why: str) -> None:
         """TASK may have run where it was: spend a retry, or fail it saying so."""
+        self._too_late_to_cancel(task)  # it may have begun there
         if task.stopping:
             self._stopped(task)
             return

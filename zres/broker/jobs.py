@@ -139,7 +139,7 @@ class JobTable:
             if job.state == "queued" and not job.detached:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
-            elif job.state == "running" or job.held_on:
+            elif job.state == "running" or (job.state == "queued" and job.held_on):
                 self.adopting[job.id] = job  # it runs, or may: its agent says which
             elif job.state == "queued":
                 self.active[job.id] = job
@@ -202,7 +202,7 @@ class JobTable:
         job = self.active.pop(task.id, None)
         if job is None:
             return
-        job.finished = time.time()
+        job.finished, job.held_on = time.time(), ""
         code = info.get("exit_code")
         job.exit_code = code if isinstance(code, int) else None
         if outcome == P.OK:
@@ -268,7 +268,12 @@ class JobTable:
             # The submitter learns its job ids (its jobs accepted) only once they are kept.
             if self._store is not None and not self._store.commit():
                 body["error"] = (f"the broker could not keep its state in "
-                                 f"{self._store.directory}: {self._store.error}")
+                                 f"{self._store.directory}: {self._store.error}; the jobs "
+                                 "were not accepted")
+                for task_id in [client.ids.get(i) for i in local]:  # never run unkept
+                    task = self._graph.get(task_id) if type(task_id) is int else None
+                    if task is not None and task.id in self.active:
+                        self._cancel(task)
             else:
                 body["ids"] = [client.ids.get(i) for i in local]
         self._send(ident, P.JOBS_REPLY, body)
@@ -280,6 +285,9 @@ class JobTable:
         job = self.get(job_id)
         if job is None:
             body["error"] = f"no job {job_id}"
+        elif job_id in self.adopting:
+            body["error"] = (f"job {job_id} waits for agent {job.agent or job.held_on} to "
+                             "come back after the broker restarted; cancel it once it has")
         elif task is None or task.state in FINISHED or job_id not in self.active:
             body["error"] = f"job {job_id} has already finished ({job.state})"
         else:
