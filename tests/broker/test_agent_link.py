@@ -69,8 +69,7 @@ class Peer:
 def broker() -> Iterator[Broker]:
     broker = Broker("tcp://127.0.0.1:0", prefetch=0)
     yield broker
-    broker.sock.close(0)
-    broker._monitor.close(0)
+    broker.close()
 
 
 def register(agent: Peer, session: int, cpus: int = 2, resume: bool = False) -> P.Message:

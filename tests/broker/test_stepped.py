@@ -48,4 +48,4 @@ def test_a_lowered_gpu_count_survives_re_registration():
     finally:
         admin.close(0)
         agent.shutdown()
-        broker.sock.close(0)
+        broker.close()

@@ -80,8 +80,7 @@ def test_a_broker_that_cannot_keep_its_state_refuses_new_jobs_naming_why(tmp_pat
         assert "full" in refused.body["error"]
     finally:
         client.close()
-        broker.sock.close(0)
-        broker._monitor.close(0)
+        broker.close()
 
 
 def restarted_with_held_job(tmp_path: Path) -> Broker:
@@ -130,8 +129,7 @@ def test_a_job_held_but_not_reported_started_runs_on_or_goes_again(tmp_path, off
     finally:
         for peer in (agent, client):
             peer.close()
-        broker.sock.close(0)
-        broker._monitor.close(0)
+        broker.close()
 
 
 def test_a_finished_job_stays_finished_after_a_restart(tmp_path):
@@ -148,5 +146,4 @@ def test_a_finished_job_stays_finished_after_a_restart(tmp_path):
         assert job_state(client, 3) == "done: "
     finally:
         client.close()
-        broker.sock.close(0)
-        broker._monitor.close(0)
+        broker.close()

@@ -134,8 +134,9 @@ class Agent:
         self.jobs.stop_all()
         self.pool.close(self.actors.workers())
         self.actors.by_id.clear()
-        self.broker.close(0)
+        self.broker.disable_monitor()  # (its address is free for a later socket's)
         self._monitor.close(0)
+        self.broker.close(0)
         log.info("agent_stopped", agent=self.name)
 
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
@@ -367,8 +368,7 @@ class Agent:
         groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
         now = time.monotonic()
         grants: list[Grant] = []
-        for (task_id, slot, units, gpus, nframes, dep_counts, *extra), frames in zip(
-                items, groups):
+        for (task_id, slot, units, gpus, nframes, dep_counts, *extra), frames in zip(items, groups):
             spec = self.slots[slot]
             opts = extra[0] if extra and isinstance(extra[0], dict) else {}
             devices = tuple(spec.gpus[pos] for pos in gpus) or token_devices(units)

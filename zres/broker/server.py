@@ -146,8 +146,15 @@ class Broker:
         while not self._stopping:
             self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
         log.info("broker_stopped", address=self.address)
+        self.close()
+
+    def close(self) -> None:
+        """Close the state store and the sockets: the monitor first (a socket given the
+        same descriptor later would find its monitor's address still taken, and hear
+        nothing)."""
         if self.store is not None:
             self.store.close()
+        self.sock.disable_monitor()
         self._monitor.close(0)
         self.sock.close(0)
 
