@@ -5,6 +5,7 @@ directory carries on: queued jobs run, finished ones are still listed, ids conti
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -24,12 +25,12 @@ FAST = {"ZRES_BROKER__HEARTBEAT_INTERVAL": "0.2", "ZRES_BROKER__HEARTBEAT_TIMEOU
 class Cluster:
     """A broker on a fixed port with a state directory, and one agent offering foo=1."""
 
-    def __init__(self, spawn, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    def __init__(self, spawn, tmp_path: Path, **env: str) -> None:  # noqa: ANN001, F811
         self.spawn = spawn
         self.state = tmp_path / "state"
         self.logs = tmp_path / "logs"
         self.address = f"tcp://127.0.0.1:{free_port()}"
-        self.env = clean_env(**FAST, ZRES_AGENT__JOB_LOGS=str(self.logs))
+        self.env = clean_env(**FAST, ZRES_AGENT__JOB_LOGS=str(self.logs), **env)
         self.broker = self.start_broker()
         self.agent = spawn([sys.executable, "-m", "zres", "agent", self.address,
                             "-r", "foo=1", "--name", "node"], env=self.env,
@@ -50,8 +51,8 @@ class Cluster:
             assert result.returncode == check, (args, result.stdout, result.stderr)
         return result
 
-    def submit(self, script: str) -> int:
-        return int(self.run("submit", "-r", "foo=1", "--", "sh", "-c", script).stdout)
+    def submit(self, script: str, resources: str = "foo=1") -> int:
+        return int(self.run("submit", "-r", resources, "--", "sh", "-c", script).stdout)
 
     def jobs(self) -> dict[int, str]:
         """Job id -> state, from ``zres jobs --all``."""
@@ -173,3 +174,25 @@ def test_a_job_the_restarted_broker_does_not_know_is_stopped_and_holds_until_gon
     assert after > job, "an id that runs on an agent was handed out again"
     wait_until(lambda: process_gone(pid), timeout=30, message="the unknown job to be stopped")
     assert cluster.run("wait", str(after)).returncode == 0
+
+
+def test_an_adopted_gpu_job_keeps_its_device_and_a_new_one_gets_the_other(spawn, tmp_path):  # noqa: F811
+    gpus = json.dumps([{"name": "Fake GPU", "memory": 16e9}] * 2)
+    cluster = Cluster(spawn, tmp_path, ZRES_TEST_FAKE_GPUS=gpus)
+    seen = tmp_path / "first"
+    first = cluster.submit(f'echo "$CUDA_VISIBLE_DEVICES" > {seen}.tmp; mv {seen}.tmp {seen}; '
+                           "exec sleep 300", "GPU=1")
+    wait_until(seen.exists, message="the GPU job to start")
+    device = seen.read_text().strip()
+    cluster.kill_broker()
+    cluster.broker = cluster.start_broker()
+    wait_until(lambda: "running=1" in cluster.run("status").stdout, message="its adoption")
+    other = tmp_path / "second"
+    second = cluster.submit(f'echo "$CUDA_VISIBLE_DEVICES" > {other}', "GPU=1")
+    assert cluster.run("wait", str(second)).returncode == 0
+    assert {device, other.read_text().strip()} == {"0", "1"}, "one device granted twice"
+    # A third must wait: both devices are taken (the adopted job holds its own).
+    third = cluster.submit("true", "GPU=2")
+    assert cluster.jobs()[third] == "queued"
+    cluster.run("cancel", str(first))
+    assert cluster.run("wait", str(third)).returncode == 0
