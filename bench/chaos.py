@@ -46,7 +46,8 @@ import zres  # noqa: E402
 
 FAKE_GPUS = json.dumps([{"name": "Fake GPU", "memory": 16e9}] * 2)
 HEARTBEAT, TIMEOUT = 0.2, 2.0
-TRUTHFUL = (zres.AgentLostError, zres.WorkerLostError, zres.ActorDiedError)
+TRUTHFUL = (zres.AgentLostError, zres.WorkerLostError, zres.ActorDiedError,
+            zres.BrokerLostError)
 
 # A command job's body: the same protocol as `body`, in its own process.
 JOB = """
@@ -134,8 +135,10 @@ class Tally:
 # -- one round ---------------------------------------------------------------------------
 
 class Round:
-    def __init__(self, number: int, seed: int, tasks: int, workdir: Path) -> None:
+    def __init__(self, number: int, seed: int, tasks: int, workdir: Path,
+                 broker_kills: bool = False) -> None:
         self.number = number
+        self.broker_kills = broker_kills
         self.rng = random.Random(seed)
         self.tasks = tasks
         self.dir = workdir
@@ -252,11 +255,14 @@ class Round:
             if proc is None or proc.poll() is not None:
                 self._restart(cluster, name, specs)
                 continue
-            fault = rng.choice(["kill", "stop", "worker", "term"])
+            fault = rng.choice(["kill", "stop", "worker", "term"] * 3
+                               + (["broker"] if self.broker_kills else []))
             self.faults[fault] += 1
             self.timeline.append((time.time(), fault, name))
             try:
-                if fault == "kill":
+                if fault == "broker":
+                    cluster.restart_broker()  # SIGKILL, then the same state and address
+                elif fault == "kill":
                     proc.kill()
                     proc.wait(10)
                     self._restart(cluster, name, specs)
@@ -315,6 +321,8 @@ class Round:
                 if f"while running task {key}," in str(error) and not starts[key]:
                     problems.append(f"{key}: {type(error).__name__} says it ran; it never "
                                     "began")
+            elif isinstance(error, zres.ZresError) and "broker restart" in str(error):
+                outcomes["lost in a broker restart"] += 1  # its inputs were, and said so
             else:
                 outcomes[type(error).__name__] += 1
                 problems.append(f"{key}: {type(error).__name__}: {error}")
@@ -372,7 +380,8 @@ def _left_behind(marker: str) -> int:
         time.sleep(0.2)
 
 
-def run(rounds: int, seed: int, tasks: int) -> list[dict[str, Any]]:
+def run(rounds: int, seed: int, tasks: int,
+        broker_kills: bool = False) -> list[dict[str, Any]]:
     """Run ROUNDS rounds; return their reports (see Round._check)."""
     reports = []
     with tempfile.TemporaryDirectory(prefix="zres-chaos-") as tmp:
@@ -380,7 +389,7 @@ def run(rounds: int, seed: int, tasks: int) -> list[dict[str, Any]]:
             workdir = Path(tmp, f"round-{number}")
             workdir.mkdir()
             started = time.monotonic()
-            report = Round(number, seed + number, tasks, workdir).run()
+            report = Round(number, seed + number, tasks, workdir, broker_kills).run()
             report["seconds"] = round(time.monotonic() - started, 1)
             reports.append(report)
             print(_row(report), flush=True)
@@ -403,8 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tasks", type=int, default=300, help="tasks per round")
     parser.add_argument("--json", help="also write every round's report here")
+    parser.add_argument("--broker-kills", action="store_true",
+                        help="also SIGKILL the broker and restart it on its state (Python "
+                        "tasks pending then fail with BrokerLostError; jobs run on)")
     args = parser.parse_args(argv)
-    reports = run(args.rounds, args.seed, args.tasks)
+    reports = run(args.rounds, args.seed, args.tasks, args.broker_kills)
     failed = [r for r in reports if r["problems"] or r["left_behind"]]
     totals: Counter[str] = Counter()
     faults: Counter[str] = Counter()

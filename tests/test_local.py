@@ -101,3 +101,15 @@ def test_a_program_ending_without_closing_anything_ends_quietly(tmp_path):
                    message="the cluster's processes to stop")
     finally:
         kill_leftovers(pids)
+
+
+def test_a_restarted_local_broker_is_the_same_cluster_and_its_agents_come_back(make_cluster):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    before = cluster.status()["cluster"]
+    old_pid = cluster.broker.pid
+    cluster.restart_broker()
+    assert cluster.broker.pid != old_pid
+    assert cluster.status()["cluster"] == before
+    state = cluster.status()["state"]
+    assert state["dir"] == cluster.state_dir and state["error"] is None
+    cluster.wait_for_agents(["agent-0"], 30)

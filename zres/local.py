@@ -79,6 +79,16 @@ class LocalCluster:
             raise ZresError(f"the local broker did not start (said {line!r})")
         return line.rsplit(" ", 1)[1]
 
+    def restart_broker(self, timeout: float = 60.0) -> None:
+        """Kill the broker (SIGKILL, as a crash would) and start it again on the same
+        address and state directory: the same cluster carries on."""
+        if self.broker is not None:
+            self.broker.kill()
+            self.broker.wait(10)
+            if self.broker.stdout:
+                self.broker.stdout.close()
+        self._start_broker(self.address, timeout)
+
     def add_agent(self, resources: Mapping[str, Any] | None = None, *, name: str,
                   wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         """Start one more agent offering RESOURCES, e.g. {"GPU": 2} (None: detect them)."""
