@@ -260,3 +260,17 @@ def test_boolean_counts_in_the_file_are_refused(tmp_path):
     conf = write(tmp_path / "b.toml", "[agent]\nnworkers = true\n")
     with pytest.raises(ConfigError, match="b.toml.*nworkers"):
         load("agent", path=conf, environ={})
+
+
+def test_the_state_directory_comes_from_the_flag_env_file_or_the_port(tmp_path):
+    conf = write(tmp_path / "s.toml", "[broker]\nstate = '/from/file'\n")
+    assert load("broker", path=conf, environ={})["state"] == "/from/file"
+    env = {"ZRES_STATE_DIR": "/from/env", "XDG_STATE_HOME": "/xdg"}
+    assert load("broker", path=conf, environ=env)["state"] == "/from/env"
+    assert load("broker", {"state": "/flag"}, path=conf, environ=env)["state"] == "/flag"
+    assert load("broker", environ={"XDG_STATE_HOME": "/xdg"})["state"] == \
+        "/xdg/zres/broker-7070"
+    assert load("broker", {"listen": "tcp://127.0.0.1:0"}, environ={})["state"] is None
+    bad = write(tmp_path / "b.toml", "[broker]\nstate = 5\n")
+    with pytest.raises(ConfigError, match="state must be a directory's path"):
+        load("broker", path=bad, environ={})

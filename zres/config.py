@@ -89,6 +89,9 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
         settings["state"] = ((flags or {}).get("state") or env.get("ZRES_STATE_DIR")
                              or settings["state"]
                              or default_state_dir(settings["listen"], env))
+        if not isinstance(settings["state"], (str, type(None))):
+            raise ConfigError(f"state must be a directory's path (a string), got "
+                              f"{settings['state']!r}")
     if section in ("agent", "client"):
         # The broker: the flag, then $ZRES_BROKER, then the file (or ZRES_<SECTION>__BROKER).
         given = (flags or {}).get("broker") or env.get("ZRES_BROKER") or settings["broker"]
