@@ -70,64 +70,67 @@ class Adoption:
                 frames: list[Any]) -> list[int]:
         """AGENT's new session offers the jobs it runs and says how recent ones ended;
         return the ids of those it must stop."""
-        stop: list[int] = []
         running = body.get("jobs")
         if running is None:
-            return stop  # not a new session's offer (an agent just started, or resuming)
-        for entry in running if isinstance(running, list) else []:
-            if not (isinstance(entry, list) and len(entry) == 4
-                    and all(type(v) is int for v in entry[:2]) and isinstance(entry[2], list)
-                    and all(type(p) is int for p in entry[2])
-                    and 0 <= entry[1] < len(agent.slots)):
-                continue
-            task_id, index, positions, taken = entry
-            job = self._jobs.adopting.get(task_id)
-            if job is not None and _on(job) == agent.name and self._sched.adopt(
-                    task_id, agent.slots[index], dict(job.units), positions, job.priority):
-                task = self._running(job, agent)
-                log.info("job_adopted", job=job.id, agent=agent.name)
-            else:
-                # Not ours to run: stopped there, its resources counted until it is gone.
-                stop.append(task_id)
-                self._graph.skip_past(task_id)  # (a state older than the agent's work)
-                units = _units(taken)
-                if self._graph.get(task_id) is not None or units is None \
-                        or not self._sched.adopt(task_id, agent.slots[index], units,
-                                                 positions):
-                    log.warning("job_not_adopted", job=task_id, agent=agent.name)
-                    continue
-                task = self._task(JobRecord(task_id, f"job {task_id}", [], {}, True, 0.0, {}))
-                set_state(task, TaskState.QUEUED)
-                set_state(task, TaskState.RUNNING)
-                task.stopping = True
-            task.held = task.begun = True
-            task.started_at = time.monotonic()
-        ended = body.get("ended")
-        items = ended if isinstance(ended, list) else []
-        ok = all(isinstance(i, list) and len(i) == 4 and type(i[0]) is int
-                 and type(i[2]) is int and i[2] >= 0 for i in items) \
-            and sum(i[2] for i in items) == len(frames)
-        for (task_id, outcome, _, info), result in zip(
-                items if ok else [], P.split_frames(frames, [i[2] for i in items]) if ok
-                else []):
-            job = self._jobs.adopting.get(task_id)
-            if job is not None and _on(job) == agent.name and isinstance(info, dict):
-                self._graph.finish(self._running(job, agent), str(outcome), result, info)
+            return []  # not a new session's offer (an agent just started, or resuming)
+        stop = [entry[0] for entry in running if isinstance(running, list)
+                and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
+        self._ended(agent, body.get("ended"), frames)
         for job in [j for j in self._jobs.adopting.values() if _on(j) == agent.name]:
             if self._jobs.held_only(job):  # it never started there: it goes again
                 self._jobs.requeue_adopting(job)
                 self._graph.link(self._task(job), [])
-                continue
-            self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
-                                   f"{agent.name} no longer had it when it came back")
+            else:
+                self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
+                                       f"{agent.name} no longer had it when it came back")
         return stop
 
-    def _running(self, job: JobRecord, agent: AgentRecord) -> Task:
-        task = self._task(job)
+    def _take(self, agent: AgentRecord, task_id: int, index: int, positions: list[int],
+              taken: Any) -> bool:
+        """Take back TASK_ID, which AGENT runs on its slot INDEX (GPU POSITIONS); False if
+        it is not ours to run: then it is to be stopped there, and its resources (TAKEN)
+        are counted until it is gone."""
+        slot = agent.slots[index]
+        job = self._jobs.adopting.get(task_id)
+        if job is not None and _on(job) == agent.name and self._sched.adopt(
+                task_id, slot, dict(job.units), positions, job.priority):
+            self._running(self._task(job), agent)
+            self._jobs.adopted(job, agent.name)
+            log.info("job_adopted", job=job.id, agent=agent.name)
+            return True
+        self._graph.skip_past(task_id)  # (a state older than the agent's work)
+        units = _units(taken)
+        if self._graph.get(task_id) is not None or units is None \
+                or not self._sched.adopt(task_id, slot, units, positions):
+            log.warning("job_not_adopted", job=task_id, agent=agent.name)
+            return False
+        unknown = JobRecord(task_id, f"job {task_id}", [], {}, True, 0.0, {})
+        self._running(self._task(unknown), agent).stopping = True
+        return False
+
+    def _ended(self, agent: AgentRecord, ended: Any, frames: list[Any]) -> None:
+        """Record how AGENT's adopting jobs ENDED while the broker was away."""
+        items = ended if isinstance(ended, list) else []
+        if not (all(isinstance(i, list) and len(i) == 4 and type(i[0]) is int
+                    and type(i[2]) is int and i[2] >= 0 for i in items)
+                and sum(i[2] for i in items) == len(frames)):
+            return  # malformed: ignored whole
+        for (task_id, outcome, _, info), result in zip(
+                items, P.split_frames(frames, [i[2] for i in items])):
+            job = self._jobs.adopting.get(task_id)
+            if job is not None and _on(job) == agent.name and isinstance(info, dict):
+                task = self._running(self._task(job), agent)
+                self._jobs.adopted(job, agent.name)
+                self._graph.finish(task, str(outcome), result, info)
+
+    @staticmethod
+    def _running(task: Task, agent: AgentRecord) -> Task:
+        """TASK runs on AGENT (it began before this broker did)."""
         set_state(task, TaskState.QUEUED)
         set_state(task, TaskState.RUNNING)
         task.agent = agent.name
-        self._jobs.adopted(job, agent.name)
+        task.held = task.begun = True
+        task.started_at = time.monotonic()
         return task
 
     def expire(self, now: float) -> None:
@@ -137,6 +140,13 @@ class Adoption:
                 self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
                                        f"{_on(job)} did not come back within "
                                        f"{self.grace:g}s")
+
+
+def _well_formed(entry: Any, slots: int) -> bool:
+    """Whether an offered job reads [id, slot index, [GPU positions], taken]."""
+    return (isinstance(entry, list) and len(entry) == 4
+            and all(type(v) is int for v in entry[:2]) and 0 <= entry[1] < slots
+            and isinstance(entry[2], list) and all(type(p) is int for p in entry[2]))
 
 
 def _on(job: JobRecord) -> str:

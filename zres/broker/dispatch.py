@@ -114,9 +114,7 @@ class Dispatcher:
         if actor is not None:
             if actor.state is not ActorState.PENDING and not force:
                 return CancelOutcome.GOES_ON  # its __init__ may be running
-            self._actors.kill(actor, "its construction was cancelled")
-            return CancelOutcome.CANCELLED
-        if task.actor:
+        elif task.actor:
             if task.state is TaskState.RUNNING:
                 return CancelOutcome.GOES_ON  # sent to its actor (a call is not stopped alone)
         elif task.state is TaskState.RUNNING and (task.held or task.begun):
@@ -215,16 +213,13 @@ class Dispatcher:
                now: float) -> None:
         """Take in one report of AGENT's, all at once, in its fields' order."""
         for task_id in _ids(body.get("held")):
-            task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
-            if task is None and self._owner(task_id) is agent \
-                    and task_id not in self._actors.placements:
-                # Dropped here (cancelled) while this report was away (a cancel lost with
-                # a connection): told again, before the ack that would let it start.
+            if self._owner(task_id) is agent and self._to_drop(task_id):
+                # Cancelled while this report was away (the cancel perhaps lost with a
+                # connection): told again, before the ack that would let it start.
                 self._send(agent.ident, P.CANCEL, {"ids": [task_id]})
-            elif task is not None:
+            task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
+            if task is not None:
                 task.held = True
-                if task.cancelling:  # asked before: perhaps lost with a connection
-                    self._send(agent.ident, P.CANCEL, {"ids": [task_id]})
                 if task.id in self._jobs.active:
                     self._jobs.held(task, agent.name)
         for task_id in _ids(body.get("started")):
@@ -316,13 +311,18 @@ class Dispatcher:
                 self.release(task_id)
                 self._requeue(task)
         self._actors.resend_unheld(agent.ident, holding, sent)
-        # Not its any more, dropped (cancelled) here, or asked to cancel: told (again).
-        strays = sorted(t for t in holding if t not in granted or (
-            t not in self._actors.placements and t not in self._actors.call_actor
-            and ((task := self._graph.get(t)) is None or task.state is not TaskState.RUNNING
-                 or task.cancelling)))
+        strays = sorted(t for t in holding if t not in granted or self._to_drop(t))
         if strays:
             self._send(agent.ident, P.CANCEL, {"ids": strays})
+
+    def _to_drop(self, task_id: int) -> bool:
+        """Whether the grant TASK_ID, still counted on its agent, must be cancelled there:
+        its task was dropped (cancelled) meanwhile, or a cancel was asked (perhaps lost
+        with a connection). Actors' placements and calls are never grants to drop."""
+        if task_id in self._actors.placements or task_id in self._actors.call_actor:
+            return False
+        task = self._graph.get(task_id)
+        return task is None or task.state is not TaskState.RUNNING or task.cancelling
 
     def _too_late_to_cancel(self, task: Task) -> None:
         """TASK began, or may have: a cancel asked of its agent is answered no."""
