@@ -38,7 +38,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
-    "client": {"broker": None, "broker_timeout": 30.0},
+    "client": {"broker": None, "broker_timeout": 300.0},
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float, "job_grace": float,

@@ -24,10 +24,12 @@ class Peer:
 
     _reqs = itertools.count(1)
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, ident: bytes | None = None) -> None:
         self.broker = broker
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if ident is not None:  # a client keeps its routing id across reconnections
+            self.sock.setsockopt(zmq.ROUTING_ID, ident)
         self.sock.connect(broker.address)
         self.inbox: list[P.Message] = []
 

@@ -76,7 +76,7 @@ def test_a_broker_that_cannot_keep_its_state_refuses_new_jobs_naming_why(tmp_pat
         client.send(P.SUBMIT, *job_submit(2))
         refused = client.take(P.REFUSED)
         assert refused.body["ids"] == [2]
-        assert "cannot keep new jobs" in refused.body["error"]
+        assert "cannot keep new work" in refused.body["error"]
         assert "full" in refused.body["error"]
     finally:
         client.close()

@@ -121,7 +121,7 @@ def test_fresh_starts_empty_and_says_what_it_discarded(spawn, tmp_path):  # noqa
     assert cluster.cluster_id() != before, "a fresh start is a new cluster (logs apart)"
     cluster.broker.terminate()
     _, err = cluster.broker.communicate(timeout=10)
-    assert f"--fresh discarded the state in {cluster.state} (jobs: 1 done)" in err
+    assert f"--fresh discarded the state in {cluster.state} (jobs done: 1)" in err
 
 
 def test_an_unusable_state_directory_is_refused_naming_it(tmp_path):

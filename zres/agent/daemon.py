@@ -1,18 +1,12 @@
 """The node daemon (``zres agent``): registers this node's capacity, runs what the broker
 assigns, reports outcomes and losses.
 
-The agent keeps one connection (one routing id) to its broker for its whole life, and a
-*session*: the broker's record of it. A pause on either side, or a reconnection, resumes
-the session: running work carries on and its results count. Its work is fenced by a
-*lease*: the broker counts it alive only while it hears from it; the agent and its
-workers start nothing once the broker may have given up on it (the lease runs from when
-the agent sent a heartbeat the broker has since echoed, on the agent's own clock), and an
-agent that comes back to find its session ended stops everything of the old session
-before it registers anew.
-
-The daemon holds the link and routes messages: tasks to ``running`` (slots, queued
-grants), actors to ``actors``, command jobs to ``jobs``; news goes out in ``reports``.
-"""
+It keeps one connection to its broker for its whole life, and a *session* (the broker's
+record of it) that pauses and reconnections resume. A *lease* fences its work: it and its
+workers start nothing once the broker may have given up on it; a session found ended is
+stopped before the agent registers anew, except work a broker restarted on its state
+takes back (``carry``). It routes tasks to ``running``, actors to ``actors``, command
+jobs to ``jobs``; news goes out in ``reports``."""
 
 from __future__ import annotations
 
@@ -33,6 +27,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
 from .actors import ActorSupervisor
+from .carry import CarryOver
 from .deferred import DeferredGrants
 from .grants import Grant
 from .jobs import GRACE, JobRunner, default_log_dir
@@ -78,6 +73,7 @@ class Agent:
         self.jobs = JobRunner(self.job_logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                               unwatch=self.poller.unregister)
+        self.carry = CarryOver(self.runner, self.jobs, self.reports)
         self.poller.register(self.pool.sock, zmq.POLLIN)
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
@@ -169,7 +165,7 @@ class Agent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
             self._silent = silent
         self._reach.update(now, self.session.registered)
-        if not self.session.registered and not self._stopping \
+        if not self.session.registered and not self._stopping and self.carry.ready() \
                 and now - self.session.asked_at >= self.hb_timeout / 2:
             self._register(now)
 
@@ -213,8 +209,9 @@ class Agent:
         if resume:
             body["resume"] = True
             body["epoch"] = self.session.epoch
-        elif self.session.epoch is None:  # a new session: offer the jobs still running
-            body["jobs"], body["ended"], frames = self.jobs.offer()
+        elif self.session.epoch is None:  # a new session: offer the work still running
+            offer, frames = self.carry.offer()
+            body.update(offer)
         P.send(self.broker, P.encode(P.REGISTER, body, frames))
 
     def _on_welcome(self, msg: P.Message) -> None:
@@ -223,15 +220,16 @@ class Agent:
             return  # an answer to a session we have since left
         if self.session.epoch not in (None, epoch) and self._holds_work():
             # A new broker counts none of our work as running: stop it, or its resources
-            # would be granted twice; but jobs of a cluster that keeps its state run on,
-            # offered to it with the next session (it adopts them or stops them).
-            self._fence("the broker restarted", keep_jobs=self._adopts(msg))
+            # would be granted twice; but the work of a cluster that keeps its state runs
+            # on, offered to it with the next session (it adopts it or stops it).
+            self._fence("the broker restarted", keep=self.carry.adopts(msg))
             return
         cluster = msg.body.get("cluster")
         if isinstance(cluster, str) and re.fullmatch(r"[0-9a-f]{1,32}", cluster):
             self.jobs.cluster = cluster  # (it names a directory: nothing else is taken)
         starve = float(msg.body.get("starve", self.runner.starve))
         self.runner.starve = self.pool.starve = starve
+        self.carry.clear()  # (offered with this session)
         first = self.session.welcomed(epoch, float(msg.body.get("lease", self.hb_timeout / 2)))
         self._last_heard = time.monotonic()
         self._renew_lease(self.session.asked_at)
@@ -247,22 +245,22 @@ class Agent:
         elif first:
             log.info("agent_registered", agent=self.name, epoch=epoch)
 
-    def _fence(self, why: str, keep_jobs: bool = False) -> None:
-        """The broker no longer counts our work: stop all of it (but KEEP_JOBS), forget
-        the old session's news, and register as a new session."""
-        log.warning("agent_fenced", agent=self.name, why=why, jobs_kept=keep_jobs)
-        self.runner.abandon(why, keep=set(self.jobs.jobs) if keep_jobs else set())
+    def _fence(self, why: str, keep: bool = False) -> None:
+        """The broker no longer counts our work: stop all of it (but KEEP what runs, for a
+        broker restarted on its state: see carry), forget the old session's news, and
+        register as a new session."""
+        log.warning("agent_fenced", agent=self.name, why=why, work_kept=keep)
         self.actors.stop_all(why)
-        if not keep_jobs:
+        if keep:
+            self.carry.begin()
+        else:
+            self.runner.abandon(why)
             self.jobs.stop_all()
-        self.pool.drop_pending()
+            self.pool.drop_pending()
+            self.carry.clear()
+            self.reports.reset()
         self._deferred.take()
-        self.reports.reset()
         self.session.restart()
-
-    def _adopts(self, msg: P.Message) -> bool:
-        """Whether MSG comes from a broker of our cluster that keeps its state."""
-        return msg.body.get("adopts") is True and msg.body.get("cluster") == self.jobs.cluster
 
     def _holds_work(self) -> bool:
         return self.runner.busy() or bool(self.actors.by_id) or bool(self.jobs.jobs)
@@ -353,7 +351,7 @@ class Agent:
                 self.stop()
                 return
             if msg.body.get("session") in (None, self.session.id):
-                self._fence(str(msg.body.get("ended")), keep_jobs=self._adopts(msg))
+                self._fence(str(msg.body.get("ended")), keep=self.carry.adopts(msg))
         elif self.session.registered:
             log.warning("broker_forgot_us")
             self.session.ask_again()

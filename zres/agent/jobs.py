@@ -242,15 +242,10 @@ class JobRunner:
             self.recent.popitem(last=False)
         self._report(task_id, outcome, frames, info)
 
-    def offer(self) -> tuple[list[list[Any]], list[list[Any]], list[Any]]:
-        """What a restarted broker may take back: the running jobs ([id, slot, GPU
-        positions, taken]), how the last jobs ended ([id, outcome, nframes, info]), and the
-        frames of those ends."""
-        running = [[job.task, job.slot, job.positions, job.taken] for job in self.jobs.values()]
-        ended = [[i, outcome, len(frames), info]
-                 for i, (outcome, frames, info) in self.recent.items()]
-        frames = [f for _, frames, _ in self.recent.values() for f in frames]
-        return running, ended, frames
+    def offer(self) -> list[list[Any]]:
+        """The running jobs, for a restarted broker: [id, slot, GPU positions, taken]
+        (``recent`` says how the last ones ended)."""
+        return [[job.task, job.slot, job.positions, job.taken] for job in self.jobs.values()]
 
     def log_reply(self, msg: P.Message) -> dict[str, Any]:
         """Answer the broker's LOGS request: part of a job's log, or why there is none."""

@@ -382,28 +382,46 @@ class TaskRunner:
         for task_id, (slot, taken) in kept.items():
             self.hold(slot, task_id, taken)
 
-    def give_back_unstarted(self) -> None:
-        """Give the broker back every grant that has not started (the agent is leaving):
-        those waiting at once, delegated ones once their worker has dropped them."""
-        self.draining = True
+    def settling(self) -> bool:
+        """Whether grants asked back from workers have not been answered yet."""
+        return bool(self._giving_back)
+
+    def offer(self) -> list[list[Any]]:
+        """The tasks running here, for a restarted broker: [id, slot, GPU positions,
+        taken]."""
+        return [[g.task, g.slot, [self.slots[g.slot].spec.gpus.index(d) for d in g.devices
+                                  if d in self.slots[g.slot].spec.gpus], g.taken]
+                for g in self.grants.values()]
+
+    def give_back_unstarted(self, restart: bool = False) -> None:
+        """Give the broker back every grant that has not started, the agent leaving (or
+        RESTART: its broker restarted on its state, and what runs runs on): those waiting
+        at once, delegated ones once their worker has dropped them."""
+        self.draining = self.draining or not restart
         for state in self.slots:
             for grant in state.waiting:
                 self.grants.pop(grant.task, None)
                 self._events.give_back(grant.task)
             state.waiting.clear()
-            for task_id, grant in list(state.delegated.items()):
-                worker = grant.worker
-                if worker is not None and worker.ready and worker.proc.returncode is None:
-                    self._events.after(functools.partial(
-                        self._pool.tell, worker, P.CANCEL, {"ids": [task_id]}))
-                    self._giving_back.add(task_id)
-                else:  # not sent yet: it never will be
-                    self._undelegate(state, task_id)
-                    self.grants.pop(task_id, None)
-                    if worker is not None:
-                        worker.backlog = [(i, f) for i, f in worker.backlog
-                                          if i[0][0] != task_id]
-                    self._events.give_back(task_id)
+        for task_id, grant in list(self.grants.items()):
+            state = self.slots[grant.slot]
+            void = restart and not grant.sent  # its hand-off waited for the old broker
+            if task_id not in state.delegated and not void:
+                continue  # it runs, or starts at once: it goes on (offered to a restart)
+            worker = grant.worker
+            if not void and worker is not None and worker.ready \
+                    and worker.proc.returncode is None:
+                tell = functools.partial(self._pool.tell, worker, P.CANCEL, {"ids": [task_id]})
+                # (a restart voids the hand-offs that wait: nothing to wait behind)
+                tell() if restart else self._events.after(tell)
+                self._giving_back.add(task_id)
+            else:  # not sent yet: it never will be
+                self._undelegate(state, task_id)
+                self._unrun(grant)
+                del self.grants[task_id]
+                if worker is not None:
+                    worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
+                self._events.give_back(task_id)
 
     def holding(self) -> list[int]:
         """Every grant this agent holds (waiting, handed over or running)."""

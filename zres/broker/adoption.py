@@ -1,4 +1,5 @@
-"""A restarted broker takes back what ran on while it was gone: command jobs.
+"""A restarted broker takes back what ran on while it was gone: command jobs and Python
+tasks.
 
 A broker that keeps its state restores its job table at start. A queued job is queued
 again. A job that was running is *adopting*: its agent, which keeps jobs running when
@@ -11,6 +12,10 @@ its next session, with their slot and GPU positions, and says how recent jobs en
   lost, saying why.
 - A job offered that the broker does not know (or cannot hold there) is stopped, its
   resources counted until it is gone.
+Python tasks an agent held (``keeping`` restores them) wait the same way, and the agent
+also gives back those that never began there: they are granted again, uncharged. One its
+agent no longer has, or whose agent is not back in time, may have run: it spends a retry,
+or fails with AgentLostError.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class Adoption:
 
     def __init__(self, graph: TaskGraph, sched: Scheduler, jobs: JobTable,
                  grace: float) -> None:
+        # Python tasks an agent held when the broker went: task id -> (task, its inputs'
+        # ids, the agent's name).
+        self.tasks: dict[int, tuple[Task, list[int], str]] = {}
         self._graph = graph
         self._sched = sched
         self._jobs = jobs
@@ -60,6 +68,11 @@ class Adoption:
             log.info("state_restored", dir=store.directory, queued=len(again),
                      running=len(self._jobs.adopting), finished=len(self._jobs.done))
 
+    def wait_for(self, task: Task, deps: list[int], agent: str) -> None:
+        """TASK (restored, its inputs DEPS) was held on AGENT: wait for that agent's word."""
+        task.held, task.agent = True, agent   # (cancel() answers: it may be running)
+        self.tasks[task.id] = (task, deps, agent)
+
     def _task(self, job: JobRecord) -> Task:
         task = Task(job.id, b"", -1, dict(job.units), job.priority, 0, job.name, job.strict,
                     [], [], holders=0)  # no client holds it any more
@@ -76,6 +89,13 @@ class Adoption:
         stop = [entry[0] for entry in running if isinstance(running, list)
                 and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
         self._ended(agent, body.get("ended"), frames)
+        returned = body.get("returned")
+        for task_id in returned if isinstance(returned, list) else []:
+            if self._waiting(task_id, agent.name) is not None:
+                self._again(task_id, None)  # it never began there
+        for task_id in [i for i, (_, _, on) in self.tasks.items() if on == agent.name]:
+            self._again(task_id, f"the broker restarted while agent {agent.name} held it, "
+                        "and that agent no longer had it when it came back")
         for job in [j for j in self._jobs.adopting.values() if _on(j) == agent.name]:
             if self._jobs.held_only(job):  # it never started there: it goes again
                 self._jobs.requeue_adopting(job)
@@ -91,6 +111,13 @@ class Adoption:
         it is not ours to run: then it is to be stopped there, and its resources (TAKEN)
         are counted until it is gone."""
         slot = agent.slots[index]
+        waiting = self._waiting(task_id, agent.name)
+        if waiting is not None and self._sched.adopt(task_id, slot, dict(waiting.units),
+                                                     positions, waiting.priority):
+            self._hold_inputs(task_id)
+            self._running(waiting, agent)
+            log.info("task_adopted", task=waiting.name, id=task_id, agent=agent.name)
+            return True
         job = self._jobs.adopting.get(task_id)
         if job is not None and _on(job) == agent.name and self._sched.adopt(
                 task_id, slot, dict(job.units), positions, job.priority):
@@ -117,11 +144,50 @@ class Adoption:
             return  # malformed: ignored whole
         for (task_id, outcome, _, info), result in zip(
                 items, P.split_frames(frames, [i[2] for i in items])):
+            waiting = self._waiting(task_id, agent.name)
+            if waiting is not None and isinstance(info, dict):
+                self._hold_inputs(task_id)
+                self._graph.finish(self._running(waiting, agent), str(outcome), result, info)
+                continue
             job = self._jobs.adopting.get(task_id)
             if job is not None and _on(job) == agent.name and isinstance(info, dict):
                 task = self._running(self._task(job), agent)
                 self._jobs.adopted(job, agent.name)
                 self._graph.finish(task, str(outcome), result, info)
+
+    def _waiting(self, task_id: int, agent: str) -> Task | None:
+        """The Python task TASK_ID if it waits for AGENT's word (it may have ended or been
+        cancelled meanwhile: then it waits no more)."""
+        entry = self.tasks.get(task_id)
+        if entry is None or entry[2] != agent:
+            return None
+        if entry[0].state is not TaskState.WAITING:
+            del self.tasks[task_id]
+            return None
+        return entry[0]
+
+    def _hold_inputs(self, task_id: int) -> None:
+        """The task runs (or ran) again: it holds its inputs (a retry needs them)."""
+        task, deps, _ = self.tasks.pop(task_id)
+        for dep in deps:
+            self._graph.tasks[dep].holders += 1
+        task.deps = list(deps)
+
+    def _again(self, task_id: int, lost: str | None) -> None:
+        """Queue the task TASK_ID again: uncharged if it never began (LOST is None), else
+        spending a retry, or failing it with AgentLostError if it has none left."""
+        task, deps, _ = self.tasks.pop(task_id)
+        if task.state is not TaskState.WAITING:
+            return
+        task.held = False
+        if lost is not None and not task.retries:
+            self._graph.fail(task, "AgentLostError", f"{lost}, and it had no retries left")
+            return
+        if lost is not None:
+            task.retries -= 1
+            log.info("task_retried", task=task.name, id=task_id, why=lost,
+                     retries_left=task.retries)
+        self._graph.link(task, deps)
 
     @staticmethod
     def _running(task: Task, agent: AgentRecord) -> Task:
@@ -134,8 +200,13 @@ class Adoption:
         return task
 
     def expire(self, now: float) -> None:
-        """The jobs whose agents are not back within the grace period are lost."""
-        if self._jobs.adopting and now >= self._deadline:
+        """The jobs and tasks whose agents are not back within the grace period are lost."""
+        if now < self._deadline:
+            return
+        for task_id, (_, _, agent) in list(self.tasks.items()):
+            self._again(task_id, f"the broker restarted while agent {agent} held it, and "
+                        f"that agent did not come back within {self.grace:g}s")
+        if self._jobs.adopting:
             for job in list(self._jobs.adopting.values()):
                 self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
                                        f"{_on(job)} did not come back within "

@@ -6,6 +6,7 @@ task ids per client, so one client can never name another's task.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,9 @@ class ClientRecord:
     name: str
     last_seen: float
     ids: dict[int, int] = field(default_factory=dict)  # local id -> task id
+    # Restored from the state of a previous life of the broker, and not heard since.
+    restored: bool = False
+    accepted: int = 0   # the highest local id submitted, to acknowledge once kept
 
 
 class ClientRegistry:
@@ -41,13 +45,30 @@ class ClientRegistry:
     def get(self, ident: bytes) -> ClientRecord | None:
         return self._by_ident.get(ident)
 
-    def hello(self, ident: bytes, name: str, now: float) -> bool:
-        """Note a client saying hello; return whether it is new to this broker."""
-        if ident in self._by_ident:
-            return False
-        self._by_ident[ident] = ClientRecord(ident, name, now)
-        log.info("client_joined", client=quote(name))
-        return True
+    def hello(self, ident: bytes, name: str, now: float) -> str:
+        """Note a client saying hello; return whether it is ``new`` to this broker,
+        ``known``, or ``resumed``: its tasks were restored from a previous life's state."""
+        client = self._by_ident.get(ident)
+        if client is None:
+            self._by_ident[ident] = ClientRecord(ident, name, now)
+            log.info("client_joined", client=quote(name))
+            return "new"
+        client.last_seen = now
+        if client.restored:
+            client.restored = False
+            log.info("client_resumed", client=quote(name), tasks=len(client.ids))
+            return "resumed"
+        return "known"
+
+    def restore(self, ident: bytes, name: str, wait: float) -> ClientRecord:
+        """The client IDENT owned tasks kept by a previous life of the broker: it has WAIT
+        seconds (not only the usual timeout) to say hello again."""
+        client = self._by_ident.get(ident)
+        if client is None:
+            last_seen = time.monotonic() + max(0.0, wait - self.timeout)
+            client = self._by_ident[ident] = ClientRecord(ident, name, last_seen,
+                                                          restored=True)
+        return client
 
     def seen(self, ident: bytes, now: float) -> ClientRecord | None:
         """Return the client IDENT and note it is alive, or None if it is unknown."""

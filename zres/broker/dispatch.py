@@ -46,9 +46,11 @@ class Dispatcher:
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
                  actors: ActorRouting, jobs: JobTable, cancels: CancelAnswers,
-                 on_started: Callable[[Task], None]) -> None:
+                 on_started: Callable[[Task], None],
+                 on_changed: Callable[[Task], None] = lambda task: None) -> None:
         self._send = send
         self._on_started = on_started  # tells its client the task began
+        self._on_changed = on_changed  # writes a kept task again (held, or requeued)
         self._cancels = cancels
         self._graph = graph
         self._sched = sched
@@ -111,6 +113,8 @@ class Dispatcher:
         starts it on its own (a pipelined grant) is dropped there unless it has begun:
         its agent's word settles it (ASKED)."""
         actor = self._actors.actors.get(task.creates) if task.creates else None
+        if task.held and task.state is TaskState.WAITING:
+            return CancelOutcome.GOES_ON  # restored: its agent has not said if it runs
         if actor is not None:
             if actor.state is not ActorState.PENDING and not force:
                 return CancelOutcome.GOES_ON  # its __init__ may be running
@@ -222,6 +226,7 @@ class Dispatcher:
                 task.held = True
                 if task.id in self._jobs.active:
                     self._jobs.held(task, agent.name)
+                self._on_changed(task)
         for task_id in _ids(body.get("started")):
             task = self._mine(agent, task_id)
             if task is None:
@@ -346,6 +351,7 @@ class Dispatcher:
         set_state(task, TaskState.QUEUED)
         task.held = task.begun = False
         self._jobs.requeued(task)
+        self._on_changed(task)
         self._enqueue(task)
 
     def _stopped(self, task: Task) -> None:

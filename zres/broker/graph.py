@@ -24,8 +24,10 @@ class TaskGraph:
 
     def __init__(self, on_ready: Callable[[Task], None],
                  on_recorded: Callable[[Task], None],
-                 reserve_ids: Callable[[int], int] | None = None, first_id: int = 1) -> None:
+                 reserve_ids: Callable[[int], int] | None = None, first_id: int = 1,
+                 on_dropped: Callable[[Task], None] = lambda task: None) -> None:
         self.tasks: dict[int, Task] = {}
+        self._on_dropped = on_dropped  # a finished task nobody holds is forgotten
         self._next_id = first_id - 1
         self._on_ready = on_ready
         self._on_recorded = on_recorded
@@ -90,6 +92,7 @@ class TaskGraph:
         task.holders -= 1
         if task.holders <= 0 and task.state in FINISHED:
             del self.tasks[task.id]
+            self._on_dropped(task)
             for dep_id in task.deps:
                 if dep_id in self.tasks:
                     self.unhold(self.tasks[dep_id])
@@ -135,8 +138,8 @@ class TaskGraph:
             if dep_id in self.tasks:
                 self.unhold(self.tasks[dep_id])
         task.deps = []
-        if task.holders <= 0:
-            self.tasks.pop(task.id, None)
+        if task.holders <= 0 and self.tasks.pop(task.id, None) is not None:
+            self._on_dropped(task)
         return failed
 
     def waiting_for(self, task: Task) -> str:

@@ -22,22 +22,21 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
-from ..core.limits import LimitExceeded, Limits, check_name, quote
-from ..core.tasks import FINISHED, Task
+from ..core.limits import LimitExceeded, Limits, quote
 from ..scheduler.policy import Scheduler
-from .actors import ActorRouting, ActorState
+from .actors import ActorRouting
 from .adoption import Adoption
 from .agent_link import AgentLink
 from .agents import AgentRegistry
 from .cancels import CancelAnswers
-from .clients import ClientRecord, ClientRegistry
-from .dispatch import CancelOutcome, Dispatcher
+from .client_link import ClientLink
+from .clients import ClientRegistry
+from .dispatch import Dispatcher
 from .graph import TaskGraph
 from .jobs import JobTable
-from .outbox import Batches
+from .keeping import TaskKeeper
 from .status import Explainer
 from .store import StateUnwritable, Store
-from .submit import parse_submit
 
 log = structlog.get_logger("zres.broker")
 _BATCH = 2000          # messages handled per loop turn before scheduling, at most
@@ -72,10 +71,6 @@ class Broker:
         self.store = store
         self.cluster_id = store.cluster_id() if store else f"{self.epoch:012x}"
         self.limits = limits or Limits()
-        # What a client's submits must stay within (it splits its batches to fit).
-        self._client_limits = {"header_bytes": self.limits.header_bytes,
-                               "payload_bytes": self.limits.payload_bytes,
-                               "tasks": self.limits.tasks}
         self.hb_interval = heartbeat_interval
         # Agents start nothing once the broker may have given up on them: their lease ends
         # before the broker would declare them lost, with two heartbeats to spare.
@@ -86,14 +81,17 @@ class Broker:
         self._stopping = False
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
-        self.clients = ClientRegistry(client_timeout, self._drop_client)
+        self.clients = ClientRegistry(client_timeout,
+                                      lambda *a: self.client_link.drop(*a))
+        self.keeper = TaskKeeper(store, self.clients)
         self.agents = AgentRegistry(self.sched, heartbeat_timeout)
         # The parts name each other's methods through lambdas where each needs one made
         # after it: objects that refer to each other, modules that do not.
         self.graph = TaskGraph(on_ready=lambda task: self.dispatch.make_ready(task),
-                               on_recorded=self._recorded,
+                               on_recorded=lambda task: self.client_link.recorded(task),
                                reserve_ids=store.reserve_ids if store else None,
-                               first_id=(store.meta("id_ceiling", 0) if store else 0) + 1)
+                               first_id=(store.meta("id_ceiling", 0) if store else 0) + 1,
+                               on_dropped=self.keeper.dropped)
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id))
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
@@ -101,17 +99,26 @@ class Broker:
                              self.explain.brief, self.sched.infeasible_reason,
                              cancel=lambda task: self.dispatch.drop(task), store=store)
         self.cancels = CancelAnswers(self._send)
+        self.client_link = ClientLink(
+            self._send, self.clients, self.graph, lambda: self.dispatch, self.actors,
+            self.jobs, self.cancels, self.explain, self.keeper, store, self.limits,
+            {"epoch": self.epoch, "cluster": self.cluster_id, "keeps": store is not None,
+             "heartbeat": self.hb_interval, "limits": {
+                 "header_bytes": self.limits.header_bytes,
+                 "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}})
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
-                                   on_started=self._started)
-        self._running = Batches(self._send, P.RUNNING, "ids")
+                                   on_started=self.client_link.started,
+                                   on_changed=self.keeper.changed)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
         self.adoption = Adoption(self.graph, self.sched, self.jobs,
                                  grace=max(60.0, 10 * heartbeat_timeout))
         if store is not None:
             self.adoption.restore(store)
-        self._results = Batches(self._send, P.RESULTS, "results")
+            # Their clients have as long to come back as a client waits for its broker.
+            self.keeper.restore(self.graph, self.graph.fail, self.adoption.wait_for,
+                                wait=max(client_timeout, 300.0))
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,
@@ -124,8 +131,10 @@ class Broker:
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
         self._handlers: dict[str, Handler] = {
-            P.HELLO: self._on_hello, P.SUBMIT: self._on_submit, P.RELEASE: self._on_release,
-            P.CANCEL: self._on_cancel, P.STATUS: self._on_status, P.WHY: self._on_why,
+            P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
+            P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
+            P.WHY: self.client_link.on_why, P.RESUME: self.client_link.on_resume,
+            P.STATUS: self._on_status,
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
@@ -207,8 +216,8 @@ class Broker:
             except Exception:
                 log.exception("heartbeat_failed")
         self.actors.pump_all()
-        self._running.flush()  # before the results: a future runs, then finishes
-        self._results.flush()
+        self.client_link.accept()  # (written above)
+        self.client_link.flush()
         self.link.flush_acks()
         self._last_turn = time.monotonic()
 
@@ -287,131 +296,12 @@ class Broker:
             self._send(ident, P.UNKNOWN,
                        self.link.unknown_body(ident, msg.body.get("session")))
 
-    # -- clients --------------------------------------------------------------------
-    def _client(self, ident: bytes, now: float) -> ClientRecord | None:
-        client = self.clients.seen(ident, now)
-        if client is None:
-            self._send(ident, P.UNKNOWN)
-        return client
-
-    def _on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
-        name = check_name(msg.body.get("client", ident[:16].hex()), self.limits,
-                          "hello: the client's name")
-        new = self.clients.hello(ident, name, now)
-        # "new" tells a client we had dropped (silent too long) that its tasks are gone.
-        self._send(ident, P.WELCOME, {"epoch": self.epoch, "heartbeat": self.hb_interval,
-                                      "new": new, "limits": self._client_limits})
-
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self.agents.get(ident)
         if agent is not None:
             self.dispatch.lose_agent(agent, "it shut down", left=True)
         else:
             self.clients.leave(ident)
-
-    def _drop_client(self, client: ClientRecord, event: str) -> None:
-        log.info(event, client=quote(client.name))
-        self.actors.drop_owned_by(client.ident, client.name)
-        self.dispatch.drop_work_of(client.ident, list(client.ids.values()))
-        for task_id in list(client.ids.values()):
-            task = self.graph.get(task_id)
-            if task is not None:
-                self.graph.unhold(task)
-        client.ids.clear()
-
-    def _on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
-        client = self._client(ident, now)
-        if client is None:
-            return
-        payload = sum(len(f) for f in msg.frames)
-        if payload > self.limits.payload_bytes:
-            raise LimitExceeded(f"a submit's payload of {payload} bytes is larger than the "
-                                f"broker's limit of {self.limits.payload_bytes} "
-                                "(max_payload_bytes)")
-        submissions = parse_submit(msg, self.limits)
-        if self.store is not None and self.store.error is not None \
-                and any(s.job is not None for s in submissions):
-            raise StateUnwritable(f"the broker cannot keep new jobs: writing its state in "
-                                  f"{self.store.directory} fails ({self.store.error})")
-        # Refused before anything is recorded: a refusal fails every task it held.
-        self.actors.check_new_ids([s.actor["id"] for s in submissions if s.actor])
-        for sub in submissions:
-            task = Task(self.graph.new_id(), client.ident, sub.local, sub.units, sub.priority,
-                        sub.retries, sub.name, sub.strict, sub.payload, [], kind=sub.kind)
-            self.graph.add(task)
-            client.ids[sub.local] = task.id
-            if sub.job is not None:
-                self.jobs.add(task, sub.job)
-            if sub.actor is not None and not self.actors.add_actor(task, sub.actor):
-                continue
-            if sub.call is not None and not self.actors.add_call(task, sub.call):
-                continue
-            deps = [client.ids.get(local, -1) for local in sub.deps]
-            unknown = next((local for local, dep in zip(sub.deps, deps)
-                            if self.graph.get(dep) is None), None)
-            if unknown is not None:
-                self.graph.fail(task, "ZresError", f"dependency {unknown} is unknown to the "
-                                "broker (released, or lost in a broker restart)")
-                continue
-            self.graph.link(task, deps)
-
-    def _on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
-        client = self._client(ident, now)
-        if client is None:
-            return
-        for local in P.field(msg, "ids", list):
-            task = self.graph.get(client.ids.pop(local, -1))
-            if task is not None:
-                self.graph.unhold(task)
-
-    def _on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
-        client = self._client(ident, now)
-        if client is None:
-            return
-        force = msg.body.get("force") is True
-        cancelled: list[int] = []
-        asked: dict[int, int] = {}
-        for local in P.field(msg, "ids", list):
-            task = self.graph.get(client.ids.get(local, -1))
-            if task is None or task.state in FINISHED or task.stopping:
-                continue
-            outcome = self.dispatch.cancel(task, force)
-            if outcome is CancelOutcome.CANCELLED:
-                cancelled.append(local)
-            elif outcome is CancelOutcome.ASKED:
-                asked[task.id] = local
-        if "req" in msg.body:
-            self.cancels.answer(ident, msg.body["req"], cancelled, asked)
-
-    def _started(self, task: Task) -> None:
-        """TASK began on an agent: its client hears it (batched), so its future runs."""
-        client = self.clients.get(task.client)
-        if client is not None and client.ids.get(task.local_id) == task.id:
-            self._running.add(client.ident, task.local_id)
-
-    def _recorded(self, task: Task) -> None:
-        """TASK has its outcome: update its job and actor, and send it to its client."""
-        if task.cancelling:
-            self.cancels.settle(task, task.info.get("type") == "CancelledError")
-        self.jobs.finished(task, task.outcome, task.info)
-        actor = self.actors.actors.get(task.creates) if task.creates else None
-        if actor is not None and task.outcome != P.OK and actor.state is ActorState.PENDING:
-            # It never started (a failed argument, infeasible): calls fail the same way.
-            actor.error = (task.outcome, task.result, task.info)
-            self.actors.dead(actor, str(task.info.get("message", "its construction failed")))
-        client = self.clients.get(task.client)
-        if client is not None and client.ids.get(task.local_id) == task.id:
-            self._results.add(client.ident, [task.local_id, task.outcome, len(task.result),
-                                             task.info], task.result)
-
-    def _on_why(self, ident: bytes, msg: P.Message, now: float) -> None:
-        client = self._client(ident, now)
-        if client is None:
-            return
-        local = P.field(msg, "id", int)
-        task = self.graph.get(client.ids.get(local, -1))
-        self._send(ident, P.WHY_REPLY, {"id": local, "reason": self.explain.why(task),
-                                        "req": msg.body.get("req")})
 
     def _on_status(self, ident: bytes, msg: P.Message, now: float) -> None:
         # Like resources, answered to any peer: zres status uses a throw-away socket.

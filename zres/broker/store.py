@@ -6,7 +6,10 @@ on as the same cluster:
 - a ceiling under which task ids have been handed out: a restarted broker starts above
   it, so task ids, job ids and job log paths never repeat;
 - the job table: every command job with what it needs to run (its command, resources,
-  priority) and how it ended.
+  priority) and how it ended;
+- the Python tasks its clients hold: each one's call (the pickled payload), options,
+  dependencies and owner, whether an agent holds it, and how it ended, with its result
+  when that is small (``keeping``).
 
 Changes are collected during a loop turn and committed once at its end (group commit),
 fsynced (``synchronous=FULL``: a committed job survives a power cut, not only a crash).
@@ -56,9 +59,16 @@ class Store:
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, "
                          "record BLOB NOT NULL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS tasks (id INTEGER PRIMARY KEY, "
+                         "record BLOB NOT NULL, payload BLOB, result BLOB)")
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
         self._forget: set[int] = set()
+        # Tasks new this turn (record, payload, result) and older ones changed (record,
+        # result): a task written and dropped within one turn never reaches the disk.
+        self._new_tasks: dict[int, list[Any]] = {}
+        self._changed_tasks: dict[int, tuple[bytes, bytes | None]] = {}
+        self._dropped_tasks: set[int] = set()
         # Wall-clock time of the last commit (at start: of the files' last change).
         self.last_commit: float | None = max(
             (os.path.getmtime(p) for p in (self.path, self.path + "-wal")
@@ -74,6 +84,11 @@ class Store:
         """Every job kept, in id order."""
         return [msgpack.unpackb(record) for (record,) in
                 self._db.execute("SELECT record FROM jobs ORDER BY id")]
+
+    def tasks(self) -> list[tuple[int, bytes, bytes | None, bytes | None]]:
+        """Every task kept: (id, record, payload, result), in id order."""
+        return self._db.execute(
+            "SELECT id, record, payload, result FROM tasks ORDER BY id").fetchall()
 
     def cluster_id(self) -> str:
         """This cluster's identity: made (12 hex digits) and kept on first start."""
@@ -95,8 +110,27 @@ class Store:
         """Keep RECORD (a job's, with its ``id``) at the next commit."""
         self._jobs[int(record["id"])] = record
 
+    def put_task(self, task_id: int, record: bytes, payload: bytes | None = None,
+                 result: bytes | None = None, new: bool = False) -> None:
+        """Keep a task's RECORD (and, when NEW, its PAYLOAD) at the next commit; RESULT
+        replaces what its result was (None: none kept)."""
+        fresh = self._new_tasks.get(task_id)
+        if new:
+            self._new_tasks[task_id] = [record, payload, result]
+        elif fresh is not None:
+            fresh[0], fresh[2] = record, result
+        else:
+            self._changed_tasks[task_id] = (record, result)
+
+    def forget_task(self, task_id: int) -> None:
+        """Drop TASK_ID's record at the next commit."""
+        if self._new_tasks.pop(task_id, None) is None:
+            self._changed_tasks.pop(task_id, None)
+            self._dropped_tasks.add(task_id)
+
     def dirty(self) -> bool:
-        return bool(self._meta or self._jobs or self._forget)
+        return bool(self._meta or self._jobs or self._forget or self._new_tasks
+                    or self._changed_tasks or self._dropped_tasks)
 
     def reserve_ids(self, above: int) -> int:
         """Note that task ids up to a new ceiling over ABOVE may be handed out, durably,
@@ -123,6 +157,13 @@ class Store:
                 [(i, msgpack.packb(r)) for i, r in self._jobs.items()])
             self._db.executemany("DELETE FROM jobs WHERE id = ?",
                                  [(i,) for i in self._forget])
+            self._db.executemany(
+                "INSERT OR REPLACE INTO tasks (id, record, payload, result) VALUES (?,?,?,?)",
+                [(i, *row) for i, row in self._new_tasks.items()])
+            self._db.executemany("UPDATE tasks SET record = ?, result = ? WHERE id = ?",
+                                 [(r, res, i) for i, (r, res) in self._changed_tasks.items()])
+            self._db.executemany("DELETE FROM tasks WHERE id = ?",
+                                 [(i,) for i in self._dropped_tasks])
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
@@ -136,9 +177,9 @@ class Store:
         if self.error is not None:
             log.info("state_commit_recovered", dir=self.directory)
         self.error = None
-        self._meta.clear()
-        self._jobs.clear()
-        self._forget.clear()
+        for pending in (self._meta, self._jobs, self._forget, self._new_tasks,
+                        self._changed_tasks, self._dropped_tasks):
+            pending.clear()
         self.last_commit = time.time()
         return True
 
@@ -169,8 +210,13 @@ def _discard(path: str) -> dict[str, int]:
     try:
         db = sqlite3.connect(path)
         for (record,) in db.execute("SELECT record FROM jobs"):
-            state = str(msgpack.unpackb(record).get("state", "?"))
+            state = f"jobs {msgpack.unpackb(record).get('state', '?')}"
             held[state] = held.get(state, 0) + 1
+        tasks = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks'")
+        if tasks.fetchone()[0]:
+            count = db.execute("SELECT count(*) FROM tasks").fetchone()[0]
+            if count:
+                held["Python tasks"] = count
         db.close()
     except sqlite3.Error:
         held["unreadable"] = 1

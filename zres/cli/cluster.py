@@ -79,8 +79,8 @@ def broker(args: argparse.Namespace) -> int:
         raise ZresError(f"cannot keep the broker's state in {directory}: {exc} (--state "
                         "DIR names another directory)") from None
     if store.discarded:
-        held = ", ".join(f"{n} {state}" for state, n in sorted(store.discarded.items()))
-        print(f"zres broker: --fresh discarded the state in {directory} (jobs: {held})",
+        held = ", ".join(f"{state}: {n}" for state, n in sorted(store.discarded.items()))
+        print(f"zres broker: --fresh discarded the state in {directory} ({held})",
               file=sys.stderr, flush=True)
     try:
         broker = Broker(settings["listen"], settings["heartbeat_interval"],

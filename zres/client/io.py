@@ -75,6 +75,11 @@ class IOThread:
         self.sock.connect(address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
+        # Submissions sent and not yet acknowledged as kept by a broker that keeps its
+        # state: sent again should it restart before writing them.
+        self.unacked: deque[tuple[str, Any, Any]] = deque()
+        self.keeps = True       # whether the broker keeps its state (says its welcome)
+        self.cluster: str | None = None
         self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
         self._request_ids = itertools.count(1)
         self.connected = Flag()
@@ -82,8 +87,9 @@ class IOThread:
         self.epoch: int | None = None
         self.limits = Limits()  # the broker's, once it has welcomed us
         self.hb_interval = 0.5
+        # How long the broker may be gone (restarting) before pending work fails.
         self.broker_timeout = broker_timeout or float(os.environ.get(
-            "ZRES_CLIENT__BROKER_TIMEOUT", 30.0))
+            "ZRES_CLIENT__BROKER_TIMEOUT", 300.0))
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         # Closed only when nothing can use them any more: a user thread may still call
@@ -152,7 +158,8 @@ class IOThread:
                     P.send(self.sock, P.encode(P.HEARTBEAT))
                     if now - self._last_heard > self.broker_timeout and self.pending:
                         lost = self.lose_all(
-                            f"no word from the broker for {self.broker_timeout:g}s")
+                            f"no word from the broker for {self.broker_timeout:g}s (the "
+                            "client's reconnect window, broker_timeout)")
                         # Should the same broker come back, it must not run them for nobody.
                         if lost:  # nobody waits for the answer
                             self.ask(P.CANCEL, {"ids": lost})
@@ -201,6 +208,8 @@ class IOThread:
                     flush_submits()
                 submits.append(item)
                 frames.extend(item_frames)
+                if self.keeps:
+                    self.unacked.append((kind, item, item_frames))
                 size[0] += head
                 size[1] += body
             elif kind == P.RELEASE:
@@ -258,6 +267,10 @@ class IOThread:
                 future = self.pending.get(task_id)
                 if future is not None:
                     future._set_running()
+        elif msg.kind == P.ACCEPTED:
+            upto = msg.body.get("upto")
+            while self.unacked and type(upto) is int and self.unacked[0][1][0] <= upto:
+                self.unacked.popleft()
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.HEARTBEAT:
@@ -297,18 +310,41 @@ class IOThread:
     def _on_welcome(self, msg: P.Message) -> None:
         epoch = msg.body.get("epoch")
         self.hb_interval = float(msg.body.get("heartbeat", 0.5))
+        cluster, keeps = msg.body.get("cluster"), msg.body.get("keeps") is True
         if self.epoch is not None and epoch != self.epoch:
-            self.lose_all("the broker restarted and lost the task")
+            if keeps and cluster == self.cluster:
+                self._resume(msg.body.get("resumed") is True)
+            else:
+                self.lose_all("the broker restarted without its state (a new cluster), "
+                              "and so without the task")
         elif self.epoch is not None and msg.body.get("new"):
             self.lose_all("the broker had dropped this client (silent too long) and "
                           "cancelled its tasks")
-        self.epoch = epoch
+        self.epoch, self.cluster, self.keeps = epoch, cluster, keeps
+        if not keeps:
+            self.unacked.clear()
         given = msg.body.get("limits")
         if isinstance(given, dict):
             known = {f: v for f, v in given.items()
                      if f in ("header_bytes", "payload_bytes", "tasks") and type(v) is int}
             self.limits = dataclasses.replace(self.limits, **known)
         self.connected.set()
+
+    def _resume(self, restored: bool) -> None:
+        """The broker restarted on its state: say which kept tasks we still wait for (it
+        tells again how those that ended ended), then send again what it had not kept."""
+        unkept = {item[0] for _, item, _ in self.unacked}
+        waiting = [i for i in list(self.pending) if i not in unkept]
+        if waiting and not restored:
+            log.warning("broker_restarted_without_client", tasks=len(waiting))
+        for start in range(0, len(waiting), 10_000):
+            self._send(P.RESUME, {"ids": waiting[start:start + 10_000]})
+        self.outbox.extendleft(reversed(self.unacked))
+        self.unacked.clear()
+        requests, self.requests = self.requests, {}
+        for reply in requests.values():  # the broker that had them is gone
+            reply.set_exception(BrokerLostError("the broker restarted before it answered"))
+        log.info("client_resumed", waiting=len(waiting), sent_again=len(unkept))
 
     def lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> list[int]:
         """Fail every pending future and request with ERROR(WHY); return the task ids."""

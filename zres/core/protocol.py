@@ -15,6 +15,9 @@ Bodies, by kind (ids are ints; ``units`` maps resource name -> int in 1/10,000th
 
 client -> broker
     hello      {client: name, epoch?: broker epoch last seen}
+    resume     {ids: [id...]}                   after a broker restart: the tasks it still
+                                                waits for (those that ended are told again,
+                                                those not kept fail)
     submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict,
                          extra?]]}
                extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency}}
@@ -38,8 +41,14 @@ client -> broker
     resources  {agent: name, units}              change an agent's capacity at runtime
                                                  (names given are set, 0 removes one)
 broker -> client
-    welcome    {epoch, heartbeat: seconds, new, limits: {header_bytes, payload_bytes,
-                tasks}}                         limits: what one submit may hold
+    welcome    {epoch, cluster, keeps, heartbeat: seconds, new, resumed, limits:
+                {header_bytes, payload_bytes, tasks}}  limits: what one submit may hold;
+                                                keeps: it keeps its state (tasks survive
+                                                its restarts); resumed: it restored this
+                                                client's tasks from a previous life
+    accepted   {upto}                           the submitted tasks up to this local id are
+                                                kept (a broker that keeps its state sends
+                                                it once they are written)
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
@@ -169,13 +178,15 @@ JOB_CANCEL_REPLY = "job_cancel_reply"
 CANCEL_REPLY = "cancel_reply"
 LOGS = "logs"
 LOGS_REPLY = "logs_reply"
+RESUME = "resume"
+ACCEPTED = "accepted"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
-                   ACK, REFUSED})
+                   ACK, REFUSED, RESUME, ACCEPTED})
 
 # Task outcomes.
 OK = "ok"

@@ -70,6 +70,9 @@ class Task:
     # Its client asked to cancel it once it was held: its agent says whether it had begun
     # (it runs on) or not (it ends cancelled, and so it does if it comes back unstarted).
     cancelling: bool = False
+    # Written to the broker's state store (a client's Python task): restored after a
+    # restart.
+    kept: bool = False
 
 
 def set_state(task: Task, new: TaskState) -> None:

@@ -1,0 +1,160 @@
+"""Python tasks kept across a broker restart (issue 16), the broker stepped in this thread
+with a client and an agent played by hand: what a restarted broker gives back to the
+client that comes back, and what it makes of the tasks an agent held when it went."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.broker.test_agent_link import Peer, report
+from zres.broker.keeping import KEEP_RESULT
+from zres.broker.server import Broker
+from zres.broker.store import Store
+from zres.core import protocol as P
+from zres.core.resources import UNIT
+
+pytestmark = pytest.mark.timeout(30)
+CLIENT = b"client-1"
+
+
+def broker_on(state: Path) -> Broker:
+    return Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(state)))
+
+
+def hello(broker: Broker) -> tuple[Peer, P.Message]:
+    client = Peer(broker, ident=CLIENT)
+    client.send(P.HELLO, {"client": "c"})
+    return client, client.take(P.WELCOME)
+
+
+def submit(client: Peer, local: int, deps: list[int] = ()) -> None:  # type: ignore[assignment]
+    client.send(P.SUBMIT, {"tasks": [[local, {"foo": UNIT}, 0, 0, list(deps), 2,
+                                      f"t{local}", False]]}, [b"fn", b"args%d" % local])
+
+
+def register(agent: Peer, session: int, **offer: Any) -> P.Message:
+    agent.send(P.REGISTER, {"name": "node", "session": session, "host": "h", "pid": 1,
+                            "t": time.monotonic(), "jobs": [], "ended": [], **offer,
+                            "slots": [{"units": {"CPU": UNIT, "foo": UNIT}, "gpus": []}]},
+               offer.pop("frames", []) if "frames" in offer else [])
+    return agent.take(P.WELCOME)
+
+
+def results(client: Peer, info: bool = False) -> dict[int, Any]:
+    msg = client.take(P.RESULTS)
+    items = msg.body["results"]
+    frames = P.split_frames([bytes(f) for f in msg.frames], [i[2] for i in items])
+    return {i[0]: (i[1], i[3] if info else f) for i, f in zip(items, frames)}
+
+
+def finish(agent: Peer, seq: int, session: int, task_id: int, value: bytes) -> None:
+    report(agent, seq, session, [value], held=[task_id], started=[task_id],
+           results=[[task_id, P.OK, 1, {}]])
+
+
+def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
+    """Task 1 ended (its small result kept), task 2 waits for it, task 3 ended with a
+    result too large to keep: after a restart the client is told again how 1 ended, 2
+    runs with 1's result as its input, and 3, still held by its client, runs again."""
+    broker = broker_on(tmp_path)
+    client, welcome = hello(broker)
+    agent = Peer(broker)
+    assert welcome.body["keeps"] is True and welcome.body["resumed"] is False
+    register(agent, session=1)
+    submit(client, 1)
+    assert client.take(P.ACCEPTED).body["upto"] == 1, "acknowledged once written"
+    [(first, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    finish(agent, 1, 1, first, b"one")
+    assert results(client)[1] == (P.OK, [b"one"])
+    submit(client, 3)
+    assert client.take(P.ACCEPTED).body["upto"] == 3
+    [(third, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    finish(agent, 2, 1, third, b"x" * (KEEP_RESULT + 1))
+    results(client)
+    submit(client, 2, deps=[1])
+    assert client.take(P.ACCEPTED).body["upto"] == 3, "(2 came after 3)"
+    broker.close()
+    for peer in (client, agent):
+        peer.close()
+
+    broker = broker_on(tmp_path)
+    client, welcome = hello(broker)
+    agent = Peer(broker)
+    try:
+        assert welcome.body["resumed"] is True
+        client.send(P.RESUME, {"ids": [1, 2, 99]})
+        told = results(client, info=True)
+        assert told[1][0] == P.OK, "a finished task's result was not kept"
+        assert told[99][0] == P.FAILED and "did not keep it" in told[99][1]["message"]
+        client.send(P.RESUME, {"ids": [1]})
+        assert results(client)[1] == (P.OK, [b"one"])
+        register(agent, session=2)
+        granted: dict[int, list[bytes]] = {}
+        for seq in (1, 2):  # one at a time (foo=1): each finishes before the next
+            [(task_id, *_)] = (assign := agent.take(P.ASSIGN)).body["tasks"]
+            granted[task_id] = [bytes(f) for f in assign.frames]
+            finish(agent, seq, 2, task_id, b"again")
+        assert first not in granted, "a task whose result was kept ran again"
+        assert third in granted, "a needed result that was not kept was not computed again"
+        [second] = set(granted) - {third}
+        assert granted[second] == [b"fn", b"args2", b"one"], "2 did not get 1's result"
+        assert results(client) | results(client) == {3: (P.OK, [b"again"]),
+                                                     2: (P.OK, [b"again"])}
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+def held_when_the_broker_went(tmp_path: Path) -> int:
+    """A broker whose agent held task 1 (handed to a worker, so perhaps begun) when it
+    went; return its id."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    submit(client, 1)
+    [(one, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    report(agent, 1, 1, held=[one])
+    agent.sync()  # (taken in, and written at the end of that turn)
+    broker.close()
+    for peer in (client, agent):
+        peer.close()
+    return one
+
+
+@pytest.mark.parametrize("word", ["runs", "ended", "returned", "silent"])
+def test_a_task_an_agent_held_waits_for_its_word(tmp_path, word):
+    task = held_when_the_broker_went(tmp_path)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.CANCEL, {"ids": [1], "req": 5})
+        assert client.take(P.CANCEL_REPLY).body["cancelled"] == [], \
+            "cancelled while its agent may be running it"
+        offer: dict[str, Any] = {
+            "runs": {"jobs": [[task, 0, [], {"foo": UNIT}]]},
+            "ended": {"ended": [[task, P.OK, 1, {}]], "frames": [b"done"]},
+            "returned": {"returned": [task]}, "silent": {}}[word]
+        register(agent, session=2, **offer)
+        if word == "runs":  # adopted: not granted again; its result counts
+            assert not [m for m in agent.sync() if m.kind == P.ASSIGN]
+            report(agent, 1, 2, [b"later"], results=[[task, P.OK, 1, {}]])
+            assert results(client)[1] == (P.OK, [b"later"])
+        elif word == "ended":
+            assert results(client)[1] == (P.OK, [b"done"])
+        elif word == "returned":  # it never began: granted again, no retry spent
+            assert [t[0] for t in agent.take(P.ASSIGN).body["tasks"]] == [task]
+        else:  # it may have run, and has no retries: it fails, saying why
+            outcome, info = results(client, info=True)[1]
+            assert outcome == P.FAILED and info["type"] == "AgentLostError"
+            assert "no longer had it" in info["message"]
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()

@@ -1,0 +1,73 @@
+"""Python work lives through a broker restart (issue 16): the broker is SIGKILLed while
+tasks run, wait in queue and wait for each other; started again on its state, it takes
+back what its agent still runs, and the client, which reconnects by itself, gets every
+value, with no task run twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def record(ledger: str, key: str, value: int, gate: str | None = None) -> int:
+    """Note in LEDGER that KEY ran (and in which process); wait for GATE if given."""
+    with open(ledger, "a") as fh:
+        fh.write(f"{key} {os.getpid()}\n")
+    while gate is not None and not os.path.exists(gate):
+        import time
+        time.sleep(0.01)
+    return value
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def runs(ledger: Path) -> list[str]:
+    return [line.split()[0] for line in ledger.read_text().splitlines()] \
+        if ledger.exists() else []
+
+
+def test_running_queued_and_waiting_tasks_live_through_a_broker_kill(make_cluster,
+                                                                     make_client, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 2}], nthreads=4)
+    client = make_client(cluster.address)
+    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
+    done = client.submit(record, str(ledger), "done", 1)
+    assert done.result(30) == 1
+    running = client.submit(record, str(ledger), "running", 2, str(gate),
+                            resources={"foo": 1})
+    wait_until(lambda: "running" in runs(ledger), message="the long task to start")
+    queued = [client.submit(record, str(ledger), f"queued-{i}", 10 + i,
+                            resources={"foo": 2}) for i in range(3)]
+    chain = [client.submit(inc, running)]
+    chain.append(client.submit(inc, chain[-1]))
+    before = cluster.broker.pid
+
+    cluster.restart_broker()
+    gate.touch()
+    assert cluster.broker.pid != before
+    assert running.result(60) == 2
+    assert [f.result(60) for f in queued] == [10, 11, 12]
+    assert [f.result(60) for f in chain] == [3, 4]
+    assert client.submit(inc, done).result(30) == 2, "a result from before the restart"
+    assert sorted(runs(ledger)) == sorted(["done", "running", "queued-0", "queued-1",
+                                           "queued-2"]), "a task ran twice, or not at all"
+
+
+def test_a_submission_the_broker_never_read_is_sent_again(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    client = make_client(cluster.address)
+    assert client.submit(inc, 0).result(30) == 1
+    os.kill(cluster.broker.pid, signal.SIGSTOP)  # it reads nothing more, then dies
+    future = client.submit(inc, 41)
+    wait_until(lambda: client._io.unacked, message="the submission to be sent")
+    cluster.restart_broker()
+    assert future.result(60) == 42

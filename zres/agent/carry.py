@@ -1,0 +1,71 @@
+"""Work an agent carries across a restart of its broker, and what it offers the new one.
+
+A broker that keeps its state (``adopts`` in its welcome, of this agent's cluster) takes
+back what ran on while it was away. So when such a broker restarts, the agent stops
+nothing that runs: Python tasks in worker processes and command jobs run on. It drops
+the grants that never reached a worker (the broker grants them again), asks its workers
+back for the queued grants they have not begun, and registers a new session only once
+they have answered, offering:
+- ``jobs``: what runs here ([id, slot, GPU positions, taken]), tasks and jobs alike;
+- ``ended``: how the work ended that the old broker had not acknowledged (the results
+  of reports it may never have read), with their frames;
+- ``returned``: grants that never began here, to be granted again.
+The restarted broker adopts what it knows and stops the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core import protocol as P
+from .jobs import JobRunner
+from .reports import Reports
+from .running import TaskRunner
+
+
+class CarryOver:
+    """What this agent will offer its broker's next life, until that one welcomes it."""
+
+    def __init__(self, runner: TaskRunner, jobs: JobRunner, reports: Reports) -> None:
+        self._runner = runner
+        self._jobs = jobs
+        self._reports = reports
+        self._ended: dict[int, list[Any]] = {}
+        self._returned: list[int] = []
+
+    def adopts(self, msg: P.Message) -> bool:
+        """Whether MSG comes from a broker of our cluster that keeps its state."""
+        return msg.body.get("adopts") is True and msg.body.get("cluster") == self._jobs.cluster
+
+    def begin(self) -> None:
+        """The broker restarted on its state: keep what runs, take what it did not hear."""
+        self._take_reports()
+        self._reports.reset()
+        self._runner.give_back_unstarted(restart=True)
+
+    def _take_reports(self) -> None:
+        results, returned = self._reports.salvage()
+        for item in results:
+            self._ended[item[0]] = item
+        self._returned.extend(returned)
+
+    def ready(self) -> bool:
+        """Whether the offer is complete: every worker asked back for a grant answered."""
+        return not self._runner.settling()
+
+    def offer(self) -> tuple[dict[str, Any], list[Any]]:
+        """The fields a new session's REGISTER offers, and their frames."""
+        self._take_reports()  # what ended since (it has not been reported to anyone)
+        ended = dict(self._ended)
+        for task_id, (outcome, frames, info) in self._jobs.recent.items():
+            ended.setdefault(task_id, [task_id, outcome, list(frames), info])
+        items = list(ended.values())
+        body = {"jobs": [*self._jobs.offer(), *self._runner.offer()],
+                "ended": [[i, outcome, len(frames), info] for i, outcome, frames, info in items],
+                "returned": list(self._returned)}
+        return body, [f for _, _, frames, _ in items for f in frames]
+
+    def clear(self) -> None:
+        """The new session is welcomed (or the old work is void): nothing is left to offer."""
+        self._ended.clear()
+        self._returned.clear()

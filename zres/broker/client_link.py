@@ -1,0 +1,220 @@
+"""What the broker hears from clients and tells them: hellos, submits, releases, cancels,
+and their tasks' news (running, results).
+
+A broker that keeps its state acknowledges submitted tasks (``accepted``) only once they
+are written: a client keeps what it sent until then, and sends it again to a restarted
+broker, which takes each task once. A client that comes back to a restarted broker of its
+cluster says which of its tasks it still waits for (``resume``): those that ended are
+told again, those the broker no longer has fail, saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ..core import protocol as P
+from ..core.errors import ProtocolError
+from ..core.limits import LimitExceeded, Limits, check_name, quote
+from ..core.tasks import FINISHED, Task
+from .actors import ActorRouting, ActorState
+from .cancels import CancelAnswers
+from .clients import ClientRecord, ClientRegistry
+from .dispatch import CancelOutcome, Dispatcher
+from .graph import TaskGraph
+from .jobs import JobTable
+from .keeping import TaskKeeper
+from .outbox import Batches
+from .status import Explainer
+from .store import StateUnwritable, Store
+from .submit import parse_submit
+
+log = structlog.get_logger("zres.broker")
+Send = Callable[..., None]
+
+
+class ClientLink:
+    """The broker's side of its clients' conversation."""
+
+    def __init__(self, send: Send, clients: ClientRegistry, graph: TaskGraph,
+                 dispatch: Callable[[], Dispatcher], actors: ActorRouting, jobs: JobTable,
+                 cancels: CancelAnswers, explain: Explainer, keeper: TaskKeeper,
+                 store: Store | None, limits: Limits, welcome: dict[str, Any]) -> None:
+        self._send = send
+        self.clients = clients
+        self._graph = graph
+        self._dispatch = dispatch   # (made after this)
+        self._actors = actors
+        self._jobs = jobs
+        self._cancels = cancels
+        self._explain = explain
+        self._keeper = keeper
+        self._store = store
+        self._limits = limits
+        self._welcome = welcome
+        self._running = Batches(send, P.RUNNING, "ids")
+        self._results = Batches(send, P.RESULTS, "results")
+        self._to_accept: dict[bytes, ClientRecord] = {}
+
+    def client(self, ident: bytes, now: float) -> ClientRecord | None:
+        client = self.clients.seen(ident, now)
+        if client is None:
+            self._send(ident, P.UNKNOWN)
+        return client
+
+    def on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
+        name = check_name(msg.body.get("client", ident[:16].hex()), self._limits,
+                          "hello: the client's name")
+        how = self.clients.hello(ident, name, now)
+        # "new" tells a client we had dropped (silent too long) that its tasks are gone;
+        # "resumed", one that comes back to a restarted broker, that they are here.
+        self._send(ident, P.WELCOME, {**self._welcome, "new": how == "new",
+                                      "resumed": how == "resumed"})
+
+    def on_resume(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """The client waits for these tasks (after a broker restart): tell again how those
+        that ended ended; fail those this broker does not have."""
+        client = self.client(ident, now)
+        if client is None:
+            return
+        for local in P.field(msg, "ids", list):
+            if type(local) is not int:
+                raise ProtocolError("resume: ids must be task ids")
+            task = self._graph.get(client.ids.get(local, -1))
+            if task is None:
+                self._results.add(ident, [local, P.FAILED, 0, {
+                    "type": "BrokerLostError", "message": "the broker restarted and did "
+                    "not keep it (only Python tasks and jobs are kept)"}], [])
+            elif task.state in FINISHED:
+                self._results.add(ident, [local, task.outcome, len(task.result),
+                                          task.info], task.result)
+
+    def drop(self, client: ClientRecord, event: str) -> None:
+        """CLIENT left (or was silent too long): cancel what it leaves behind."""
+        log.info(event, client=quote(client.name))
+        self._to_accept.pop(client.ident, None)
+        self._actors.drop_owned_by(client.ident, client.name)
+        self._dispatch().drop_work_of(client.ident, list(client.ids.values()))
+        for task_id in list(client.ids.values()):
+            task = self._graph.get(task_id)
+            if task is not None:
+                self._graph.unhold(task)
+        client.ids.clear()
+
+    def on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self.client(ident, now)
+        if client is None:
+            return
+        payload = sum(len(f) for f in msg.frames)
+        if payload > self._limits.payload_bytes:
+            raise LimitExceeded(f"a submit's payload of {payload} bytes is larger than the "
+                                f"broker's limit of {self._limits.payload_bytes} "
+                                "(max_payload_bytes)")
+        submissions = parse_submit(msg, self._limits)
+        if self._store is not None and self._store.error is not None:
+            raise StateUnwritable(f"the broker cannot keep new work: writing its state in "
+                                  f"{self._store.directory} fails ({self._store.error})")
+        # Refused before anything is recorded: a refusal fails every task it held.
+        self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor])
+        for sub in submissions:
+            client.accepted = max(client.accepted, sub.local)
+            if sub.local in client.ids:
+                continue  # sent again after a restart, and kept before it: taken once
+            task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
+                        sub.priority, sub.retries, sub.name, sub.strict, sub.payload, [],
+                        kind=sub.kind)
+            self._graph.add(task)
+            client.ids[sub.local] = task.id
+            if sub.job is not None:
+                self._jobs.add(task, sub.job)
+            if sub.actor is not None and not self._actors.add_actor(task, sub.actor):
+                continue
+            if sub.call is not None and not self._actors.add_call(task, sub.call):
+                continue
+            deps = [client.ids.get(local, -1) for local in sub.deps]
+            unknown = next((local for local, dep in zip(sub.deps, deps)
+                            if self._graph.get(dep) is None), None)
+            if unknown is not None:
+                self._graph.fail(task, "ZresError", f"dependency {unknown} is unknown to "
+                                 "the broker (released, or not kept in a broker restart)")
+                continue
+            if sub.job is None and sub.actor is None and sub.call is None:
+                self._keeper.new(task, deps)
+            self._graph.link(task, deps)
+        self._to_accept[client.ident] = client
+
+    def accept(self) -> None:
+        """Acknowledge what clients submitted, now that it is written."""
+        if self._store is None or self._store.error is not None:
+            return  # kept by its clients until it is written: they send it again
+        for client in self._to_accept.values():
+            self._send(client.ident, P.ACCEPTED, {"upto": client.accepted})
+        self._to_accept.clear()
+
+    def on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self.client(ident, now)
+        if client is None:
+            return
+        for local in P.field(msg, "ids", list):
+            task = self._graph.get(client.ids.pop(local, -1))
+            if task is not None:
+                self._graph.unhold(task)
+                self._keeper.changed(task)  # (if it is still held: its client lets go)
+
+    def on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self.client(ident, now)
+        if client is None:
+            return
+        force = msg.body.get("force") is True
+        cancelled: list[int] = []
+        asked: dict[int, int] = {}
+        for local in P.field(msg, "ids", list):
+            task = self._graph.get(client.ids.get(local, -1))
+            if task is None or task.state in FINISHED or task.stopping:
+                continue
+            outcome = self._dispatch().cancel(task, force)
+            if outcome is CancelOutcome.CANCELLED:
+                cancelled.append(local)
+            elif outcome is CancelOutcome.ASKED:
+                asked[task.id] = local
+        if "req" in msg.body:
+            self._cancels.answer(ident, msg.body["req"], cancelled, asked)
+
+    def on_why(self, ident: bytes, msg: P.Message, now: float) -> None:
+        client = self.client(ident, now)
+        if client is None:
+            return
+        local = P.field(msg, "id", int)
+        task = self._graph.get(client.ids.get(local, -1))
+        self._send(ident, P.WHY_REPLY, {"id": local, "reason": self._explain.why(task),
+                                        "req": msg.body.get("req")})
+
+    # -- news of their tasks ---------------------------------------------------------
+    def started(self, task: Task) -> None:
+        """TASK began on an agent: its client hears it (batched), so its future runs."""
+        client = self.clients.get(task.client)
+        if client is not None and client.ids.get(task.local_id) == task.id:
+            self._running.add(client.ident, task.local_id)
+
+    def recorded(self, task: Task) -> None:
+        """TASK has its outcome: update its job and actor, and send it to its client."""
+        if task.cancelling:
+            self._cancels.settle(task, task.info.get("type") == "CancelledError")
+        self._jobs.finished(task, task.outcome, task.info)
+        self._keeper.changed(task)
+        actor = self._actors.actors.get(task.creates) if task.creates else None
+        if actor is not None and task.outcome != P.OK and actor.state is ActorState.PENDING:
+            # It never started (a failed argument, infeasible): calls fail the same way.
+            actor.error = (task.outcome, task.result, task.info)
+            self._actors.dead(actor, str(task.info.get("message", "its construction failed")))
+        client = self.clients.get(task.client)
+        if client is not None and client.ids.get(task.local_id) == task.id:
+            self._results.add(client.ident, [task.local_id, task.outcome, len(task.result),
+                                             task.info], task.result)
+
+    def flush(self) -> None:
+        self._running.flush()  # before the results: a future runs, then finishes
+        self._results.flush()
+

@@ -1,0 +1,136 @@
+"""Python tasks kept across broker restarts: written to the state store, restored from it.
+
+Each task a client submits (not an actor's construction or call, nor a command job: jobs
+keep their own table) is written with its call, options, dependencies and owner when it
+is accepted, again when an agent holds it and when it ends, and dropped once nobody holds
+it. Results up to ``KEEP_RESULT`` bytes are written with the outcome; a larger result is
+not, and a restarted broker computes it again from its task (lineage) if a task or its
+client still needs it.
+
+A restarted broker restores them:
+- a task that had ended is ended again, with its outcome (and result, if kept);
+- a queued or waiting task waits again, with its priority, retries and dependencies;
+- a task an agent held (handed to a worker, so perhaps begun) waits for that agent to
+  come back and say whether it runs, ran or never began there (``adoption``);
+- a task whose input is gone fails, naming it;
+- each owner's tasks wait for their client to say hello again (its ``ClientRecord`` is
+  restored under its routing id, which a client keeps across reconnections).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import msgpack
+import structlog
+
+from ..core import protocol as P
+from ..core.tasks import Task, TaskState
+from .clients import ClientRegistry
+from .graph import TaskGraph
+from .store import Store
+
+log = structlog.get_logger("zres.broker")
+KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger ones recomputed
+
+
+class TaskKeeper:
+    """Writes the kept tasks' changes to STORE (None: nothing is kept); CLIENTS says who
+    owns each and whether its client still holds it."""
+
+    def __init__(self, store: Store | None, clients: ClientRegistry) -> None:
+        self._store = store
+        self._clients = clients
+
+    def new(self, task: Task, deps: list[int]) -> None:
+        """TASK (waiting for DEPS, by id) is accepted from its client."""
+        if self._store is None:
+            return
+        task.kept = True
+        self._store.put_task(task.id, self._record(task), new=True,
+                             payload=msgpack.packb([deps, [bytes(P.buffer(f))
+                                                           for f in task.payload]]))
+
+    def changed(self, task: Task) -> None:
+        """TASK's state changed (held, requeued, ended, released): write it again."""
+        if self._store is None or not task.kept:
+            return
+        result = None
+        if task.outcome == P.OK:
+            frames = [bytes(P.buffer(f)) for f in task.result]
+            if sum(len(f) for f in frames) <= KEEP_RESULT:
+                result = msgpack.packb(frames)
+        self._store.put_task(task.id, self._record(task), result=result)
+
+    def _record(self, task: Task) -> bytes:
+        client = self._clients.get(task.client)
+        holds = client is not None and client.ids.get(task.local_id) == task.id
+        held = task.state is TaskState.RUNNING and (task.held or task.begun)
+        return msgpack.packb([
+            task.client, client.name if client is not None else "", task.local_id,
+            task.units, task.priority, task.retries, task.name, task.strict, task.kind,
+            task.agent if held else "", task.begun and held, task.outcome, task.info, holds])
+
+    def dropped(self, task: Task) -> None:
+        if self._store is not None and task.kept:
+            self._store.forget_task(task.id)
+
+    def restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
+                adopt: Callable[[Task, list[int], str], None], wait: float) -> int:
+        """Restore the kept tasks into GRAPH and their owners as clients that have WAIT
+        seconds to say hello again; FAIL(task, error type, message) ends one that cannot
+        go on; ADOPT(task, inputs, agent) waits for the agent that held one. Return how
+        many."""
+        if self._store is None:
+            return 0
+        gc.disable()  # (many objects, none of them garbage: see adoption.restore)
+        try:
+            return self._restore(graph, fail, adopt, wait)
+        finally:
+            gc.enable()
+
+    def _restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
+                 adopt: Callable[[Task, list[int], str], None], wait: float) -> int:
+        assert self._store is not None
+        rows = []
+        for task_id, record, payload, result in self._store.tasks():
+            (ident, owner, local, units, priority, retries, name, strict, kind, held_on,
+             _, outcome, info, holds) = msgpack.unpackb(record, strict_map_key=False)
+            deps, frames = msgpack.unpackb(payload) if payload else ([], [])
+            task = Task(task_id, ident, local, units, priority, retries, name, strict, frames,
+                        [], kind=kind, holders=int(holds))
+            task.kept = True
+            if outcome and (outcome != P.OK or result is not None):
+                task.outcome, task.info = outcome, info
+                task.result = msgpack.unpackb(result) if result is not None else []
+            rows.append((task, owner, deps, held_on))
+        # A result that was not kept is computed again only if someone still needs it.
+        needed = {d for task, _, deps, _ in rows if not task.outcome for d in deps}
+        for task, owner, deps, held_on in rows:
+            if holds_it := task.holders > 0:
+                self._clients.restore(task.client, owner, wait).ids[task.local_id] = task.id
+            if task.outcome:
+                task.state = TaskState.DONE if task.outcome == P.OK else TaskState.FAILED
+                graph.add(task)
+                continue
+            if not (holds_it or task.id in needed):
+                self._store.forget_task(task.id)  # ended, its result not kept: not needed
+                continue
+            graph.add(task)
+            lost = next((d for d in deps if graph.get(d) is None), None)
+            if lost is not None:
+                fail(task, "ZresError", f"task {task.name} cannot run after the broker "
+                     f"restarted: its input (task {lost}) was not kept")
+            elif held_on:
+                adopt(task, deps, held_on)
+            else:
+                graph.link(task, deps)
+        for task, *_ in rows:  # ended tasks that nothing holds any more
+            if task.holders <= 0 and graph.tasks.get(task.id) is task \
+                    and task.state in (TaskState.DONE, TaskState.FAILED):
+                del graph.tasks[task.id]
+                self._store.forget_task(task.id)
+        self._store.commit()
+        return len(rows)
+
