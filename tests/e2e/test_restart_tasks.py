@@ -1,7 +1,7 @@
 """Python work lives through a broker restart (issue 16): the broker is SIGKILLed while
-tasks run, wait in queue and wait for each other; started again on its state, it takes
-back what its agent still runs, and the client, which reconnects by itself, gets every
-value, with no task run twice."""
+tasks and a command job run, and others wait in queue and for each other; started again
+on its state, it takes back what its agent still runs, and the client, which reconnects
+by itself, gets every value, with nothing run twice."""
 
 from __future__ import annotations
 
@@ -45,8 +45,15 @@ def test_running_queued_and_waiting_tasks_live_through_a_broker_kill(make_cluste
     running = client.submit(record, str(ledger), "running", 2, str(gate),
                             resources={"foo": 1})
     wait_until(lambda: "running" in runs(ledger), message="the long task to start")
+    pids = tmp_path / "job-pids"
+    job = client.submit_command(["sh", "-c", f"echo $$ >> {pids}; "
+                                 f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                                resources={"foo": 1})
+    wait_until(lambda: pids.exists(), message="the job to start")
     queued = [client.submit(record, str(ledger), f"queued-{i}", 10 + i,
                             resources={"foo": 2}) for i in range(3)]
+    queued_job = client.submit_command(["sh", "-c", f"echo queued >> {pids}"],
+                                       resources={"foo": 2})
     chain = [client.submit(inc, running)]
     chain.append(client.submit(inc, chain[-1]))
     before = cluster.broker.pid
@@ -57,6 +64,8 @@ def test_running_queued_and_waiting_tasks_live_through_a_broker_kill(make_cluste
     assert running.result(60) == 2
     assert [f.result(60) for f in queued] == [10, 11, 12]
     assert [f.result(60) for f in chain] == [3, 4]
+    assert job.result(60).exit_code == 0 and queued_job.result(60).exit_code == 0
+    assert len(pids.read_text().split()) == 2, "the running job was started again"
     assert client.submit(inc, done).result(30) == 2, "a result from before the restart"
     assert sorted(runs(ledger)) == sorted(["done", "running", "queued-0", "queued-1",
                                            "queued-2"]), "a task ran twice, or not at all"

@@ -32,6 +32,9 @@ class CarryOver:
         self._reports = reports
         self._ended: dict[int, list[Any]] = {}
         self._returned: list[int] = []
+        # Offered once: what ends after that goes in the new session's first report (the
+        # broker takes only the first offer of a session; a repeat must not swallow news).
+        self._offered = False
 
     def adopts(self, msg: P.Message) -> bool:
         """Whether MSG comes from a broker of our cluster that keeps its state."""
@@ -41,6 +44,7 @@ class CarryOver:
         """The broker restarted on its state: keep what runs, take what it did not hear."""
         self._take_reports()
         self._reports.reset()
+        self._offered = False
         self._runner.give_back_unstarted(restart=True)
 
     def _take_reports(self) -> None:
@@ -55,7 +59,9 @@ class CarryOver:
 
     def offer(self) -> tuple[dict[str, Any], list[Any]]:
         """The fields a new session's REGISTER offers, and their frames."""
-        self._take_reports()  # what ended since (it has not been reported to anyone)
+        if not self._offered:  # what ended since (it has not been reported to anyone)
+            self._take_reports()
+            self._offered = True
         ended = dict(self._ended)
         for task_id, (outcome, frames, info) in self._jobs.recent.items():
             ended.setdefault(task_id, [task_id, outcome, list(frames), info])
@@ -69,3 +75,4 @@ class CarryOver:
         """The new session is welcomed (or the old work is void): nothing is left to offer."""
         self._ended.clear()
         self._returned.clear()
+        self._offered = False

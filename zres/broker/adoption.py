@@ -31,6 +31,7 @@ from ..core.errors import ProtocolError
 from ..core.tasks import Task, TaskState, set_state
 from ..scheduler.policy import Scheduler
 from .agents import AgentRecord
+from .clients import ClientRegistry
 from .graph import TaskGraph
 from .jobs import JobRecord, JobTable
 from .store import Store
@@ -42,11 +43,13 @@ class Adoption:
     """The jobs a restarted broker takes back from GRAPH's previous life."""
 
     def __init__(self, graph: TaskGraph, sched: Scheduler, jobs: JobTable,
-                 grace: float) -> None:
+                 grace: float, clients: ClientRegistry, reconnect: float) -> None:
         # Python tasks an agent held when the broker went: task id -> (task, its inputs'
         # ids, the agent's name).
         self.tasks: dict[int, tuple[Task, list[int], str]] = {}
         self._graph = graph
+        self._clients = clients
+        self._reconnect = reconnect   # how long a job's client has to come back
         self._sched = sched
         self._jobs = jobs
         self.grace = grace
@@ -61,6 +64,10 @@ class Adoption:
             again = self._jobs.restore(store.jobs())
             for job in again:
                 self._graph.link(self._task(job), [])
+            for job in self._jobs.adopting.values():
+                if job.client:  # its client may ask after it before its agent is back
+                    self._clients.restore(job.client, job.owner,
+                                          self._reconnect).ids[job.local] = job.id
         finally:
             gc.enable()
         store.commit()
@@ -74,8 +81,11 @@ class Adoption:
         self.tasks[task.id] = (task, deps, agent)
 
     def _task(self, job: JobRecord) -> Task:
-        task = Task(job.id, b"", -1, dict(job.units), job.priority, 0, job.name, job.strict,
-                    [], [], holders=0)  # no client holds it any more
+        task = Task(job.id, job.client, job.local, dict(job.units), job.priority, 0,
+                    job.name, job.strict, [], [], holders=1 if job.client else 0)
+        if job.client:  # its client waits for it: it is given back when that one returns
+            self._clients.restore(job.client, job.owner, self._reconnect).ids[job.local] = \
+                job.id
         self._graph.add(task)
         return task
 
@@ -101,8 +111,8 @@ class Adoption:
                 self._jobs.requeue_adopting(job)
                 self._graph.link(self._task(job), [])
             else:
-                self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
-                                       f"{agent.name} no longer had it when it came back")
+                self._lost(job, f"the broker restarted while it ran, and agent "
+                           f"{agent.name} no longer had it when it came back")
         return stop
 
     def _take(self, agent: AgentRecord, task_id: int, index: int, positions: list[int],
@@ -208,9 +218,14 @@ class Adoption:
                         f"that agent did not come back within {self.grace:g}s")
         if self._jobs.adopting:
             for job in list(self._jobs.adopting.values()):
-                self._jobs.not_adopted(job, f"the broker restarted while it ran, and agent "
-                                       f"{_on(job)} did not come back within "
-                                       f"{self.grace:g}s")
+                self._lost(job, f"the broker restarted while it ran, and agent {_on(job)} "
+                           f"did not come back within {self.grace:g}s")
+
+    def _lost(self, job: JobRecord, why: str) -> None:
+        """JOB was not taken back: it is lost, and its client (if one waits) told so."""
+        self._jobs.not_adopted(job, why)
+        if job.client:
+            self._graph.fail(self._task(job), "AgentLostError", why)
 
 
 def _well_formed(entry: Any, slots: int) -> bool:

@@ -82,12 +82,15 @@ class ClientLink:
         for local in P.field(msg, "ids", list):
             if type(local) is not int:
                 raise ProtocolError("resume: ids must be task ids")
-            task = self._graph.get(client.ids.get(local, -1))
-            if task is None:
+            task_id = client.ids.get(local)
+            task = self._graph.get(task_id) if task_id is not None else None
+            if task_id is None:
                 self._results.add(ident, [local, P.FAILED, 0, {
                     "type": "BrokerLostError", "message": "the broker restarted and did "
-                    "not keep it (only Python tasks and jobs are kept)"}], [])
-            elif task.state in FINISHED:
+                    "not keep it (actors and their calls are not kept across a restart)"}],
+                    [])
+            elif task is not None and task.state in FINISHED:
+                # (None: a job that waits for its agent to offer it back)
                 self._results.add(ident, [local, task.outcome, len(task.result),
                                           task.info], task.result)
 

@@ -53,6 +53,11 @@ class JobRecord:
     priority: int = 0
     strict: bool = False         # fails at once if infeasible
     held_on: str = ""            # the agent that may start it (it heard the grant held)
+    # The client that waits for it (not for a detached job), by routing id, name and its
+    # own id for it: a restarted broker gives it back to that client when it comes back.
+    client: bytes = b""
+    owner: str = ""
+    local: int = -1
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
@@ -118,6 +123,9 @@ class JobTable:
             task.id, task.name, spec["argv"], dict(task.units), spec["detached"], time.time(),
             {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]},
             priority=task.priority, strict=task.strict)
+        client = self._clients.get(task.client)
+        if client is not None and not spec["detached"]:
+            job.client, job.owner, job.local = client.ident, client.name, task.local_id
         self._keep(job)
 
     def _keep(self, job: JobRecord) -> None:
@@ -128,7 +136,8 @@ class JobTable:
     def restore(self, records: list[dict[str, Any]]) -> list[JobRecord]:
         """Take back the jobs a previous life of this broker kept; return those to queue
         again. One that was running waits for its agent to offer it back (``adopting``);
-        a queued one whose client was not detached has nobody to report to."""
+        a queued one of a client it does not know (kept by an older version) has nobody
+        to report to."""
         again: list[JobRecord] = []
         names = {f.name for f in dataclasses.fields(JobRecord)}
         for record in records:
@@ -136,7 +145,7 @@ class JobTable:
                 job = JobRecord(**record)
             except TypeError:  # kept by another version: the fields both know
                 job = JobRecord(**{k: v for k, v in record.items() if k in names})
-            if job.state == "queued" and not job.detached:
+            if job.state == "queued" and not job.detached and not job.client:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
             elif job.state == "running" or (job.state == "queued" and job.held_on):

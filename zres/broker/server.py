@@ -112,13 +112,16 @@ class Broker:
                                    on_changed=self.keeper.changed)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
+        # Clients the broker had when it went have as long to come back as a client waits
+        # for its broker (its default reconnect window).
+        reconnect = max(client_timeout, 300.0)
         self.adoption = Adoption(self.graph, self.sched, self.jobs,
-                                 grace=max(60.0, 10 * heartbeat_timeout))
+                                 grace=max(60.0, 10 * heartbeat_timeout),
+                                 clients=self.clients, reconnect=reconnect)
         if store is not None:
             self.adoption.restore(store)
-            # Their clients have as long to come back as a client waits for its broker.
             self.keeper.restore(self.graph, self.graph.fail, self.adoption.wait_for,
-                                wait=max(client_timeout, 300.0))
+                                wait=reconnect)
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,
