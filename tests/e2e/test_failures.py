@@ -466,7 +466,7 @@ def test_broker_gone_for_good_fails_pending_tasks(spawn, make_client, workdir):
     pending = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1})
     wait_until(lambda: (workdir / "started").exists(), message="the task to start")
     kill(broker)
-    with pytest.raises(zres.BrokerLostError):
+    with pytest.raises(zres.BrokerLostError, match="reconnect window"):
         pending.result(20)
 
 

@@ -66,9 +66,11 @@ agent -> broker
                reconnections; t: when it was sent (the agent's clock) anchors the lease;
                resume: a reconnection of a live session (answered welcome{resumed} or
                unknown{ended})
-               a new session also offers jobs?: [[id, slot, [gpu position...]]] still
-               running and ended?: [[id, outcome, nframes, info]] (frames follow) of
-               late: a restarted broker of the cluster adopts them or cancels them
+               a new session also offers jobs?: [[id, slot, [gpu position...], taken]]
+               still running (command jobs and Python tasks), ended?: [[id, outcome,
+               nframes, info]] (frames follow) of late, and returned?: [id...] held but
+               never begun: a restarted broker of the cluster adopts them, grants them
+               again or stops them
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
                 cause, running: [call ids started]}], returned?: [id...]}
