@@ -59,7 +59,7 @@ def finish(agent: Peer, seq: int, session: int, task_id: int, value: bytes) -> N
 def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
     """Task 1 ended (its small result kept), task 2 waits for it, task 3 ended with a
     result too large to keep: after a restart the client is told again how 1 ended, 2
-    runs with 1's result as its input, and 3, still held by its client, runs again."""
+    runs with 1's result as its input, and 3 runs again once its client asks for it."""
     broker = broker_on(tmp_path)
     client, welcome = hello(broker)
     agent = Peer(broker)
@@ -93,17 +93,17 @@ def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
         client.send(P.RESUME, {"ids": [1]})
         assert results(client)[1] == (P.OK, [b"one"])
         register(agent, session=2)
-        granted: dict[int, list[bytes]] = {}
-        for seq in (1, 2):  # one at a time (foo=1): each finishes before the next
-            [(task_id, *_)] = (assign := agent.take(P.ASSIGN)).body["tasks"]
-            granted[task_id] = [bytes(f) for f in assign.frames]
-            finish(agent, seq, 2, task_id, b"again")
-        assert first not in granted, "a task whose result was kept ran again"
-        assert third in granted, "a needed result that was not kept was not computed again"
-        [second] = set(granted) - {third}
-        assert granted[second] == [b"fn", b"args2", b"one"], "2 did not get 1's result"
-        assert results(client) | results(client) == {3: (P.OK, [b"again"]),
-                                                     2: (P.OK, [b"again"])}
+        [(second, *_)] = (assign := agent.take(P.ASSIGN)).body["tasks"]
+        assert second not in (first, third), "ran again: its result was kept, or not asked"
+        assert [bytes(f) for f in assign.frames] == [b"fn", b"args2", b"one"], \
+            "2 did not get 1's kept result as its input"
+        finish(agent, 1, 2, second, b"two")
+        assert results(client)[2] == (P.OK, [b"two"])
+        client.send(P.RESUME, {"ids": [3]})  # the client still waits for 3's result
+        [(again, *_)] = agent.take(P.ASSIGN).body["tasks"]
+        assert again == third, "a result too large to keep is computed again when asked"
+        finish(agent, 2, 2, third, b"three")
+        assert results(client)[3] == (P.OK, [b"three"])
     finally:
         for peer in (client, agent):
             peer.close()
@@ -154,6 +154,31 @@ def test_a_task_an_agent_held_waits_for_its_word(tmp_path, word):
             outcome, info = results(client, info=True)[1]
             assert outcome == P.FAILED and info["type"] == "AgentLostError"
             assert "no longer had it" in info["message"]
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+def test_what_the_broker_cannot_write_it_does_not_acknowledge(tmp_path):
+    """A full disk: the task is served, but neither its client nor its agent hears that
+    it is kept (the client keeps it to send again; the agent keeps its report and does
+    not hand the task over) until it is written."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0,
+                    store=Store(str(tmp_path), max_pages=8))  # a few pages: a full disk
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        register(agent, session=1)
+        client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 0, [], 2, "big", False]]},
+                    [b"fn", b"x" * 200_000])
+        [(task, *_)] = agent.take(P.ASSIGN).body["tasks"]
+        report(agent, 1, 1, held=[task])
+        told = agent.sync() + agent.sync()
+        assert not [m for m in told if m.kind == P.ACK or m.body.get("ack", 0) > 0], \
+            "an agent was told to go ahead with what the broker did not keep"
+        assert not [m for m in client.sync() if m.kind == P.ACCEPTED]
+        assert "full" in broker.status()["state"]["error"]
     finally:
         for peer in (client, agent):
             peer.close()

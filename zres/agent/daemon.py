@@ -218,10 +218,12 @@ class Agent:
         epoch = msg.body.get("epoch")
         if msg.body.get("session") not in (None, self.session.id):
             return  # an answer to a session we have since left
-        if self.session.epoch not in (None, epoch) and self._holds_work():
+        if self.session.epoch not in (None, epoch):
             # A new broker counts none of our work as running: stop it, or its resources
             # would be granted twice; but the work of a cluster that keeps its state runs
-            # on, offered to it with the next session (it adopts it or stops it).
+            # on, offered to it with the next session (it adopts it or stops it), with
+            # the news the old broker did not acknowledge. (A new session either way:
+            # its reports are numbered afresh.)
             self._fence("the broker restarted", keep=self.carry.adopts(msg))
             return
         cluster = msg.body.get("cluster")
@@ -261,9 +263,6 @@ class Agent:
             self.reports.reset()
         self._deferred.take()
         self.session.restart()
-
-    def _holds_work(self) -> bool:
-        return self.runner.busy() or bool(self.actors.by_id) or bool(self.jobs.jobs)
 
     def _holding(self) -> list[int]:
         return [*self.runner.holding(), *self.actors.holding(), *self.jobs.holding(),

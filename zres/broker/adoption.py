@@ -64,6 +64,12 @@ class Adoption:
             again = self._jobs.restore(store.jobs())
             for job in again:
                 self._graph.link(self._task(job), [])
+            for job in self._jobs.done.values():
+                if job.client and job.ended:  # its client may not have heard how it ended
+                    task = self._task(job)
+                    task.outcome, task.info, task.result = job.ended[0], job.ended[1], \
+                        list(job.ended[2])
+                    task.state = TaskState.DONE if task.outcome == P.OK else TaskState.FAILED
             for job in self._jobs.adopting.values():
                 if job.client:  # its client may ask after it before its agent is back
                     self._clients.restore(job.client, job.owner,

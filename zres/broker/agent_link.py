@@ -36,7 +36,7 @@ class AgentLink:
                  limits: Limits, welcome: Callable[[], dict[str, Any]],
                  fd: Callable[[], int],
                  adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]],
-                 commit: Callable[[], object]) -> None:
+                 commit: Callable[[], bool]) -> None:
         self._send = send
         self._adopt = adopt
         self._commit = commit
@@ -51,9 +51,9 @@ class AgentLink:
         """Acknowledge the reports that need it now (unless an assign carried it)."""
         for ident in self.to_ack:
             agent = self._agents.get(ident)
-            if agent is not None and agent.acked < agent.seq:
-                agent.acked = agent.seq
-                self._send(ident, P.ACK, {"ack": agent.seq})
+            if agent is not None and agent.acked < agent.kept:
+                agent.acked = agent.kept
+                self._send(ident, P.ACK, {"ack": agent.kept})
         self.to_ack.clear()
 
     def on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
@@ -73,12 +73,12 @@ class AgentLink:
             known.resumes += 1
             known.sent_before_resume = self._dispatch.sent_to(known)
             self._send(ident, P.WELCOME, {**welcome, "resumed": known.resumes,
-                                          "ack": known.seq})
+                                          "ack": known.kept})
             return
         if self._agents.is_repeat(ident, reg):
             # A repeated registration (it crossed our welcome): keep what runs there.
             self.agent(ident, now)
-            self._send(ident, P.WELCOME, {**welcome, "ack": self._agents.by_ident[ident].seq})
+            self._send(ident, P.WELCOME, {**welcome, "ack": self._agents.by_ident[ident].kept})
             return
         displaced = self._agents.displaced_by(ident, reg.name)
         for record in displaced:
@@ -154,9 +154,9 @@ class AgentLink:
         if msg.body.get("held"):
             # Its hand-offs wait for this: at once, not at the end of the loop turn; but
             # after the state is kept (a job it may now start is recorded as held there).
-            self._commit()
-            agent.acked = seq
-            self._send(ident, P.ACK, {"ack": seq})
+            if self._commit():  # (if it cannot be written, it waits for a later commit)
+                agent.kept = agent.acked = seq
+                self._send(ident, P.ACK, {"ack": seq})
         elif sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
             self.to_ack.add(ident)  # it keeps what it sent until acknowledged
 

@@ -56,6 +56,9 @@ class AgentRecord:
     session: int = 0
     seq: int = 0                     # the last of its reports taken in
     acked: int = 0                   # the last seq acknowledged to it
+    # The last of its reports whose news is written in the state store (acknowledged only
+    # up to here: an agent goes ahead on an ack, and what it did not keep is not lost).
+    kept: int = 0
     echo: float | None = None        # t of its latest heartbeat, echoed: its lease
     fd: int = -1                     # the connection it last spoke over
     away: bool = False               # that connection closed: no new work till heard from
@@ -210,3 +213,8 @@ class AgentRegistry:
     def capacity(self, agent: AgentRecord) -> list[Units]:
         """AGENT's total amounts per slot."""
         return [self.sched.slots[s].total for s in agent.slots]
+
+    def written(self) -> None:
+        """The state store has everything taken in so far: it may all be acknowledged."""
+        for agent in self.by_ident.values():
+            agent.kept = agent.seq

@@ -60,8 +60,11 @@ class ClientLink:
 
     def client(self, ident: bytes, now: float) -> ClientRecord | None:
         client = self.clients.seen(ident, now)
-        if client is None:
+        if client is None or client.restored:
+            # (A client restored from a previous life says hello first: what it sent
+            # before it knew of the restart, it sends again after, in order.)
             self._send(ident, P.UNKNOWN)
+            return None
         return client
 
     def on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
@@ -83,6 +86,8 @@ class ClientLink:
             if type(local) is not int:
                 raise ProtocolError("resume: ids must be task ids")
             task_id = client.ids.get(local)
+            if task_id is not None:
+                self._keeper.need(task_id)  # its result was not kept: it runs again
             task = self._graph.get(task_id) if task_id is not None else None
             if task_id is None:
                 self._results.add(ident, [local, P.FAILED, 0, {
@@ -137,6 +142,8 @@ class ClientLink:
             if sub.call is not None and not self._actors.add_call(task, sub.call):
                 continue
             deps = [client.ids.get(local, -1) for local in sub.deps]
+            for dep in deps:
+                self._keeper.need(dep)
             unknown = next((local for local, dep in zip(sub.deps, deps)
                             if self._graph.get(dep) is None), None)
             if unknown is not None:
@@ -164,7 +171,8 @@ class ClientLink:
             task = self._graph.get(client.ids.pop(local, -1))
             if task is not None:
                 self._graph.unhold(task)
-                self._keeper.changed(task)  # (if it is still held: its client lets go)
+                if self._graph.get(task.id) is task:  # still held: its client lets go
+                    self._keeper.changed(task)
 
     def on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self.client(ident, now)

@@ -194,8 +194,8 @@ class Dispatcher:
         agent = self._agents.get(ident)
         if agent is None:
             return {}
-        agent.acked = agent.seq
-        return {"ack": agent.seq}
+        agent.acked = agent.kept
+        return {"ack": agent.kept}
 
     def release(self, task_id: int) -> None:
         """Give TASK_ID's grant back to the scheduler."""

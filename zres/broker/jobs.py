@@ -58,6 +58,7 @@ class JobRecord:
     client: bytes = b""
     owner: str = ""
     local: int = -1
+    ended: list[Any] = field(default_factory=list)  # [outcome, info, frames], for it
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
@@ -212,6 +213,8 @@ class JobTable:
         if job is None:
             return
         job.finished, job.held_on = time.time(), ""
+        if job.client:  # told again should its client come back to a restarted broker
+            job.ended = [outcome, info, [bytes(P.buffer(f)) for f in task.result]]
         code = info.get("exit_code")
         job.exit_code = code if isinstance(code, int) else None
         if outcome == P.OK:

@@ -13,6 +13,7 @@ A restarted broker restores them:
 - a task an agent held (handed to a worker, so perhaps begun) waits for that agent to
   come back and say whether it runs, ran or never began there (``adoption``);
 - a task whose input is gone fails, naming it;
+- a task whose result was not kept runs again once something needs it (``need``);
 - each owner's tasks wait for their client to say hello again (its ``ClientRecord`` is
   restored under its routing id, which a client keeps across reconnections).
 """
@@ -42,6 +43,10 @@ class TaskKeeper:
     def __init__(self, store: Store | None, clients: ClientRegistry) -> None:
         self._store = store
         self._clients = clients
+        # Restored tasks whose results were not kept, not run again yet: id -> inputs.
+        self._unrun: dict[int, list[int]] = {}
+        self._graph: TaskGraph | None = None
+        self._fail: Callable[[Task, str, str], None] = lambda task, error, why: None
 
     def new(self, task: Task, deps: list[int]) -> None:
         """TASK (waiting for DEPS, by id) is accepted from its client."""
@@ -71,6 +76,33 @@ class TaskKeeper:
             task.client, client.name if client is not None else "", task.local_id,
             task.units, task.priority, task.retries, task.name, task.strict, task.kind,
             task.agent if held else "", task.begun and held, task.outcome, task.info, holds])
+
+    def need(self, task_id: int) -> None:
+        """Something needs the result of TASK_ID: if it was not kept, run its task again
+        (and the tasks of its inputs whose results were not kept either)."""
+        if task_id not in self._unrun:
+            return
+        again, work = [], [task_id]
+        while work:
+            current = work.pop()
+            deps = self._unrun.pop(current, None)
+            if deps is not None:
+                again.append((current, deps))
+                work.extend(deps)
+        for each, deps in sorted(again):
+            task = self._graph.get(each) if self._graph is not None else None
+            if task is not None:
+                self._link(task, deps)
+
+    def _link(self, task: Task, deps: list[int]) -> None:
+        """TASK waits for DEPS, or fails if one is gone."""
+        assert self._graph is not None
+        lost = next((d for d in deps if self._graph.get(d) is None), None)
+        if lost is None:
+            self._graph.link(task, deps)
+        else:
+            self._fail(task, "ZresError", f"task {task.name} cannot run after the broker "
+                       f"restarted: its input (task {lost}) was not kept")
 
     def dropped(self, task: Task) -> None:
         if self._store is not None and task.kept:
@@ -104,10 +136,13 @@ class TaskKeeper:
             if outcome and (outcome != P.OK or result is not None):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []
-            rows.append((task, owner, deps, held_on))
-        # A result that was not kept is computed again only if someone still needs it.
-        needed = {d for task, _, deps, _ in rows if not task.outcome for d in deps}
-        for task, owner, deps, held_on in rows:
+            rows.append((task, owner, deps, held_on, outcome == P.OK and result is None))
+        # A task whose result was not kept is run again only once something needs it:
+        # a waiting task, a new one, or its client (that has not seen it): see need().
+        needed = {d for task, _, deps, _, lost in rows if not (task.outcome or lost)
+                  for d in deps}
+        self._graph, self._fail = graph, fail
+        for task, owner, deps, held_on, lost in rows:
             if holds_it := task.holders > 0:
                 self._clients.restore(task.client, owner, wait).ids[task.local_id] = task.id
             if task.outcome:
@@ -115,17 +150,18 @@ class TaskKeeper:
                 graph.add(task)
                 continue
             if not (holds_it or task.id in needed):
-                self._store.forget_task(task.id)  # ended, its result not kept: not needed
+                self._store.forget_task(task.id)  # nobody waits for it any more
                 continue
             graph.add(task)
-            lost = next((d for d in deps if graph.get(d) is None), None)
-            if lost is not None:
-                fail(task, "ZresError", f"task {task.name} cannot run after the broker "
-                     f"restarted: its input (task {lost}) was not kept")
-            elif held_on:
+            if lost:
+                self._unrun[task.id] = deps
+                continue
+            for dep in deps:
+                self.need(dep)
+            if held_on and all(graph.get(d) is not None for d in deps):
                 adopt(task, deps, held_on)
             else:
-                graph.link(task, deps)
+                self._link(task, deps)
         for task, *_ in rows:  # ended tasks that nothing holds any more
             if task.holders <= 0 and graph.tasks.get(task.id) is task \
                     and task.state in (TaskState.DONE, TaskState.FAILED):

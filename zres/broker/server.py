@@ -129,7 +129,7 @@ class Broker:
                                   "lease": self.lease, "starve": self.sched.starvation_after},
                               fd=lambda: self._fd,
                               adopt=lambda *a: self.adoption.offered(*a),
-                              commit=lambda: store.commit() if store is not None else True)
+                              commit=lambda: store is None or store.commit())
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
@@ -202,10 +202,10 @@ class Broker:
             self.agents.forgive(now - start)
             self.clients.forgive(now - start)
             log.warning("broker_stalled", seconds=round(now - start, 1))
-        if self.store is not None:
-            # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job
-            # only once the broker has kept that it may.
-            self.store.commit()
+        # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job only
+        # once the broker has kept that it may, and drops a result once it is kept.
+        if self.store is None or self.store.commit():
+            self.agents.written()
         if self.sched.needs_pass():
             try:
                 self.dispatch.assign(self.sched.schedule(now))
@@ -282,9 +282,9 @@ class Broker:
             self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
         self.clients.expire(now)
         for agent in self.agents.by_ident.values():
-            agent.acked = agent.seq
+            agent.acked = agent.kept
             self._send(agent.ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
-                                                  "ack": agent.seq})
+                                                  "ack": agent.kept})
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
         for ident in self.clients.idents():
             P.send(self.sock, [ident, *beat])

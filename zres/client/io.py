@@ -101,6 +101,8 @@ class IOThread:
         self.dead = False  # the thread has ended: nothing more is sent or received
         self.lock = threading.Lock()  # guards swapping `pending` against inserts
         self._last_heard = time.monotonic()
+        self._welcomed = False
+        self._hello_at = 0.0
         self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
         self._thread.start()
 
@@ -150,12 +152,15 @@ class IOThread:
                 # Only once the pipe is empty: a wake() after this writes a new byte (cleared
                 # before, a wake() between the two would be swallowed until the next beat).
                 self._awake = False
-                self._send_outbox()
+                if self._welcomed:
+                    self._send_outbox()
                 self._receive()
                 now = time.monotonic()
                 if now - last_beat >= self.hb_interval:
                     last_beat = now
                     P.send(self.sock, P.encode(P.HEARTBEAT))
+                    if not self._welcomed and now - self._hello_at > 2 * self.hb_interval:
+                        self._hello()  # (it may have been lost with a connection)
                     if now - self._last_heard > self.broker_timeout and self.pending:
                         lost = self.lose_all(
                             f"no word from the broker for {self.broker_timeout:g}s (the "
@@ -174,6 +179,10 @@ class IOThread:
             self.sock.close(linger=200)
 
     def _hello(self) -> None:
+        """Say hello (again): nothing more is sent until the broker's welcome says which
+        broker it is (a restarted one first gets again what it did not keep, in order)."""
+        self._welcomed = False
+        self._hello_at = time.monotonic()
         P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name}))
 
     def _send_outbox(self) -> None:
@@ -321,6 +330,8 @@ class IOThread:
             self.lose_all("the broker had dropped this client (silent too long) and "
                           "cancelled its tasks")
         self.epoch, self.cluster, self.keeps = epoch, cluster, keeps
+        self._welcomed = True
+        self.wake()  # send what waited for this welcome
         if not keeps:
             self.unacked.clear()
         given = msg.body.get("limits")
