@@ -34,6 +34,7 @@ from .store import Store
 
 log = structlog.get_logger("zres.broker")
 KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger ones recomputed
+_pack = msgpack.Packer().pack  # (one packer, not one made per call as packb does)
 
 
 class TaskKeeper:
@@ -53,29 +54,28 @@ class TaskKeeper:
         if self._store is None:
             return
         task.kept = True
-        self._store.put_task(task.id, self._record(task), new=True,
-                             payload=msgpack.packb([deps, [bytes(P.buffer(f))
-                                                           for f in task.payload]]))
+        client = self._clients.get(task.client)
+        record = _pack([task.client, client.name if client is not None else "",
+                        task.local_id, task.units, task.priority, task.name, task.strict,
+                        task.kind])
+        payload = _pack([deps, [P.buffer(f) for f in task.payload]])
+        self._store.new_task(task.id, record, payload, self._state(task))
 
     def changed(self, task: Task) -> None:
         """TASK's state changed (held, requeued, ended, released): write it again."""
         if self._store is None or not task.kept:
             return
         result = None
-        if task.outcome == P.OK:
-            frames = [bytes(P.buffer(f)) for f in task.result]
-            if sum(len(f) for f in frames) <= KEEP_RESULT:
-                result = msgpack.packb(frames)
-        self._store.put_task(task.id, self._record(task), result=result)
+        if task.outcome == P.OK and sum(len(P.buffer(f)) for f in task.result) <= KEEP_RESULT:
+            result = _pack([P.buffer(f) for f in task.result])
+        self._store.put_task(task.id, self._state(task), result)
 
-    def _record(self, task: Task) -> bytes:
+    def _state(self, task: Task) -> bytes:
         client = self._clients.get(task.client)
         holds = client is not None and client.ids.get(task.local_id) == task.id
         held = task.state is TaskState.RUNNING and (task.held or task.begun)
-        return msgpack.packb([
-            task.client, client.name if client is not None else "", task.local_id,
-            task.units, task.priority, task.retries, task.name, task.strict, task.kind,
-            task.agent if held else "", task.begun and held, task.outcome, task.info, holds])
+        return _pack([task.retries, task.agent if held else "", task.begun and held,
+                      task.outcome, task.info, holds])
 
     def need(self, task_id: int) -> None:
         """Something needs the result of TASK_ID: if it was not kept, run its task again
@@ -126,9 +126,11 @@ class TaskKeeper:
                  adopt: Callable[[Task, list[int], str], None], wait: float) -> int:
         assert self._store is not None
         rows = []
-        for task_id, record, payload, result in self._store.tasks():
-            (ident, owner, local, units, priority, retries, name, strict, kind, held_on,
-             _, outcome, info, holds) = msgpack.unpackb(record, strict_map_key=False)
+        for task_id, record, payload, state, result in self._store.tasks():
+            ident, owner, local, units, priority, name, strict, kind = msgpack.unpackb(
+                record, strict_map_key=False)
+            retries, held_on, _, outcome, info, holds = msgpack.unpackb(
+                state, strict_map_key=False)
             deps, frames = msgpack.unpackb(payload) if payload else ([], [])
             task = Task(task_id, ident, local, units, priority, retries, name, strict, frames,
                         [], kind=kind, holders=int(holds))
