@@ -47,10 +47,12 @@ class Dispatcher:
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
                  actors: ActorRouting, jobs: JobTable, cancels: CancelAnswers,
                  on_started: Callable[[Task], None],
-                 on_changed: Callable[[Task], None] = lambda task: None) -> None:
+                 on_changed: Callable[[Task], None] = lambda task: None,
+                 load: Callable[[Task], list[Any]] = lambda task: []) -> None:
         self._send = send
         self._on_started = on_started  # tells its client the task began
         self._on_changed = on_changed  # writes a kept task again (held, or requeued)
+        self._load = load  # reads a restored task's call from the state store
         self._cancels = cancels
         self._graph = graph
         self._sched = sched
@@ -184,6 +186,8 @@ class Dispatcher:
             job = self._jobs.active.get(task.id)
             if job is not None:
                 opts["job"] = job.run
+            if not task.payload and not job:  # restored: its call stayed on disk till now
+                task.payload = self._load(task)
             counts, inputs = self._graph.inputs(task)
             self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
                                             len(task.payload), counts, opts],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import structlog
@@ -57,8 +58,8 @@ class TaskKeeper:
         client = self._clients.get(task.client)
         record = _pack([task.client, client.name if client is not None else "",
                         task.local_id, task.units, task.priority, task.name, task.strict,
-                        task.kind])
-        payload = _pack([deps, [P.buffer(f) for f in task.payload]])
+                        task.kind, deps])
+        payload = _pack([P.buffer(f) for f in task.payload])
         self._store.new_task(task.id, record, payload, self._state(task))
 
     def changed(self, task: Task) -> None:
@@ -104,6 +105,11 @@ class TaskKeeper:
             self._fail(task, "ZresError", f"task {task.name} cannot run after the broker "
                        f"restarted: its input (task {lost}) was not kept")
 
+    def payload(self, task: Task) -> list[Any]:
+        """TASK's call, read from the store (a restored task holds none until granted)."""
+        raw = self._store.payload(task.id) if self._store is not None and task.kept else None
+        return list(msgpack.unpackb(raw)) if raw else []
+
     def dropped(self, task: Task) -> None:
         if self._store is not None and task.kept:
             self._store.forget_task(task.id)
@@ -126,13 +132,13 @@ class TaskKeeper:
                  adopt: Callable[[Task, list[int], str], None], wait: float) -> int:
         assert self._store is not None
         rows = []
-        for task_id, record, payload, state, result in self._store.tasks():
-            ident, owner, local, units, priority, name, strict, kind = msgpack.unpackb(
+        for task_id, record, state, result in self._store.tasks():
+            ident, owner, local, units, priority, name, strict, kind, deps = msgpack.unpackb(
                 record, strict_map_key=False)
             retries, held_on, _, outcome, info, holds = msgpack.unpackb(
                 state, strict_map_key=False)
-            deps, frames = msgpack.unpackb(payload) if payload else ([], [])
-            task = Task(task_id, ident, local, units, priority, retries, name, strict, frames,
+            # (its payload, the call, is read when it is granted: see payload())
+            task = Task(task_id, ident, local, units, priority, retries, name, strict, [],
                         [], kind=kind, holders=int(holds))
             task.kept = True
             if outcome and (outcome != P.OK or result is not None):

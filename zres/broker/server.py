@@ -109,7 +109,7 @@ class Broker:
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
-                                   on_changed=self.keeper.changed)
+                                   on_changed=self.keeper.changed, load=self.keeper.payload)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
         # Clients the broker had when it went have as long to come back as a client waits

@@ -92,10 +92,16 @@ class Store:
         return [msgpack.unpackb(record) for (record,) in
                 self._db.execute("SELECT record FROM jobs ORDER BY id")]
 
-    def tasks(self) -> list[tuple[int, bytes, bytes | None, bytes, bytes | None]]:
-        """Every task kept: (id, record, payload, state, result), in id order."""
+    def tasks(self) -> list[tuple[int, bytes, bytes, bytes | None]]:
+        """Every task kept: (id, record, state, result), in id order (payloads are read
+        one by one, as they are needed: see ``payload``)."""
         return self._db.execute(
-            "SELECT id, record, payload, state, result FROM tasks ORDER BY id").fetchall()
+            "SELECT id, record, state, result FROM tasks ORDER BY id").fetchall()
+
+    def payload(self, task_id: int) -> bytes | None:
+        """The payload kept for TASK_ID, if any."""
+        row = self._db.execute("SELECT payload FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        return None if row is None else row[0]
 
     def cluster_id(self) -> str:
         """This cluster's identity: made (12 hex digits) and kept on first start."""
