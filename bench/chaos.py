@@ -256,7 +256,7 @@ class Round:
                 self._restart(cluster, name, specs)
                 continue
             fault = rng.choice(["kill", "stop", "worker", "term"] * 3
-                               + (["broker"] if self.broker_kills else []))
+                               + (["broker"] * 3 if self.broker_kills else []))
             self.faults[fault] += 1
             self.timeline.append((time.time(), fault, name))
             try:
