@@ -59,7 +59,7 @@ def finish(agent: Peer, seq: int, session: int, task_id: int, value: bytes) -> N
 def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
     """Task 1 ended (its small result kept), task 2 waits for it, task 3 ended with a
     result too large to keep: after a restart the client is told again how 1 ended, 2
-    runs with 1's result as its input, and 3 runs again once its client asks for it."""
+    runs with 1's result as its input, and 3 runs again once a new task needs it."""
     broker = broker_on(tmp_path)
     client, welcome = hello(broker)
     agent = Peer(broker)
@@ -99,11 +99,17 @@ def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
             "2 did not get 1's kept result as its input"
         finish(agent, 1, 2, second, b"two")
         assert results(client)[2] == (P.OK, [b"two"])
-        client.send(P.RESUME, {"ids": [3]})  # the client still waits for 3's result
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], \
+            "3 ran again, though nothing needed its result yet"
+        submit(client, 4, deps=[3])  # a new task needs 3's result, which was not kept
         [(again, *_)] = agent.take(P.ASSIGN).body["tasks"]
-        assert again == third, "a result too large to keep is computed again when asked"
+        assert again == third, "a result too large to keep is computed again when needed"
         finish(agent, 2, 2, third, b"three")
-        assert results(client)[3] == (P.OK, [b"three"])
+        [(fourth, *_)] = (assign := agent.take(P.ASSIGN)).body["tasks"]
+        assert [bytes(f) for f in assign.frames][-1] == b"three"
+        finish(agent, 3, 2, fourth, b"four")
+        assert results(client) | results(client) == {3: (P.OK, [b"three"]),
+                                                     4: (P.OK, [b"four"])}
     finally:
         for peer in (client, agent):
             peer.close()
