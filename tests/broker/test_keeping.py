@@ -189,3 +189,28 @@ def test_what_the_broker_cannot_write_it_does_not_acknowledge(tmp_path):
         for peer in (client, agent):
             peer.close()
         broker.close()
+
+
+def test_an_agent_declared_lost_before_a_restart_does_not_keep_its_work_after(tmp_path):
+    """Its work was given to others when it was declared lost: the restarted broker must
+    tell it so (stop everything), not offer to take that work back."""
+    broker = broker_on(tmp_path)
+    agent = Peer(broker, ident=b"agent-1")
+    register(agent, session=1)
+    broker.dispatch.lose_agent(broker.agents.by_ident[b"agent-1"], "silent for 9.0s")
+    agent.take(P.UNKNOWN)
+    broker.close()
+    agent.close()
+
+    broker = broker_on(tmp_path)
+    agent = Peer(broker, ident=b"agent-1")
+    try:
+        agent.send(P.REGISTER, {"name": "node", "session": 1, "host": "h", "pid": 1,
+                                "t": time.monotonic(), "resume": True, "epoch": 1,
+                                "slots": [{"units": {"CPU": UNIT}, "gpus": []}]})
+        told = agent.take(P.UNKNOWN).body
+        assert told["adopts"] is False, "it would keep work that went elsewhere"
+        assert "silent for 9.0s" in told["ended"]
+    finally:
+        agent.close()
+        broker.close()

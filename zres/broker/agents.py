@@ -8,6 +8,7 @@ the dispatcher's business (``dispatch.Dispatcher.lose_agent``).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,12 +108,19 @@ def _int_list(value: Any, what: str) -> list[int]:
 class AgentRegistry:
     """Registered agents by routing id, and which agent owns each scheduler slot."""
 
-    def __init__(self, sched: Scheduler, timeout: float) -> None:
+    def __init__(self, sched: Scheduler, timeout: float,
+                 ended: list[list[Any]] | None = None,
+                 keep_ended: Callable[[list[list[Any]]], None] = lambda ended: None) -> None:
         self.sched = sched
         self.timeout = timeout
         self.by_ident: dict[bytes, AgentRecord] = {}
         self.slot_owner: dict[int, AgentRecord] = {}
-        self.ended: OrderedDict[bytes, str] = OrderedDict()  # lost agents' ids: why
+        # Lost agents' ids: why. Kept across the broker's restarts (KEEP_ENDED writes
+        # them): an agent declared lost before a restart must not have its work taken
+        # back after it, for its resources went elsewhere.
+        self.ended: OrderedDict[bytes, str] = OrderedDict(
+            (bytes(i), str(why)) for i, why in ended or [])
+        self._keep_ended = keep_ended
         self._next_slot = 0
 
     def __len__(self) -> int:
@@ -171,7 +179,8 @@ class AgentRegistry:
         slot_ids = [slot.id for slot in new]
         record = AgentRecord(ident, reg.name, reg.host, reg.pid, now, slot_ids, reg.gpus,
                              reg.spec(), reg.session, echo=reg.sent_at)
-        self.ended.pop(ident, None)
+        if self.ended.pop(ident, None) is not None:
+            self._keep_ended([[i, why] for i, why in self.ended.items()])
         self.by_ident[ident] = record
         for slot_id in slot_ids:
             self.slot_owner[slot_id] = record
@@ -187,6 +196,7 @@ class AgentRegistry:
         self.ended[agent.ident] = why
         while len(self.ended) > _ENDED_KEPT:
             self.ended.popitem(last=False)
+        self._keep_ended([[i, why] for i, why in self.ended.items()])
 
     def forgive(self, gap: float) -> None:
         """The broker itself did not listen for GAP seconds (stopped, or stalled): nobody

@@ -84,7 +84,9 @@ class Broker:
         self.clients = ClientRegistry(client_timeout,
                                       lambda *a: self.client_link.drop(*a))
         self.keeper = TaskKeeper(store, self.clients)
-        self.agents = AgentRegistry(self.sched, heartbeat_timeout)
+        self.agents = AgentRegistry(
+            self.sched, heartbeat_timeout, ended=store.meta("ended_agents") if store else None,
+            keep_ended=lambda ended: store.set_meta("ended_agents", ended) if store else None)
         # The parts name each other's methods through lambdas where each needs one made
         # after it: objects that refer to each other, modules that do not.
         self.graph = TaskGraph(on_ready=lambda task: self.dispatch.make_ready(task),
