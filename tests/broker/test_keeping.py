@@ -214,3 +214,16 @@ def test_an_agent_declared_lost_before_a_restart_does_not_keep_its_work_after(tm
     finally:
         agent.close()
         broker.close()
+
+
+def test_a_malformed_offer_of_returned_grants_is_ignored_not_fatal(tmp_path):
+    task = held_when_the_broker_went(tmp_path)
+    broker = broker_on(tmp_path)
+    agent = Peer(broker)
+    try:
+        welcome = register(agent, session=2, returned=[[task], "x", task])
+        assert welcome.body["adopts"] is True, "the registration failed on a bad entry"
+        assert [t[0] for t in agent.take(P.ASSIGN).body["tasks"]] == [task]
+    finally:
+        agent.close()
+        broker.close()

@@ -412,8 +412,10 @@ class TaskRunner:
             if not void and worker is not None and worker.ready \
                     and worker.proc.returncode is None:
                 tell = functools.partial(self._pool.tell, worker, P.CANCEL, {"ids": [task_id]})
-                # (a restart voids the hand-offs that wait: nothing to wait behind)
-                tell() if restart else self._events.after(tell)
+                if restart:  # the hand-offs that wait are void: nothing to wait behind
+                    tell()
+                else:
+                    self._events.after(tell)
                 self._giving_back.add(task_id)
             else:  # not sent yet: it never will be
                 self._undelegate(state, task_id)

@@ -107,7 +107,7 @@ class Adoption:
         self._ended(agent, body.get("ended"), frames)
         returned = body.get("returned")
         for task_id in returned if isinstance(returned, list) else []:
-            if self._waiting(task_id, agent.name) is not None:
+            if type(task_id) is int and self._waiting(task_id, agent.name) is not None:
                 self._again(task_id, None)  # it never began there
         for task_id in [i for i, (_, _, on) in self.tasks.items() if on == agent.name]:
             self._again(task_id, f"the broker restarted while agent {agent.name} held it, "
