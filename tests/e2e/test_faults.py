@@ -248,6 +248,10 @@ def test_an_agent_restarted_after_a_kill_stops_the_jobs_it_left(make_cluster, ma
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(),
                message="the job to start")
     job = int(pid_file.read_text())
+    # Killed once it has noted the job (its record of running jobs is written before the
+    # broker hears the job started; the job itself may write its pid before that).
+    wait_until(lambda: any(j["state"] == "running" for j in client.jobs()),
+               message="the agent to report the job started")
     cluster.agents["node"].kill()
     cluster.agents["node"].wait(10)
     assert not process_gone(job), "the job should outlive its agent's kill"
@@ -347,8 +351,14 @@ def raw(address: str) -> zmq.Socket:
 
 
 def reply(sock: zmq.Socket, timeout: float = 10.0) -> P.Message:
-    assert sock.poll(int(timeout * 1000)), "the broker did not answer"
-    return P.decode(P.recv(sock))
+    """The broker's next message to SOCK, heartbeats aside (they come at any time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert sock.poll(int(max(0.0, deadline - time.monotonic()) * 1000)), \
+            "the broker did not answer"
+        msg = P.decode(P.recv(sock))
+        if msg.kind != P.HEARTBEAT:
+            return msg
 
 
 def test_messages_over_a_limit_are_refused_naming_it(make_cluster, make_client):
