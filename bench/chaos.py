@@ -321,8 +321,6 @@ class Round:
                 if f"while running task {key}," in str(error) and not starts[key]:
                     problems.append(f"{key}: {type(error).__name__} says it ran; it never "
                                     "began")
-            elif key[0] == "c" and isinstance(error, zres.BrokerLostError):
-                outcomes["actor call lost in a broker restart"] += 1  # (actors are not kept)
             else:
                 outcomes[type(error).__name__] += 1
                 problems.append(f"{key}: {type(error).__name__}: {error}")
@@ -413,9 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=300, help="tasks per round")
     parser.add_argument("--json", help="also write every round's report here")
     parser.add_argument("--broker-kills", action="store_true",
-                        help="also SIGKILL the broker and restart it on its state: tasks and "
-                        "jobs run on and their futures resolve as before (actors are not "
-                        "kept: their calls may fail with BrokerLostError)")
+                        help="also SIGKILL the broker and restart it on its state: tasks, "
+                        "jobs and actors run on and their futures resolve as before")
     args = parser.parse_args(argv)
     reports = run(args.rounds, args.seed, args.tasks, args.broker_kills)
     failed = [r for r in reports if r["problems"] or r["left_behind"]]

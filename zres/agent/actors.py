@@ -60,7 +60,7 @@ class ActorSupervisor:
         worker.actor.sent[item[0]] = run
         self._events.held(item[0])
         construct = [item[0], item[1], item[2], context]
-        self._events.then(functools.partial(self._pool.send, worker, construct, frames))
+        self._events.then(functools.partial(self._deliver, worker, construct, frames))
         self.by_id[actor_id] = worker
         log.info("actor_starting", actor=actor_id, pid=worker.proc.pid,
                  gpus=",".join(devices) or "-")
@@ -77,7 +77,13 @@ class ActorSupervisor:
             worker.actor.sent[call_id] = run
             self._events.held(call_id)
             item = [call_id, nframes, dep_counts, {**worker.actor.context, "run": run}]
-            self._events.then(functools.partial(self._pool.send, worker, item, frames))
+            self._events.then(functools.partial(self._deliver, worker, item, frames))
+
+    def _deliver(self, worker: Worker, item: list[Any], frames: list[Any]) -> None:
+        """Hand ITEM to WORKER's actor (the broker has heard that it is held)."""
+        if worker.actor is not None:
+            worker.actor.delivered.add(item[0])
+        self._pool.send(worker, item, frames)
 
     def done(self, worker: Worker, started: list[int], items: list[Any],
              results: list[list[Any]]) -> None:
@@ -92,6 +98,7 @@ class ActorSupervisor:
         for item, result in zip(items, results):
             actor.sent.pop(item[0], None)
             actor.begun.discard(item[0])
+            actor.delivered.discard(item[0])
             if item[0] == actor.placement and item[1] != P.OK:
                 # __init__ raised: the instance never existed; the broker fails its calls.
                 log.warning("actor_init_failed", actor=actor.id)
@@ -118,6 +125,41 @@ class ActorSupervisor:
             kill(worker.proc)
             self._pool.forget(worker)
         self.by_id.clear()
+
+    def carry_over(self) -> list[int]:
+        """The broker restarted on its state: keep every actor process, but take back
+        what was never passed to one (its hand-off waited for the old broker). Return
+        those constructions and calls: they never began here."""
+        returned: list[int] = []
+        for worker in list(self.by_id.values()):
+            actor = worker.actor
+            assert actor is not None
+            if actor.placement in actor.sent and actor.placement not in actor.delivered:
+                log.info("actor_stopped", actor=actor.id, pid=worker.proc.pid,
+                         why="its construction never reached it before the broker went")
+                self.kill([actor.id])
+                returned.append(actor.placement)
+                continue
+            for call_id in [c for c in actor.sent if c not in actor.delivered]:
+                del actor.sent[call_id]
+                returned.append(call_id)
+        return returned
+
+    def offer(self, slot_of: Callable[[int], tuple[int, tuple[str, ...]] | None]
+              ) -> list[list[Any]]:
+        """The actors running here, for a restarted broker: [actor id, placement, slot,
+        [GPU positions], [calls in hand]]; SLOT_OF(placement) gives (slot, its devices)."""
+        offer = []
+        for worker in self.by_id.values():
+            actor = worker.actor
+            where = slot_of(actor.placement) if actor is not None else None
+            if actor is None or where is None:
+                continue
+            slot, gpus = where
+            offer.append([actor.id, actor.placement, slot,
+                          [gpus.index(d) for d in worker.gpus if d in gpus],
+                          [c for c in actor.sent if c != actor.placement]])
+        return offer
 
     def placed(self, placement: int) -> bool:
         """Whether PLACEMENT is one of the actors' here."""

@@ -2,11 +2,13 @@
 
 A broker that keeps its state (``adopts`` in its welcome, of this agent's cluster) takes
 back what ran on while it was away. So when such a broker restarts, the agent stops
-nothing that runs: Python tasks in worker processes and command jobs run on. It drops
-the grants that never reached a worker (the broker grants them again), asks its workers
-back for the queued grants they have not begun, and registers a new session only once
-they have answered, offering:
+nothing that runs: Python tasks in worker processes, command jobs and actors run on. It
+drops the grants, job starts and actor calls that never reached their process (the
+broker sends them again), asks its workers back for the queued grants they have not
+begun, and registers a new session only once they have answered, offering:
 - ``jobs``: what runs here ([id, slot, GPU positions, taken]), tasks and jobs alike;
+- ``actors``: the actor processes ([actor id, placement, slot, GPU positions, [calls
+  each has in hand]]);
 - ``ended``: how the work ended that the old broker had not acknowledged (the results
   of reports it may never have read), with their frames;
 - ``returned``: grants that never began here, to be granted again.
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import protocol as P
+from .actors import ActorSupervisor
 from .jobs import JobRunner
 from .reports import Reports
 from .running import TaskRunner
@@ -26,9 +29,11 @@ from .running import TaskRunner
 class CarryOver:
     """What this agent will offer its broker's next life, until that one welcomes it."""
 
-    def __init__(self, runner: TaskRunner, jobs: JobRunner, reports: Reports) -> None:
+    def __init__(self, runner: TaskRunner, jobs: JobRunner, reports: Reports,
+                 actors: ActorSupervisor) -> None:
         self._runner = runner
         self._jobs = jobs
+        self._actors = actors
         self._reports = reports
         self._ended: dict[int, list[Any]] = {}
         self._returned: list[int] = []
@@ -46,6 +51,11 @@ class CarryOver:
         self._reports.reset()
         self._offered = False
         self._runner.give_back_unstarted(restart=True)
+        self._returned.extend(self._actors.carry_over())
+        for task_id in list(self._runner.placements):
+            if task_id not in self._jobs.jobs and not self._actors.placed(task_id):
+                self._runner.free(task_id, start=False)  # a job whose start waited: void
+                self._returned.append(task_id)
 
     def _take_reports(self) -> None:
         results, returned = self._reports.salvage()
@@ -67,9 +77,15 @@ class CarryOver:
             ended.setdefault(task_id, [task_id, outcome, list(frames), info])
         items = list(ended.values())
         body = {"jobs": [*self._jobs.offer(), *self._runner.offer()],
+                "actors": self._actors.offer(self._slot_of),
                 "ended": [[i, outcome, len(frames), info] for i, outcome, frames, info in items],
                 "returned": list(self._returned)}
         return body, [f for _, _, frames, _ in items for f in frames]
+
+    def _slot_of(self, placement: int) -> tuple[int, tuple[str, ...]] | None:
+        where = self._runner.placements.get(placement)
+        return None if where is None else (where[0],
+                                           tuple(self._runner.slots[where[0]].spec.gpus))
 
     def clear(self) -> None:
         """The new session is welcomed (or the old work is void): nothing is left to offer."""

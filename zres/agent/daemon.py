@@ -73,7 +73,7 @@ class Agent:
         self.jobs = JobRunner(self.job_logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                               unwatch=self.poller.unregister)
-        self.carry = CarryOver(self.runner, self.jobs, self.reports)
+        self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
         self.poller.register(self.pool.sock, zmq.POLLIN)
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
@@ -206,7 +206,7 @@ class Agent:
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
                       for s in self.slots]}
         frames: list[Any] = []
-        if resume:
+        if resume or self.session.epoch is not None:  # (the broker says if it has it still)
             body["resume"] = True
             body["epoch"] = self.session.epoch
         elif self.session.epoch is None:  # a new session: offer the work still running
@@ -252,10 +252,10 @@ class Agent:
         broker restarted on its state: see carry), forget the old session's news, and
         register as a new session."""
         log.warning("agent_fenced", agent=self.name, why=why, work_kept=keep)
-        self.actors.stop_all(why)
         if keep:
             self.carry.begin()
         else:
+            self.actors.stop_all(why)
             self.runner.abandon(why)
             self.jobs.stop_all()
             self.pool.drop_pending()

@@ -42,6 +42,7 @@ class ActorProcess:
     context: dict[str, Any]
     sent: dict[int, int] = field(default_factory=dict)   # unfinished call -> run number
     begun: set[int] = field(default_factory=set)         # ... of those, said started
+    delivered: set[int] = field(default_factory=set)     # ... of those, passed to it
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ class ActorState(enum.Enum):
     STARTING = "starting"        # placed; __init__ is running
     ALIVE = "alive"
     RESTARTING = "restarting"    # its process or agent was lost; waiting to be placed again
+    ADOPTING = "adopting"        # the broker restarted: its agent has not offered it back yet
     DEAD = "dead"
 
 
@@ -46,6 +47,7 @@ _ALLOWED = {
     ActorState.STARTING: {ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD},
     ActorState.ALIVE: {ActorState.RESTARTING, ActorState.DEAD},
     ActorState.RESTARTING: {ActorState.STARTING, ActorState.DEAD},
+    ActorState.ADOPTING: {ActorState.RESTARTING, ActorState.DEAD},  # (or taken back as it was)
     ActorState.DEAD: set(),
 }
 
@@ -108,15 +110,21 @@ class ActorRouting:
     """The broker's actor records and what happens to them.
 
     Constructions and calls are tasks of GRAPH; placements wait in SCHED; RELEASE(id)
-    gives a placement's grant back to the scheduler when the actor ends or is lost.
+    gives a placement's grant back to the scheduler when the actor ends or is lost;
+    CHANGED(actor) writes an actor whose state changed; LOAD(task) reads the call of a
+    task restored without it.
     """
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler,
-                 release: Callable[[int], None]) -> None:
+                 release: Callable[[int], None],
+                 changed: Callable[[ActorRecord], None] = lambda actor: None,
+                 load: Callable[[Task], list[Any]] = lambda task: []) -> None:
         self._send = send
         self._graph = graph
         self._sched = sched
         self._release = release
+        self._changed = changed
+        self._load = load
         self.actors: dict[str, ActorRecord] = {}
         self.dead_actors: OrderedDict[str, ActorRecord] = OrderedDict()
         self.actor_names: dict[str, str] = {}
@@ -151,6 +159,7 @@ class ActorRouting:
                                  error_type="ValueError")
                 return False
             self.actor_names[actor.name] = actor.id
+        self._changed(actor)
         log.info("actor_created", actor=actor.label(), id=actor.id,
                  resources=format_units(actor.units))
         return True
@@ -183,6 +192,10 @@ class ActorRouting:
         set_state(task, TaskState.QUEUED)
         self._to_pump[task.actor] = None
 
+    def wake(self, actor: ActorRecord) -> None:
+        """Send ACTOR's calls that may go, at the end of this loop turn."""
+        self._to_pump[actor.id] = None
+
     def pump_all(self) -> None:
         """Send every call that may go now, per caller in the order made; flush batches."""
         pumps, self._to_pump = self._to_pump, {}
@@ -207,6 +220,8 @@ class ActorRouting:
                 task.held = task.begun = False
                 actor.inflight[task.id] = None
                 self.call_actor[task.id] = actor
+                if not task.payload:  # restored: its call stayed on disk till now
+                    task.payload = self._load(task)
                 counts, inputs = self._graph.inputs(task)
                 self._calls.add(actor.agent, [task.id, actor.id, len(task.payload), counts],
                                 [*task.payload, *inputs])
@@ -218,6 +233,8 @@ class ActorRouting:
         """Note ACTOR's placement and, the first time, keep its construction frames."""
         task = self._graph.get(actor.ready_task)
         if actor.starts == 0 and task is not None:
+            if not task.payload:  # restored: its call stayed on disk till now
+                task.payload = self._load(task)
             counts, inputs = self._graph.inputs(task)
             actor.spawn = [*task.payload, *inputs]
             actor.spawn_counts = (len(task.payload), counts)
@@ -227,6 +244,7 @@ class ActorRouting:
         set_actor_state(actor, ActorState.STARTING)
         actor.starts += 1
         actor.agent, actor.agent_name = agent_ident, agent_name
+        self._changed(actor)
 
     def started(self, actor: ActorRecord, outcome: str, frames: list[Any],
                 info: dict[str, Any]) -> None:
@@ -234,6 +252,7 @@ class ActorRouting:
         task = self._graph.get(actor.ready_task)
         if outcome == P.OK:
             set_actor_state(actor, ActorState.ALIVE)
+            self._changed(actor)
             log.info("actor_started", actor=actor.label(), agent=actor.agent_name,
                      start=actor.starts)
             if task is not None and task.state is TaskState.RUNNING:
@@ -300,6 +319,7 @@ class ActorRouting:
         self.placements[actor.placement] = actor
         self._sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
                             queueable=False)
+        self._changed(actor)
 
     def call_on(self, agent: bytes, task_id: Any) -> Task | None:
         """The call TASK_ID if it was sent to an actor on AGENT."""
@@ -334,7 +354,7 @@ class ActorRouting:
     # -- ending -----------------------------------------------------------------------------
     def kill(self, actor: ActorRecord, why: str) -> None:
         """End ACTOR now: stop its process, free its resources, fail what it has not done."""
-        if actor.state in (ActorState.STARTING, ActorState.ALIVE):
+        if actor.state in (ActorState.STARTING, ActorState.ALIVE):  # (adopting: when offered)
             self._send(actor.agent, P.KILL_ACTOR, {"ids": [actor.id]})
             self._release(actor.placement)
         self.dead(actor, why)
@@ -369,6 +389,7 @@ class ActorRouting:
             del self.actor_names[actor.name]
         del self.actors[actor.id]
         actor.spawn = []
+        self._changed(actor)
         self.dead_actors[actor.id] = actor
         while len(self.dead_actors) > _DEAD_KEPT:
             self.dead_actors.popitem(last=False)

@@ -15,7 +15,7 @@ its next session, with their slot and GPU positions, and says how recent jobs en
 Python tasks an agent held (``keeping`` restores them) wait the same way, and the agent
 also gives back those that never began there: they are granted again, uncharged. One its
 agent no longer has, or whose agent is not back in time, may have run: it spends a retry,
-or fails with AgentLostError.
+or fails with AgentLostError. Actors are taken back alike (``actor_keeping``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.tasks import Task, TaskState, set_state
 from ..scheduler.policy import Scheduler
+from .actor_keeping import ActorKeeper
 from .agents import AgentRecord
 from .clients import ClientRegistry
 from .graph import TaskGraph
@@ -43,11 +44,13 @@ class Adoption:
     """The jobs a restarted broker takes back from GRAPH's previous life."""
 
     def __init__(self, graph: TaskGraph, sched: Scheduler, jobs: JobTable,
-                 grace: float, clients: ClientRegistry, reconnect: float) -> None:
+                 grace: float, clients: ClientRegistry, reconnect: float,
+                 actors: ActorKeeper) -> None:
         # Python tasks an agent held when the broker went: task id -> (task, its inputs'
         # ids, the agent's name).
         self.tasks: dict[int, tuple[Task, list[int], str]] = {}
         self._graph = graph
+        self._actors = actors
         self._clients = clients
         self._reconnect = reconnect   # how long a job's client has to come back
         self._sched = sched
@@ -102,6 +105,7 @@ class Adoption:
         running = body.get("jobs")
         if running is None:
             return []  # not a new session's offer (an agent just started, or resuming)
+        self._actors.offered(agent, body.get("actors"))
         stop = [entry[0] for entry in running if isinstance(running, list)
                 and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
         self._ended(agent, body.get("ended"), frames)
@@ -119,6 +123,7 @@ class Adoption:
             else:
                 self._lost(job, f"the broker restarted while it ran, and agent "
                            f"{agent.name} no longer had it when it came back")
+        self._actors.settle(agent)
         return stop
 
     def _take(self, agent: AgentRecord, task_id: int, index: int, positions: list[int],
@@ -170,6 +175,9 @@ class Adoption:
                 task = self._running(self._task(job), agent)
                 self._jobs.adopted(job, agent.name)
                 self._graph.finish(task, str(outcome), result, info)
+                continue
+            if isinstance(info, dict):  # an actor's construction or call, perhaps
+                self._actors.ended(agent, task_id, str(outcome), result, info)
 
     def _waiting(self, task_id: int, agent: str) -> Task | None:
         """The Python task TASK_ID if it waits for AGENT's word (it may have ended or been
@@ -219,6 +227,8 @@ class Adoption:
         """The jobs and tasks whose agents are not back within the grace period are lost."""
         if now < self._deadline:
             return
+        if self._actors.adopting:
+            self._actors.expire(self.grace)
         for task_id, (_, _, agent) in list(self.tasks.items()):
             self._again(task_id, f"the broker restarted while agent {agent} held it, and "
                         f"that agent did not come back within {self.grace:g}s")

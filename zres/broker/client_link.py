@@ -91,8 +91,8 @@ class ClientLink:
             task = self._graph.get(task_id) if task_id is not None else None
             if task_id is None:
                 self._results.add(ident, [local, P.FAILED, 0, {
-                    "type": "BrokerLostError", "message": "the broker restarted and did "
-                    "not keep it (actors and their calls are not kept across a restart)"}],
+                    "type": "BrokerLostError", "message": "the broker restarted and "
+                    "did not keep it"}],
                     [])
             elif task is not None and task.state in FINISHED:
                 # (None: a job that waits for its agent to offer it back)
@@ -150,7 +150,7 @@ class ClientLink:
                 self._graph.fail(task, "ZresError", f"dependency {unknown} is unknown to "
                                  "the broker (released, or not kept in a broker restart)")
                 continue
-            if sub.job is None and sub.actor is None and sub.call is None:
+            if sub.job is None:  # (jobs keep their own table)
                 self._keeper.new(task, deps)
             self._graph.link(task, deps)
         self._to_accept[client.ident] = client

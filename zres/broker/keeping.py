@@ -1,11 +1,12 @@
 """Python tasks kept across broker restarts: written to the state store, restored from it.
 
-Each task a client submits (not an actor's construction or call, nor a command job: jobs
-keep their own table) is written with its call, options, dependencies and owner when it
-is accepted, again when an agent holds it and when it ends, and dropped once nobody holds
-it. Results up to ``KEEP_RESULT`` bytes are written with the outcome; a larger result is
-not, and a restarted broker computes it again from its task (lineage) if a task or its
-client still needs it.
+Each task a client submits (not a command job: jobs keep their own table; an actor's
+construction and calls are, naming their actor: see ``actor_keeping``) is written with
+its call, options, dependencies and owner when it is accepted, again when an agent
+holds it and when it ends, and dropped once nobody holds it. Results up to
+``KEEP_RESULT`` bytes are written with the outcome; a larger result is not, and a
+restarted broker computes it again from its task (lineage) if a task or its client
+still needs it.
 
 A restarted broker restores them:
 - a task that had ended is ended again, with its outcome (and result, if kept);
@@ -36,6 +37,7 @@ from .store import Store
 log = structlog.get_logger("zres.broker")
 KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger ones recomputed
 _pack = msgpack.Packer().pack  # (one packer, not one made per call as packb does)
+ActorTask = Callable[[Task, list[int], str, Callable[[Task, list[int]], None]], None]
 
 
 class TaskKeeper:
@@ -58,7 +60,7 @@ class TaskKeeper:
         client = self._clients.get(task.client)
         record = _pack([task.client, client.name if client is not None else "",
                         task.local_id, task.units, task.priority, task.name, task.strict,
-                        task.kind, deps])
+                        task.kind, deps, task.creates, task.actor])
         payload = _pack([P.buffer(f) for f in task.payload])
         self._store.new_task(task.id, record, payload, self._state(task))
 
@@ -93,9 +95,9 @@ class TaskKeeper:
         for each, deps in sorted(again):
             task = self._graph.get(each) if self._graph is not None else None
             if task is not None:
-                self._link(task, deps)
+                self.link(task, deps)
 
-    def _link(self, task: Task, deps: list[int]) -> None:
+    def link(self, task: Task, deps: list[int]) -> None:
         """TASK waits for DEPS, or fails if one is gone."""
         assert self._graph is not None
         lost = next((d for d in deps if self._graph.get(d) is None), None)
@@ -115,32 +117,36 @@ class TaskKeeper:
             self._store.forget_task(task.id)
 
     def restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
-                adopt: Callable[[Task, list[int], str], None], wait: float) -> int:
+                adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
+                wait: float) -> int:
         """Restore the kept tasks into GRAPH and their owners as clients that have WAIT
         seconds to say hello again; FAIL(task, error type, message) ends one that cannot
-        go on; ADOPT(task, inputs, agent) waits for the agent that held one. Return how
-        many."""
+        go on; ADOPT(task, inputs, agent) waits for the agent that held one;
+        ACTOR_TASK(task, inputs, agent that held it, link) puts back one that constructs
+        or calls an actor. Return how many."""
         if self._store is None:
             return 0
         gc.disable()  # (many objects, none of them garbage: see adoption.restore)
         try:
-            return self._restore(graph, fail, adopt, wait)
+            return self._restore(graph, fail, adopt, actor_task, wait)
         finally:
             gc.enable()
 
     def _restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
-                 adopt: Callable[[Task, list[int], str], None], wait: float) -> int:
+                 adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
+                 wait: float) -> int:
         assert self._store is not None
         rows = []
         for task_id, record, state, result in self._store.tasks():
-            ident, owner, local, units, priority, name, strict, kind, deps = msgpack.unpackb(
-                record, strict_map_key=False)
+            ident, owner, local, units, priority, name, strict, kind, deps, *of_actor = \
+                msgpack.unpackb(record, strict_map_key=False)
             retries, held_on, _, outcome, info, holds = msgpack.unpackb(
                 state, strict_map_key=False)
             # (its payload, the call, is read when it is granted: see payload())
             task = Task(task_id, ident, local, units, priority, retries, name, strict, [],
                         [], kind=kind, holders=int(holds))
             task.kept = True
+            task.creates, task.actor = of_actor or ("", "")
             if outcome and (outcome != P.OK or result is not None):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []
@@ -157,7 +163,7 @@ class TaskKeeper:
                 task.state = TaskState.DONE if task.outcome == P.OK else TaskState.FAILED
                 graph.add(task)
                 continue
-            if not (holds_it or task.id in needed):
+            if not (holds_it or task.id in needed or task.creates):  # (an actor needs it)
                 self._store.forget_task(task.id)  # nobody waits for it any more
                 continue
             graph.add(task)
@@ -166,10 +172,12 @@ class TaskKeeper:
                 continue
             for dep in deps:
                 self.need(dep)
-            if held_on and all(graph.get(d) is not None for d in deps):
+            if task.creates or task.actor:
+                actor_task(task, deps, held_on, self.link)
+            elif held_on and all(graph.get(d) is not None for d in deps):
                 adopt(task, deps, held_on)
             else:
-                self._link(task, deps)
+                self.link(task, deps)
         for task, *_ in rows:  # ended tasks that nothing holds any more
             if task.holders <= 0 and graph.tasks.get(task.id) is task \
                     and task.state in (TaskState.DONE, TaskState.FAILED):

@@ -24,6 +24,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, quote
 from ..scheduler.policy import Scheduler
+from .actor_keeping import ActorKeeper
 from .actors import ActorRouting
 from .adoption import Adoption
 from .agent_link import AgentLink
@@ -95,7 +96,10 @@ class Broker:
                                first_id=(store.meta("id_ceiling", 0) if store else 0) + 1,
                                on_dropped=self.keeper.dropped)
         self.actors = ActorRouting(self._send, self.graph, self.sched,
-                                   release=lambda task_id: self.dispatch.release(task_id))
+                                   release=lambda task_id: self.dispatch.release(task_id),
+                                   changed=lambda actor: self.actor_keeper.changed(actor),
+                                   load=self.keeper.payload)
+        self.actor_keeper = ActorKeeper(store, self.actors, self.graph, self.sched, self._send)
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
                              self.explain.brief, self.sched.infeasible_reason,
@@ -119,11 +123,13 @@ class Broker:
         reconnect = max(client_timeout, 300.0)
         self.adoption = Adoption(self.graph, self.sched, self.jobs,
                                  grace=max(60.0, 10 * heartbeat_timeout),
-                                 clients=self.clients, reconnect=reconnect)
+                                 clients=self.clients, reconnect=reconnect,
+                                 actors=self.actor_keeper)
         if store is not None:
             self.adoption.restore(store)
+            self.actor_keeper.restore()  # (before the tasks that construct and call them)
             self.keeper.restore(self.graph, self.graph.fail, self.adoption.wait_for,
-                                wait=reconnect)
+                                self.actor_keeper.task, wait=reconnect)
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,

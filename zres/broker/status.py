@@ -92,5 +92,8 @@ class Explainer:
                 entry["reason"] = self._sched.why(actor.placement, count_ahead=False)
             elif actor.state is ActorState.PENDING:
                 entry["reason"] = self.why(self._graph.get(actor.ready_task), False)
+            elif actor.state is ActorState.ADOPTING:
+                entry["reason"] = (f"the broker restarted: it waits for agent "
+                                   f"{actor.agent_name} to offer it back")
             out.append(entry)
         return out

@@ -9,7 +9,9 @@ on as the same cluster:
   priority) and how it ended;
 - the Python tasks its clients hold: each one's call (the pickled payload), options,
   dependencies and owner, whether an agent holds it, and how it ended, with its result
-  when that is small (``keeping``).
+  when that is small (``keeping``);
+- the actors: each one's class, options, placement and construction call
+  (``actor_keeping``; their constructions and calls are kept as Python tasks).
 
 Changes are collected during a loop turn and committed once at its end (group commit).
 A commit that changes jobs or ids is fsynced (``synchronous=FULL``: it survives a power
@@ -67,6 +69,8 @@ class Store:
         # its result.
         self._db.execute("CREATE TABLE IF NOT EXISTS tasks (id INTEGER PRIMARY KEY, "
                          "record BLOB NOT NULL, payload BLOB, state BLOB, result BLOB)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS actors (id TEXT PRIMARY KEY, "
+                         "record BLOB NOT NULL, spawn BLOB)")
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
         self._forget: set[int] = set()
@@ -76,6 +80,8 @@ class Store:
         self._new_tasks: dict[int, list[Any]] = {}
         self._changed_tasks: dict[int, tuple[bytes, bytes | None]] = {}
         self._dropped_tasks: set[int] = set()
+        self._actors: dict[str, tuple[bytes, bytes]] = {}   # actor id -> record, spawn
+        self._dropped_actors: set[str] = set()
         # Wall-clock time of the last commit (at start: of the files' last change).
         self.last_commit: float | None = max(
             (os.path.getmtime(p) for p in (self.path, self.path + "-wal")
@@ -97,6 +103,10 @@ class Store:
         one by one, as they are needed: see ``payload``)."""
         return self._db.execute(
             "SELECT id, record, state, result FROM tasks ORDER BY id").fetchall()
+
+    def actors(self) -> list[tuple[str, bytes, bytes]]:
+        """Every actor kept: (id, record, construction frames)."""
+        return self._db.execute("SELECT id, record, spawn FROM actors").fetchall()
 
     def payload(self, task_id: int) -> bytes | None:
         """The payload kept for TASK_ID, if any."""
@@ -141,9 +151,20 @@ class Store:
             self._changed_tasks.pop(task_id, None)
             self._dropped_tasks.add(task_id)
 
+    def put_actor(self, actor_id: str, record: bytes, spawn: bytes) -> None:
+        """Keep an actor's RECORD and construction frames (SPAWN) at the next commit."""
+        self._dropped_actors.discard(actor_id)
+        self._actors[actor_id] = (record, spawn)
+
+    def forget_actor(self, actor_id: str) -> None:
+        """Drop ACTOR_ID's record (it ended) at the next commit."""
+        self._actors.pop(actor_id, None)
+        self._dropped_actors.add(actor_id)
+
     def dirty(self) -> bool:
         return bool(self._meta or self._jobs or self._forget or self._new_tasks
-                    or self._changed_tasks or self._dropped_tasks)
+                    or self._changed_tasks or self._dropped_tasks or self._actors
+                    or self._dropped_actors)
 
     def reserve_ids(self, above: int) -> int:
         """Note that task ids up to a new ceiling over ABOVE may be handed out, durably,
@@ -160,11 +181,12 @@ class Store:
         not be written (kept for the next try, and the reason in ``error``)."""
         if not self.dirty():
             return self.error is None
-        # Jobs and ids are fsynced (they survive a power cut); a turn that changed only
+        # Jobs, actors and ids are fsynced (they survive a power cut); a turn that changed only
         # Python tasks is written to the log without an fsync of its own (it survives the
         # broker's crash, an OOM kill, a clean reboot; the next fsync covers it): an fsync
         # costs ~0.4 ms, several times a short task's own cost here.
-        sync = "FULL" if self._meta or self._jobs or self._forget else "NORMAL"
+        sync = "FULL" if self._meta or self._jobs or self._forget or self._actors \
+            or self._dropped_actors else "NORMAL"
         try:
             if sync != self._sync:
                 self._db.execute(f"PRAGMA synchronous={sync}")
@@ -181,7 +203,10 @@ class Store:
                      [(i, *row) for i, row in self._new_tasks.items()]),
                     ("UPDATE tasks SET state = ?, result = ? WHERE id = ?",
                      [(st, r, i) for i, (st, r) in self._changed_tasks.items()]),
-                    ("DELETE FROM tasks WHERE id = ?", [(i,) for i in self._dropped_tasks])):
+                    ("DELETE FROM tasks WHERE id = ?", [(i,) for i in self._dropped_tasks]),
+                    ("INSERT OR REPLACE INTO actors (id, record, spawn) VALUES (?, ?, ?)",
+                     [(i, *row) for i, row in self._actors.items()]),
+                    ("DELETE FROM actors WHERE id = ?", [(i,) for i in self._dropped_actors])):
                 if rows:  # (an empty one still costs a statement's preparation)
                     self._db.executemany(sql, rows)
             self._db.execute("COMMIT")
@@ -198,7 +223,8 @@ class Store:
             log.info("state_commit_recovered", dir=self.directory)
         self.error = None
         for pending in (self._meta, self._jobs, self._forget, self._new_tasks,
-                        self._changed_tasks, self._dropped_tasks):
+                        self._changed_tasks, self._dropped_tasks, self._actors,
+                        self._dropped_actors):
             pending.clear()
         self.last_commit = time.time()
         return True
@@ -232,11 +258,12 @@ def _discard(path: str) -> dict[str, int]:
         for (record,) in db.execute("SELECT record FROM jobs"):
             state = f"jobs {msgpack.unpackb(record).get('state', '?')}"
             held[state] = held.get(state, 0) + 1
-        tasks = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks'")
-        if tasks.fetchone()[0]:
-            count = db.execute("SELECT count(*) FROM tasks").fetchone()[0]
-            if count:
-                held["Python tasks"] = count
+        for table, what in (("tasks", "Python tasks"), ("actors", "actors")):
+            exists = db.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", (table,))
+            if exists.fetchone()[0]:
+                count = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                if count:
+                    held[what] = count
         db.close()
     except sqlite3.Error:
         held["unreadable"] = 1

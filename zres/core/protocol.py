@@ -67,10 +67,11 @@ agent -> broker
                resume: a reconnection of a live session (answered welcome{resumed} or
                unknown{ended})
                a new session also offers jobs?: [[id, slot, [gpu position...], taken]]
-               still running (command jobs and Python tasks), ended?: [[id, outcome,
-               nframes, info]] (frames follow) of late, and returned?: [id...] held but
-               never begun: a restarted broker of the cluster adopts them, grants them
-               again or stops them
+               still running (command jobs and Python tasks), actors?: [[actor id,
+               placement, slot, [gpu position...], [call ids in hand]]], ended?: [[id,
+               outcome, nframes, info]] (frames follow) of late, and returned?: [id...]
+               held but never begun: a restarted broker of the cluster adopts them,
+               grants them again or stops them (kill_actor for an actor)
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
                 cause, running: [call ids started]}], returned?: [id...]}

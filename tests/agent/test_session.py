@@ -1,0 +1,52 @@
+"""An agent's session, against a broker played by hand on a ROUTER socket: a broker that
+no longer knows the agent (it restarted) is asked whether it has the session still, and
+is never offered the agent's resources as if nothing ran there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from zres.core import protocol as P
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def next_message(sock: zmq.Socket, kind: str) -> tuple[bytes, P.Message]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if sock.poll(100):
+            ident, *frames = sock.recv_multipart()
+            msg = P.decode(frames)
+            if msg.kind == kind:
+                return ident, msg
+    raise AssertionError(f"no {kind} came")
+
+
+def test_an_agent_a_broker_forgot_asks_to_resume_its_session(tmp_path):
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "zres", "agent", f"tcp://127.0.0.1:{port}", "--name", "a",
+         "--resources", "foo=1", "--no-detect", "--nworkers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ident, first = next_message(sock, P.REGISTER)
+        assert not first.body.get("resume")
+        session = first.body["session"]
+        P.send(sock, [ident, *P.encode(P.WELCOME, {
+            "epoch": 1, "session": session, "agent": "a", "cluster": "abc", "heartbeat": 0.1,
+            "adopts": True, "lease": 5.0, "starve": 5.0})])
+        P.send(sock, [ident, *P.encode(P.UNKNOWN, {})])  # a new broker: it knows no one
+        ident, again = next_message(sock, P.REGISTER)
+        assert again.body["session"] == session and again.body.get("resume") is True, \
+            "registered afresh, as if nothing ran there: its resources would be granted twice"
+    finally:
+        agent.kill()
+        agent.wait(10)
+        sock.close()

@@ -1,0 +1,122 @@
+"""Actors kept across a broker restart (issue 16), the broker stepped in this thread with
+a client and an agent played by hand: what a restarted broker makes of an actor its
+agent offers back, or does not, and of its calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.broker.test_agent_link import Peer, report
+from tests.broker.test_keeping import broker_on, hello, register, results
+from zres.core import protocol as P
+from zres.core.resources import UNIT
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def create(client: Peer, restarts: int) -> None:
+    spec = {"id": "a1", "name": "", "cls": "C", "methods": ["m"], "restarts": restarts}
+    client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 0, [], 2, "C", False,
+                                      {"actor": spec}]]}, [b"cls", b"args"])
+
+
+def call(client: Peer, local: int, retries: int = 0) -> None:
+    client.send(P.SUBMIT, {"tasks": [[local, {}, 0, retries, [], 2, f"m{local}", False,
+                                      {"call": "a1"}]]}, [b"m", b"args%d" % local])
+
+
+def calls(agent: Peer) -> list[int]:
+    return [c[0] for m in agent.sync() if m.kind == P.CALL for c in m.body["calls"]]
+
+
+def placed_when_the_broker_went(tmp_path: Path, restarts: int = 0,
+                                up: bool = True) -> tuple[int, list[int]]:
+    """A broker whose agent ran actor a1 (UP: constructed; else its __init__ held) with
+    call 2 handed to its process and call 3 sent but not yet held, when it went; return
+    the placement and the calls' ids."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    create(client, restarts)
+    [(placement, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    report(agent, 1, 1, held=[placement])
+    sent: list[int] = []
+    if up:
+        report(agent, 2, 1, [b"none"], results=[[placement, P.OK, 1, {}]])
+        results(client)
+        call(client, 2)
+        call(client, 3)
+        sent = calls(agent)
+        report(agent, 3, 1, held=sent[:1])
+    agent.sync()  # (taken in, and written at the end of that turn)
+    broker.close()
+    for peer in (client, agent):
+        peer.close()
+    return placement, sent
+
+
+def test_an_actor_offered_back_runs_on_and_gets_the_calls_it_never_had(tmp_path):
+    placement, (two, three) = placed_when_the_broker_went(tmp_path)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [2, 3]})
+        register(agent, session=2, actors=[["a1", placement, 0, [], [two]]])
+        assert calls(agent) == [three], "call 3 is not sent again (or call 2 is)"
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "placed again"
+        report(agent, 1, 2, [b"2", b"3"], held=[three],
+               results=[[two, P.OK, 1, {}], [three, P.OK, 1, {}]])
+        assert results(client) == {2: (P.OK, [b"2"]), 3: (P.OK, [b"3"])}, "(one report, one turn)"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_an_actor_its_agent_no_longer_has_restarts_or_dies(tmp_path, restarts):
+    placement, (two, three) = placed_when_the_broker_went(tmp_path, restarts)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [2, 3]})
+        register(agent, session=2, actors=[])
+        told = results(client, info=True)
+        assert told[2][0] == P.FAILED and "no longer had it" in told[2][1]["message"], \
+            "call 2, which may have run, is not failed (it has no retries)"
+        if restarts:
+            [(again, *_, opts)] = agent.take(P.ASSIGN).body["tasks"]
+            assert again != placement and opts["actor"] == "a1", "not placed again"
+            report(agent, 1, 2, [b"none"], held=[again], results=[[again, P.OK, 1, {}]])
+            assert calls(agent) == [three], "call 3 does not go to the new instance"
+        else:
+            assert 3 in told or results(client, info=True)[3][0] == P.FAILED
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+def test_a_construction_that_ended_unheard_is_told_with_the_offer(tmp_path):
+    placement, _ = placed_when_the_broker_went(tmp_path, up=False)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1]})
+        offer: dict[str, Any] = {"actors": [["a1", placement, 0, [], []]],
+                                 "ended": [[placement, P.OK, 1, {}]], "frames": [b"none"]}
+        register(agent, session=2, **offer)
+        assert results(client)[1] == (P.OK, [b"none"]), "ready() is not told"
+        call(client, 2)
+        assert len(calls(agent)) == 1, "a call does not go to the actor taken back"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
