@@ -96,10 +96,12 @@ def restarted_with_held_job(tmp_path: Path) -> Broker:
     return Broker("tcp://127.0.0.1:0", store=Store(str(tmp_path)))
 
 
-def offer(agent: Peer, jobs: list) -> P.Message:
-    """Register agent "node" (foo=1) as a new session offering JOBS still running."""
+def offer(agent: Peer, jobs: list, returned: list = ()) -> P.Message:  # type: ignore[assignment]
+    """Register agent "node" (foo=1) as a new session offering JOBS still running, and
+    giving back RETURNED (held, never started)."""
     agent.send(P.REGISTER, {"name": "node", "session": 9, "host": "h", "pid": 1,
                             "t": time.monotonic(), "jobs": jobs, "ended": [],
+                            "returned": list(returned),
                             "slots": [{"units": {"CPU": UNIT, "foo": UNIT}, "gpus": []}]})
     return agent.take(P.WELCOME)
 
@@ -111,21 +113,26 @@ def job_state(client: Peer, job: int) -> str:
     return f"{record['state']}: {record.get('reason', '')}"
 
 
-@pytest.mark.parametrize("offered", [True, False], ids=["still-there", "never-started"])
+@pytest.mark.parametrize("offered", [True, False, None],
+                         ids=["still-there", "never-started", "agent-started-anew"])
 def test_a_job_held_but_not_reported_started_runs_on_or_goes_again(tmp_path, offered):
     broker = restarted_with_held_job(tmp_path)
     agent, client = Peer(broker), Peer(broker)
     try:
         assert "waiting for agent node to say whether it still runs it" in \
             job_state(client, 7), "it may have started: it must wait for its agent"
-        welcome = offer(agent, [[7, 0, [], {"foo": UNIT}]] if offered else [])
+        welcome = offer(agent, [[7, 0, [], {"foo": UNIT}]] if offered else [],
+                        returned=[7] if offered is False else [])
         assert welcome.body["adopts"] is True
         if offered:  # its agent started it after all: it runs on, its foo=1 taken
             assert job_state(client, 7).startswith("running")
             assert not [m for m in agent.sync() if m.kind in (P.CANCEL, P.ASSIGN)]
-        else:  # it never started there: granted again
+        elif offered is False:  # its agent gave it back (it never started): granted again
             assign = agent.take(P.ASSIGN)
             assert [t[0] for t in assign.body["tasks"]] == [7]
+        else:  # an agent started anew cannot say it never began: lost, not run twice
+            assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "it may run twice"
+            assert job_state(client, 7).startswith("lost")
     finally:
         for peer in (agent, client):
             peer.close()

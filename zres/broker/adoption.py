@@ -110,19 +110,24 @@ class Adoption:
                 and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
         self._ended(agent, body.get("ended"), frames)
         returned = body.get("returned")
-        for task_id in returned if isinstance(returned, list) else []:
-            if type(task_id) is int and self._waiting(task_id, agent.name) is not None:
+        returned = {i for i in returned if type(i) is int} if isinstance(returned, list) \
+            else set()
+        for task_id in returned:
+            if self._waiting(task_id, agent.name) is not None:
                 self._again(task_id, None)  # it never began there
         for task_id in [i for i, (_, _, on) in self.tasks.items() if on == agent.name]:
             self._again(task_id, f"the broker restarted while agent {agent.name} held it, "
                         "and that agent no longer had it when it came back")
         for job in [j for j in self._jobs.adopting.values() if _on(j) == agent.name]:
-            if self._jobs.held_only(job):  # it never started there: it goes again
+            # Given back: its start waited for the old broker, and never came. (Only
+            # the agent can say so: one started anew has no word of what its last life
+            # may have begun.)
+            if self._jobs.held_only(job) and job.id in returned:
                 self._jobs.requeue_adopting(job)
                 self._graph.link(self._task(job), [])
             else:
-                self._lost(job, f"the broker restarted while it ran, and agent "
-                           f"{agent.name} no longer had it when it came back")
+                self._lost(job, f"the broker restarted while it ran (or was starting), "
+                           f"and agent {agent.name} no longer had it when it came back")
         self._actors.settle(agent)
         return stop
 
