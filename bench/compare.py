@@ -83,9 +83,11 @@ from typing import Any
 BLOB_SIZE = 10_000_000          # bytes per data task (10 MB)
 MB = 1e6                        # bandwidth unit
 MIB = 1024 * 1024               # memory unit
-SYSTEMS = ("zres", "dask", "ray")
-MODULES = {"zres": "zres", "dask": "distributed", "ray": "ray"}
-PACKAGES = {"zres": "zres", "dask": "distributed", "ray": "ray"}
+# zres-insecure: zres without keys (no CURVE): what encryption costs. Not run by default.
+SYSTEMS = ("zres", "dask", "ray", "zres-insecure")
+DEFAULT_SYSTEMS = ("zres", "dask", "ray")
+MODULES = {"zres": "zres", "dask": "distributed", "ray": "ray", "zres-insecure": "zres"}
+PACKAGES = {"zres": "zres", "dask": "distributed", "ray": "ray", "zres-insecure": "zres"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,14 +196,16 @@ class Backend:
 
 
 class ZresBackend(Backend):
-    def __init__(self) -> None:
+    def __init__(self, insecure: bool = False) -> None:
         import zres
         self.zres = zres
+        self.insecure = insecure
         self.cluster: Any = None
         self.client: Any = None
 
     def start(self) -> None:
-        self.cluster = self.zres.LocalCluster(agents=[{"slot": 2}, {"slot": 2}], nthreads=2)
+        self.cluster = self.zres.LocalCluster(agents=[{"slot": 2}, {"slot": 2}], nthreads=2,
+                                              insecure=self.insecure)
         self.client = self.zres.Client(self.cluster.address)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -325,7 +329,8 @@ class RayBackend(Backend):
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
-    "zres": ZresBackend, "dask": DaskBackend, "ray": RayBackend}
+    "zres": ZresBackend, "dask": DaskBackend, "ray": RayBackend,
+    "zres-insecure": lambda: ZresBackend(insecure=True)}
 
 
 # -- workloads ----------------------------------------------------------------------------
@@ -806,8 +811,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smaller workloads, to finish in under two minutes")
     parser.add_argument("--json", metavar="PATH", help="also write the table here as JSON")
-    parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help="comma-separated, from zres,dask,ray (default: all)")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help="comma-separated, from zres,dask,ray,zres-insecure (default: "
+                        "zres,dask,ray)")
     parser.add_argument("--repeats", type=int, help="most runs of each workload (best is kept)")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
 import pytest
+import zmq
 
 import tests
 import zres
+from zres.core import keys
 
 # Worker processes cannot import this test package (their working directory and sys.path
 # differ), so functions defined in tests travel by value, as a user's script's would.
@@ -20,11 +23,15 @@ cloudpickle.register_pickle_by_value(tests)
 
 @pytest.fixture(autouse=True, scope="session")
 def _own_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Brokers started on a fixed port keep their state under $XDG_STATE_HOME: the
-    suite's own, never the user's (nor shared with another run of it)."""
-    before = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "ZRES_STATE_DIR")}
+    """Brokers started on a fixed port keep their state under $XDG_STATE_HOME, and a
+    broker given no keys makes them under $XDG_CONFIG_HOME (where agents and commands
+    find them): the suite's own, never the user's (nor shared with another run of it)."""
+    before = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "ZRES_STATE_DIR",
+                                             "XDG_CONFIG_HOME", "ZRES_KEYS")}
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config-home"))
     os.environ.pop("ZRES_STATE_DIR", None)
+    os.environ.pop("ZRES_KEYS", None)
     yield
     for key, value in before.items():
         if value is None:
@@ -91,3 +98,43 @@ def make_client() -> Iterator[Callable[..., zres.Client]]:
     yield connect
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    """Start subprocesses with Popen; every one still running is killed at teardown."""
+    procs: list[subprocess.Popen[Any]] = []
+
+    def start(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        kwargs.setdefault("stdout", subprocess.DEVNULL)
+        kwargs.setdefault("stderr", subprocess.DEVNULL)
+        proc = subprocess.Popen(args, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.terminate()  # an agent stops its worker processes on SIGTERM
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.wait(10)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+_FIND = object()
+
+
+def raw_dealer(address: str, key: Any = _FIND) -> zmq.Socket:
+    """A DEALER connected to the broker at ADDRESS with KEY (a keys.PeerKey; None: none;
+    by default the key a command would find for it): a peer played by hand."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    keys.secure(sock, keys.find(None, ("admin", "client"), address) if key is _FIND else key)
+    sock.connect(address)
+    return sock

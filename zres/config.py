@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .core import keys
 from .core.address import normalize
 from .core.errors import ZresError
 from .core.resources import Units, mapping_to_units, parse_spec
@@ -39,6 +40,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
     "client": {"broker": None, "broker_timeout": 300.0},
+    # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
+    # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).
+    "security": {"keys": None, "insecure": False},
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float, "job_grace": float,
@@ -100,6 +104,23 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return settings
+
+
+def insecure(settings: Mapping[str, Any]) -> bool:
+    """Whether the [security] SETTINGS (or $ZRES_INSECURE, set by --insecure) say to use
+    no keys at all."""
+    return any(str(v).lower() in ("true", "1", "yes")
+               for v in (settings.get("insecure"), os.environ.get("ZRES_INSECURE")))
+
+
+def find_key(given: str | None, roles: tuple[str, ...], address: str,
+             path: str | None = None) -> keys.PeerKey | None:
+    """The key a peer (of one of ROLES) uses to connect to ADDRESS: none if insecure,
+    else as ``keys.find`` says, the config file (PATH) giving ``[security] keys``."""
+    security = load("security", path=path)
+    if insecure(security) and not given:
+        return None
+    return keys.find(given, roles, address, security["keys"])
 
 
 def default_state_dir(listen: str, env: Mapping[str, str]) -> str | None:

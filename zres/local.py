@@ -15,7 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from .core import keys
 from .core import protocol as P
 from .core.address import wait_for_answer
 from .core.errors import ZresError
@@ -38,7 +40,7 @@ class LocalCluster:
                  address: str = "tcp://127.0.0.1:0", heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, env: Mapping[str, str] | None = None,
                  start_timeout: float = 60.0, names: Sequence[str] | None = None,
-                 drain_grace: float = 0.0) -> None:
+                 drain_grace: float = 0.0, insecure: bool = False) -> None:
         self._env = {**os.environ, **(env or {}),
                      "ZRES_BROKER__HEARTBEAT_INTERVAL": str(heartbeat_interval),
                      "ZRES_BROKER__HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
@@ -54,6 +56,13 @@ class LocalCluster:
         self.broker: subprocess.Popen[bytes] | None = None
         # Its broker's state: its own, gone with it (nothing else can find this cluster).
         self.state_dir = tempfile.mkdtemp(prefix="zres-local-state-")
+        # Keys of its own: no other user, nor another cluster's key, gets in. Clients in
+        # this process find them by its address; others may be given ``keys``.
+        # INSECURE: none at all (to measure what CURVE costs, say).
+        self.keys = None if insecure else os.path.join(self.state_dir, "keys")
+        if self.keys is not None:
+            keys.keygen(self.keys)
+        self._key_args = ["--insecure"] if self.keys is None else ["--keys", self.keys]
         specs: list[Mapping[str, Any] | None] = [None] if agents is None else list(agents)
         self._exit_with = ["--exit-with", str(os.getpid())]
         atexit.register(self.close)  # a program that ends without close(), or by an exception
@@ -70,14 +79,17 @@ class LocalCluster:
     def _start_broker(self, address: str, timeout: float) -> str:
         self.broker = subprocess.Popen(
             [sys.executable, "-m", "zres", "broker", "--listen", address,
-             "--state", self.state_dir, "--log-format", "json", *self._exit_with],
+             "--state", self.state_dir, *self._key_args, "--log-format", "json",
+             *self._exit_with],
             stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
             stdin=subprocess.DEVNULL)
         assert self.broker.stdout is not None
         line = self.broker.stdout.readline().decode().strip()
         if not line.startswith("zres broker serving "):
             raise ZresError(f"the local broker did not start (said {line!r})")
-        return line.rsplit(" ", 1)[1]
+        address = line.rsplit(" ", 1)[1]
+        keys.remember(address, self.keys)
+        return address
 
     def restart_broker(self, timeout: float = 60.0) -> None:
         """Kill the broker (SIGKILL, as a crash would) and start it again on the same
@@ -93,6 +105,7 @@ class LocalCluster:
                   wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         """Start one more agent offering RESOURCES, e.g. {"GPU": 2} (None: detect them)."""
         args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
+                *self._key_args,
                 "--nworkers", str(self.nworkers), "--log-format", "json", *self._exit_with,
                 "--drain-grace", str(self.drain_grace), *extra_args]
         if self.nthreads:
@@ -137,6 +150,7 @@ class LocalCluster:
             if self.broker.stdout:
                 self.broker.stdout.close()
             self.broker = None
+        keys.forget(getattr(self, "address", ""))
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
@@ -196,19 +210,41 @@ def _alive(pid: int) -> bool:
 
 
 def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """Send one request (status, resources) to a broker over a short-lived socket."""
+    """Send one request (status, resources) to a broker over a short-lived socket, with
+    the key found for a command (``keys.find``): KeysError if the broker refuses it."""
+    from . import config
+    key = config.find_key(None, ("admin", "client"), address)
     ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    keys.secure(sock, key)
+    monitor = sock.get_monitor_socket(keys.HANDSHAKES)
+    handshakes = keys.Handshakes(address, key)
+
+    def answered(seconds: float) -> bool:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        ready = dict(poller.poll(int(seconds * 1000)))
+        while monitor.poll(0):
+            why = handshakes.refused(recv_monitor_message(monitor)["event"])
+            if why is not None:
+                raise keys.KeysError(f"the broker at {address} refused this command: {why}")
+        return sock in ready
+
     try:
         sock.connect(address)
         P.send(sock, P.encode(kind, body))
-        # A refused connection is said at once, not after TIMEOUT.
-        wait_for_answer(address, lambda seconds: bool(sock.poll(int(seconds * 1000))),
-                        timeout)
+        # A refused connection (or key) is said at once, not after TIMEOUT.
+        wait_for_answer(address, answered, timeout)
         msg = P.decode(P.recv(sock))  # it has arrived: poll said so
+        if msg.kind == P.REFUSED:
+            raise ZresError(f"the broker at {address} refused this {kind}: "
+                            f"{msg.body.get('error')}")
         if msg.kind != kind + "_reply":
             raise ZresError(f"the broker answered {msg.kind!r} to a {kind} request")
         return msg.body
     finally:
+        sock.disable_monitor()
+        monitor.close(0)
         sock.close()

@@ -141,7 +141,8 @@ def test_agent_rejects_fractional_gpu_count_quoting_the_spec(tmp_path):
 def test_agent_logs_nothing_on_stdout_below_its_log_level(make_cluster, spawn, tmp_path):
     # Logs go to stderr, filtered by --log-level; stdout stays clean for the user's tools.
     cluster = make_cluster(agents=[])
-    proc = spawn([sys.executable, "-m", "zres", "agent", cluster.address, "--name", "quiet",
+    proc = spawn([sys.executable, "-m", "zres", "agent", cluster.address,
+                  "--keys", cluster.keys, "--name", "quiet",
                   "--resources", "foo=1", "--log-level", "warning", "--log-format", "json"],
                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     cluster.wait_for_agents(["quiet"], 30)
@@ -239,7 +240,8 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
         wait_until(lambda: huge.infeasible and exotic.infeasible,
                    message="the infeasible warnings")
 
-        result = zres_cli("status", cluster.address, "--timeout", "10", cwd=tmp_path)
+        result = zres_cli("status", cluster.address,
+                          "--keys", cluster.keys, "--timeout", "10", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         out = result.stdout
         assert cluster.address in out
@@ -263,7 +265,7 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
 
 def test_status_of_an_empty_broker_says_no_agents(make_cluster, tmp_path):
     cluster = make_cluster(agents=[])
-    result = zres_cli("status", cluster.address, cwd=tmp_path)
+    result = zres_cli("status", cluster.address, "--keys", cluster.keys, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "(none)" in result.stdout
     assert "tasks: none" in result.stdout
@@ -271,7 +273,8 @@ def test_status_of_an_empty_broker_says_no_agents(make_cluster, tmp_path):
 
 def test_status_uses_zres_broker_from_the_environment(make_cluster, tmp_path):
     cluster = make_cluster(agents=[{"foo": 1}], names=["env-node"])
-    result = zres_cli("status", env=clean_env(ZRES_BROKER=cluster.address), cwd=tmp_path)
+    result = zres_cli("status", env=clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys),
+                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "env-node" in result.stdout
 
@@ -289,7 +292,8 @@ def test_status_without_a_broker_fails_with_one_line(tmp_path):
 
 def test_status_takes_host_colon_port(make_cluster, tmp_path):
     cluster = make_cluster(agents=[{"foo": 1}], names=["plain"])
-    result = zres_cli("status", cluster.address.removeprefix("tcp://"), cwd=tmp_path)
+    result = zres_cli("status", cluster.address.removeprefix("tcp://"),
+                      "--keys", cluster.keys, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "plain" in result.stdout
 
@@ -366,18 +370,21 @@ def test_unknown_command_is_a_usage_error(tmp_path):
 
 def test_resources_command_changes_capacity_and_rejects_bad_input(make_cluster, tmp_path):
     cluster = make_cluster(agents=[{"foo": 1}], names=["res-node"])
-    ok = zres_cli("resources", "res-node", "foo=3", "--broker", cluster.address, cwd=tmp_path)
+    ok = zres_cli("resources", "res-node", "foo=3", "--broker", cluster.address,
+                  "--keys", cluster.keys, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "foo=3" in ok.stdout
     status = cluster.status()
     assert status["agents"][0]["slots"][0]["total"]["foo"] == 30_000
 
     bad = zres_cli("resources", "res-node", "foo=three", "--broker", cluster.address,
+                   "--keys", cluster.keys,
                    cwd=tmp_path)
     assert bad.returncode == 2
     assert "'foo=three'" in assert_one_line_error(bad)
 
     unknown = zres_cli("resources", "no-such-node", "foo=1", "--broker", cluster.address,
+                       "--keys", cluster.keys,
                        cwd=tmp_path)
     assert unknown.returncode != 0
     line = assert_one_line_error(unknown)
@@ -390,7 +397,8 @@ def test_resources_command_changes_capacity_and_rejects_bad_input(make_cluster, 
 def test_agent_stops_cleanly_on_signal(sig, make_cluster, spawn, tmp_path):
     cluster = make_cluster(agents=[])
     env = clean_env(ZRES_AGENT__HEARTBEAT_INTERVAL="0.2", ZRES_AGENT__HEARTBEAT_TIMEOUT="2.0")
-    proc = spawn([sys.executable, "-m", "zres", "agent", cluster.address, "--name", "sig-node",
+    proc = spawn([sys.executable, "-m", "zres", "agent", cluster.address,
+                  "--keys", cluster.keys, "--name", "sig-node",
                   "--resources", "foo=1", "--no-detect"], env=env, cwd=tmp_path,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cluster.wait_for_agents(["sig-node"], 30)

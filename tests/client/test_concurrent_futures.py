@@ -122,7 +122,7 @@ class ExecutorMixin:
     def run_program(self, code: str) -> subprocess.CompletedProcess[bytes]:
         """Run CODE in a new interpreter using this cluster, as upstream's
         assert_python_ok does (it must exit 0)."""
-        env = {**os.environ, "ZRES_BROKER": self.cluster.address}
+        env = {**os.environ, "ZRES_BROKER": self.cluster.address, "ZRES_KEYS": self.cluster.keys}
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                               timeout=50)
         assert done.returncode == 0, done.stderr.decode()

@@ -6,6 +6,7 @@ exiting programs that do not lose their work.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pytest
 
 from tests.conftest import process_gone, wait_until
 from tests.tasks import hold, wait_for_file
+from zres.core import keys
 
 pytestmark = pytest.mark.timeout(90)
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 3.0}
@@ -210,7 +212,8 @@ def test_a_private_cluster_fails_an_infeasible_task_at_once(tmp_path):
 def test_client_reads_the_config_file_and_zres_broker_comes_before_it(make_cluster,
                                                                       tmp_path):
     cluster = make_cluster(agents=[{"CPU": 1}], **FAST)
-    (tmp_path / "zres.toml").write_text(f'[client]\nbroker = "{cluster.address}"\n')
+    (tmp_path / "zres.toml").write_text(f'[client]\nbroker = "{cluster.address}"\n'
+                                        f'[security]\nkeys = "{cluster.keys}"\n')
     code = """
         import zres
         client = zres.Client(connect_timeout=10)
@@ -220,13 +223,18 @@ def test_client_reads_the_config_file_and_zres_broker_comes_before_it(make_clust
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [cluster.address, "True"]
     other = make_cluster(agents=[{"CPU": 1}], **FAST)
-    done = _python(code, cwd=tmp_path, env={"ZRES_BROKER": other.address})
+    done = _python(code, cwd=tmp_path, env={"ZRES_BROKER": other.address,
+                                            "ZRES_KEYS": other.keys})
     assert done.stdout.split() == [other.address, "True"], done.stderr
 
 
-def test_everything_finds_a_broker_on_the_default_address(make_cluster, tmp_path):
-    """zres broker; zres agent; zres.submit(...): no address anywhere."""
+def test_everything_finds_a_broker_on_the_default_address(make_cluster, tmp_path,
+                                                         monkeypatch):
+    """zres broker; zres agent; zres.submit(...): no address anywhere (the cluster's
+    keys are this user's own: see test_security)."""
     cluster = make_cluster(agents=[], address="tcp://127.0.0.1:7070", **FAST)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    shutil.copytree(cluster.keys, keys.default_dir())
     agent = subprocess.Popen([sys.executable, "-m", "zres", "agent", "--resources", "CPU=1",
                               "--no-detect", "--name", "default"], cwd=tmp_path,
                              env={k: v for k, v in os.environ.items() if k != "ZRES_BROKER"},

@@ -530,6 +530,7 @@ def test_killed_creator_ends_its_unnamed_actor_and_not_its_named_one(make_cluste
     script, marker = tmp_path / "creator.py", str(tmp_path / "marker")
     script.write_text(CREATOR_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZRES_")}
+    env["ZRES_KEYS"] = cluster.keys
     creator = subprocess.Popen([sys.executable, str(script), cluster.address, marker],
                                stdin=subprocess.PIPE, env=env, cwd=tmp_path)
     try:

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import process_gone, wait_until
+from tests.conftest import process_gone, raw_dealer, wait_until
 from tests.tasks import hold, wait_for_file
 from zres.core import protocol as P
 from zres.local import request
@@ -86,33 +86,6 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     blocked task (also in an orphaned worker of a killed agent) ends."""
     yield tmp_path
     (tmp_path / "release").touch()
-
-
-@pytest.fixture
-def spawn() -> Iterator[Any]:
-    """Start subprocesses with Popen; every one still running is killed at teardown."""
-    procs: list[subprocess.Popen[Any]] = []
-
-    def start(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        kwargs.setdefault("stdin", subprocess.DEVNULL)
-        kwargs.setdefault("stdout", subprocess.DEVNULL)
-        kwargs.setdefault("stderr", subprocess.DEVNULL)
-        proc = subprocess.Popen(args, **kwargs)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in reversed(procs):
-        if proc.poll() is None:
-            proc.terminate()  # an agent stops its worker processes on SIGTERM
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        proc.wait(10)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -348,7 +321,8 @@ def test_agent_restarted_before_its_loss_is_noticed_replaces_the_old_one(
     wait_until(lambda: (workdir / "started").exists(), message="the task to start")
     old_pid = cluster.status()["agents"][0]["pid"]
     kill(cluster.agents["node-r"])
-    new = spawn([sys.executable, "-m", "zres", "agent", cluster.address, "--name", "node-r",
+    new = spawn([sys.executable, "-m", "zres", "agent", cluster.address,
+                 "--keys", cluster.keys, "--name", "node-r",
                  "--resources", "slot=1", "--no-detect"],
                 env=clean_env(ZRES_AGENT__HEARTBEAT_TIMEOUT="60.0"))
     with pytest.raises(zres.AgentLostError, match="node-r"):
@@ -472,13 +446,6 @@ def test_broker_gone_for_good_fails_pending_tasks(spawn, make_client, workdir):
 
 # -- 5. garbage on the broker's port -------------------------------------------------------------
 
-def raw_socket(address: str) -> zmq.Socket[bytes]:
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    return sock
-
-
 def receive(sock: zmq.Socket[bytes], kind: str, timeout: float = 20.0) -> P.Message:
     """Receive until a message of KIND arrives (others are skipped)."""
     deadline = time.monotonic() + timeout
@@ -564,7 +531,7 @@ BAD_CLIENT_MESSAGES: list[list[bytes]] = [
 
 def test_garbage_frames_are_dropped_and_the_broker_keeps_serving(make_cluster, make_client):
     cluster = make_cluster(agents=[{"foo": 1}], names=["steady"])
-    raw = raw_socket(cluster.address)
+    raw = raw_dealer(cluster.address)
     try:
         for frames in GARBAGE:
             raw.send_multipart(frames)
@@ -594,7 +561,7 @@ def test_submit_rejected_midway_leaves_no_task_behind(make_cluster):
     # A submit whose dependency list holds something that is not an id is rejected (the
     # broker logs it); it must not leave a task that status reports as waiting forever.
     cluster = make_cluster(agents=[{"foo": 1}], names=["steady"])
-    raw = raw_socket(cluster.address)
+    raw = raw_dealer(cluster.address)
     try:
         raw.send_multipart(P.encode(P.HELLO, {"client": "raw"}))
         receive(raw, P.WELCOME)
@@ -612,7 +579,7 @@ def test_submit_rejected_midway_leaves_no_task_behind(make_cluster):
 
 def test_junk_payload_fails_only_its_own_task(make_cluster, make_client):
     cluster = make_cluster(agents=[{"foo": 1}], names=["steady"])
-    raw = raw_socket(cluster.address)
+    raw = raw_dealer(cluster.address)
     try:
         raw.send_multipart(P.encode(P.HELLO, {"client": "raw"}))
         receive(raw, P.WELCOME)
@@ -634,7 +601,7 @@ def test_inconsistent_gpu_registration_does_not_take_the_broker_down(make_cluste
     # A registration that claims two GPUs but gives the memory of one device is malformed:
     # the broker must drop it (or survive it), not crash when it next schedules GPU work.
     cluster = make_cluster(agents=[{"GPU": 2, "CPU": 4}], names=["real-gpu"])
-    raw = raw_socket(cluster.address)
+    raw = raw_dealer(cluster.address)
     try:
         raw.send_multipart(P.encode(P.REGISTER, {
             "name": "liar", "host": "nowhere", "pid": 1,
@@ -756,7 +723,8 @@ def test_killed_client_has_its_queued_tasks_cancelled(make_cluster, make_client,
     script.write_text(CLIENT_SCRIPT)
     try:
         doomed = spawn([sys.executable, str(script), cluster.address, release, marker],
-                       stdin=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
+                       stdin=subprocess.PIPE, env=clean_env(ZRES_KEYS=cluster.keys),
+                       cwd=tmp_path)
         wait_until(lambda: os.path.exists(marker), timeout=30,
                    message="the doomed client's task to start")
         mine = stayer.submit(where, resources={"tok": 1})

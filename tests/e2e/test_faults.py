@@ -19,8 +19,9 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import process_gone, wait_until
+from tests.conftest import process_gone, raw_dealer, wait_until
 from tests.tasks import hold, ledgered, starts
+from zres.core import keys
 from zres.core import protocol as P
 
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
@@ -343,13 +344,6 @@ def test_constrained_tasks_start_in_priority_order(warm_one_slot):
 
 # -- 6. one message cannot cost everyone ------------------------------------------------------
 
-def raw(address: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    return sock
-
-
 def reply(sock: zmq.Socket, timeout: float = 10.0) -> P.Message:
     """The broker's next message to SOCK, heartbeats aside (they come at any time)."""
     deadline = time.monotonic() + timeout
@@ -364,7 +358,7 @@ def reply(sock: zmq.Socket, timeout: float = 10.0) -> P.Message:
 def test_messages_over_a_limit_are_refused_naming_it(make_cluster, make_client):
     cluster = make_cluster(agents=[{"slot": 1}], names=["a"], **FAST)
     client = make_client(cluster.address)
-    sock = raw(cluster.address)
+    sock = raw_dealer(cluster.address, keys.peer_key(cluster.keys, ("agent",)))  # may register
     try:
         P.send(sock, P.encode(P.HELLO, {"client": "x" * 20_000_000}))
         answer = reply(sock)
@@ -382,7 +376,7 @@ def test_messages_over_a_limit_are_refused_naming_it(make_cluster, make_client):
 
 def test_a_malformed_submit_is_answered_and_its_tasks_fail(make_cluster):
     cluster = make_cluster(agents=[{"slot": 1}], **FAST)
-    sock = raw(cluster.address)
+    sock = raw_dealer(cluster.address)
     try:
         P.send(sock, P.encode(P.HELLO, {"client": "raw"}))
         assert reply(sock).kind == P.WELCOME
@@ -404,7 +398,7 @@ def test_a_log_line_quotes_little_of_bad_input(tmp_path):
     try:
         assert proc.stdout is not None and proc.stderr is not None
         address = proc.stdout.readline().decode().split()[-1]
-        sock = raw(address)
+        sock = raw_dealer(address)
         P.send(sock, [b"\xff" * 2_000_000])
         P.send(sock, P.encode("k" * 1_000_000, {}))
         P.send(sock, P.encode(P.STATUS, {}))
@@ -442,7 +436,7 @@ def test_a_job_spec_exec_would_refuse_is_refused_up_front(make_cluster, make_cli
         client.submit_command(["true"], env={"A=B": "1"})
     with pytest.raises(ValueError, match="NUL"):
         client.submit_command(["echo", "a\0b"])
-    sock = raw(cluster.address)
+    sock = raw_dealer(cluster.address)
     try:
         P.send(sock, P.encode(P.HELLO, {"client": "raw"}))
         assert reply(sock).kind == P.WELCOME

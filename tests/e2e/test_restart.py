@@ -58,7 +58,7 @@ class Cluster:
         """Job id -> state, from ``zres jobs --all``."""
         rows = [re.split(r"\s{2,}", line) for line in self.run("jobs", "--all").stdout
                 .splitlines()[1:] if line[:1].isdigit()]
-        return {int(row[0]): row[2] for row in rows}
+        return {int(row[0]): row[3] for row in rows}  # (id, name, owner, state, ...)
 
     def cluster_id(self) -> str:
         return re.search(r"cluster: (\S+)", self.run("status").stdout).group(1)

@@ -161,8 +161,8 @@ def test_runtime_capacity_change_starts_waiting_tasks(make_cluster, make_client,
     wait_until(lambda: (tmp_path / "b").exists(), message="second task started")
     # Lowering below what is in use: running tasks finish, no new one starts until it fits.
     result = subprocess.run([sys.executable, "-m", "zres", "resources", "node", "foo=1",
-                             "--broker", cluster.address], capture_output=True, text=True,
-                            timeout=30)
+                             "--broker", cluster.address, "--keys", cluster.keys],
+                            capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert "foo=1" in result.stdout
     third = client.submit(hold_until, release, str(tmp_path / "c"), resources={"foo": 1})
@@ -199,7 +199,8 @@ def test_every_config_route_gives_the_same_agent(make_cluster, make_client, tmp_
     if "ZRES_CONFIG" not in env:
         environ.pop("ZRES_CONFIG", None)
     agent = subprocess.Popen(
-        [sys.executable, "-m", "zres", "agent", cluster.address, "--name", route,
+        [sys.executable, "-m", "zres", "agent", cluster.address, "--keys", cluster.keys,
+         "--name", route,
          "--nthreads", "2", "--no-detect", *(a.format(dir=tmp_path) for a in args)],
         cwd=tmp_path, env=environ, stderr=subprocess.DEVNULL)
     try:
@@ -218,7 +219,8 @@ def test_precedence_flag_over_env_over_file(make_cluster, make_client, tmp_path)
     (tmp_path / "zres.toml").write_text('[agent]\nresources = "foo=1 bar=1 baz=1"\n')
     environ = {**os.environ, "ZRES_AGENT__RESOURCES": "foo=2 bar=2"}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "zres", "agent", cluster.address, "--name", "prec",
+        [sys.executable, "-m", "zres", "agent", cluster.address, "--keys", cluster.keys,
+         "--name", "prec",
          "--nthreads", "1", "--no-detect", "--resources", "foo=3"],
         cwd=tmp_path, env=environ, stderr=subprocess.DEVNULL)
     try:

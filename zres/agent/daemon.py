@@ -16,18 +16,18 @@ import re
 import signal
 import socket
 import time
-import uuid
 from typing import Any
 
 import structlog
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from ..core import keys
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
 from .actors import ActorSupervisor
 from .carry import CarryOver
+from .connection import RECONNECTED, BrokerConnection
 from .deferred import DeferredGrants
 from .grants import Grant
 from .jobs import GRACE, JobRunner, default_log_dir
@@ -47,7 +47,7 @@ class Agent:
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0,
                  job_logs: str | None = None, job_grace: float = GRACE,
-                 drain_grace: float = DRAIN_GRACE) -> None:
+                 drain_grace: float = DRAIN_GRACE, key: keys.PeerKey | None = None) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.job_logs = job_logs or default_log_dir()
         os.makedirs(self.job_logs, exist_ok=True)
@@ -55,14 +55,10 @@ class Agent:
         self.broker_address = broker
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.poller = zmq.Poller()
-        self.broker = self.ctx.socket(zmq.DEALER)
-        self.broker.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
-        self.broker.setsockopt(zmq.LINGER, 0)
-        self._monitor = self.broker.get_monitor_socket(zmq.EVENT_CONNECTED
-                                                       | zmq.EVENT_DISCONNECTED)
-        self.broker.connect(broker)
+        self._connection = BrokerConnection(self.ctx, broker, key)  # (KEY: its, and the broker's)
+        self.broker = self._connection.sock
         self.poller.register(self.broker, zmq.POLLIN)
-        self.poller.register(self._monitor, zmq.POLLIN)
+        self.poller.register(self._connection.monitor, zmq.POLLIN)
         self.reports = Reports()
         self.pool = WorkerPool(self.ctx, slots, broker, self.job_logs)
         self.session = Session(self.pool.lease)
@@ -130,15 +126,13 @@ class Agent:
         self.jobs.stop_all()
         self.pool.close(self.actors.workers())
         self.actors.by_id.clear()
-        self.broker.disable_monitor()  # (its address is free for a later socket's)
-        self._monitor.close(0)
-        self.broker.close(0)
+        self._connection.close()
         log.info("agent_stopped", agent=self.name)
 
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
         """Move messages between broker and workers; heartbeat; reap dead workers."""
         events = dict(self.poller.poll(int(timeout * 1000)))
-        if self._monitor in events:
+        if self._connection.monitor in events:
             self._on_connection_events()
         if self.broker in events:
             self._drain_socket(self.broker, self._from_broker)
@@ -183,9 +177,12 @@ class Agent:
                 log.exception("message_failed")
 
     def _on_connection_events(self) -> None:
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            if event["event"] == zmq.EVENT_CONNECTED and self.session.registered:
+        for event in self._connection.events():
+            if event != RECONNECTED and not self._stopping:  # it refuses our key
+                log.error("agent_refused", broker=self.broker_address, why=event)
+                self.exit_code = 1
+                self.stop()
+            elif event == RECONNECTED and self.session.registered:
                 # A new connection: messages in flight on the old one may be lost. Resume
                 # the session: the broker compares what it granted with what we hold.
                 self._register(time.monotonic(), resume=True)

@@ -75,6 +75,7 @@ class ActorRecord:
     cause: str = ""              # why it died
     error: tuple[str, list[Any], dict[str, Any]] | None = None     # __init__'s exception
     starts: int = 0
+    key: str = ""                # its owner: the name of its creator's key (or client)
 
     def label(self) -> str:
         return f"actor {self.cls}({self.name or self.id[:8]})"
@@ -142,12 +143,13 @@ class ActorRouting:
                 raise ProtocolError(f"submit: actor id {quote(actor_id, 40)} is already in use")
             seen.add(actor_id)
 
-    def add_actor(self, task: Task, spec: dict[str, Any]) -> bool:
-        """Make the actor TASK constructs; False when it cannot exist (TASK failed)."""
+    def add_actor(self, task: Task, spec: dict[str, Any], owner: str) -> bool:
+        """Make the actor TASK constructs for OWNER; False when it cannot exist (TASK
+        failed)."""
         actor = ActorRecord(spec["id"], spec.get("name", ""), spec.get("cls", "?"),
                             list(spec.get("methods", [])), task.client, task.units,
                             task.priority, spec.get("restarts", 0), spec.get("concurrency", 1),
-                            task.id)
+                            task.id, key=owner)
         task.creates = actor.id
         actor.placement = task.id
         self.actors[actor.id] = actor

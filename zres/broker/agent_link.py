@@ -19,6 +19,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import Limits
 from .agents import AgentRecord, AgentRegistry, parse_registration
+from .auth import Forbidden
 from .dispatch import Dispatcher
 from .outbox import Send
 
@@ -36,8 +37,9 @@ class AgentLink:
                  limits: Limits, welcome: Callable[[], dict[str, Any]],
                  fd: Callable[[], int],
                  adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]],
-                 commit: Callable[[], bool]) -> None:
+                 commit: Callable[[], bool], key: Callable[[], str] = lambda: ":") -> None:
         self._send = send
+        self._key = key  # the key ("role:name") that sent the message handled (":": none)
         self._adopt = adopt
         self._commit = commit
         self._agents = agents
@@ -58,6 +60,12 @@ class AgentLink:
 
     def on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
         reg = parse_registration(msg, self._limits)
+        key = self._key()
+        if key != ":":  # an agent's name is bound to the key that first registered it
+            bound = self._agents.name_keys.setdefault(reg.name, key)
+            if bound != key:
+                raise Forbidden(f"agent name {reg.name!r} belongs to another key ({bound}); "
+                                f"key {key} may not take it over")
         welcome = {**self._welcome(), "agent": reg.name, "session": reg.session}
         known = self._agents.get(ident)
         if reg.resume:

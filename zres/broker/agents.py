@@ -122,6 +122,8 @@ class AgentRegistry:
             (bytes(i), str(why)) for i, why in ended or [])
         self._keep_ended = keep_ended
         self._next_slot = 0
+        # With keys: each agent name's key ("role:name"), bound by its first registration.
+        self.name_keys: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self.by_ident)

@@ -41,7 +41,8 @@ class ClientLink:
     def __init__(self, send: Send, clients: ClientRegistry, graph: TaskGraph,
                  dispatch: Callable[[], Dispatcher], actors: ActorRouting, jobs: JobTable,
                  cancels: CancelAnswers, explain: Explainer, keeper: TaskKeeper,
-                 store: Store | None, limits: Limits, welcome: dict[str, Any]) -> None:
+                 store: Store | None, limits: Limits, key_name: Callable[[], str],
+                 welcome: dict[str, Any]) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -54,6 +55,7 @@ class ClientLink:
         self._store = store
         self._limits = limits
         self._welcome = welcome
+        self._key_name = key_name   # the key that sent the message handled ("": no keys)
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self._to_accept: dict[bytes, ClientRecord] = {}
@@ -71,6 +73,7 @@ class ClientLink:
         name = check_name(msg.body.get("client", ident[:16].hex()), self._limits,
                           "hello: the client's name")
         how = self.clients.hello(ident, name, now)
+        self.clients.get(ident).owner = self._key_name()  # type: ignore[union-attr]
         # "new" tells a client we had dropped (silent too long) that its tasks are gone;
         # "resumed", one that comes back to a restarted broker, that they are here.
         self._send(ident, P.WELCOME, {**self._welcome, "new": how == "new",
@@ -137,7 +140,8 @@ class ClientLink:
             client.ids[sub.local] = task.id
             if sub.job is not None:
                 self._jobs.add(task, sub.job)
-            if sub.actor is not None and not self._actors.add_actor(task, sub.actor):
+            if sub.actor is not None and not self._actors.add_actor(
+                    task, sub.actor, client.owner or client.name):
                 continue
             if sub.call is not None and not self._actors.add_call(task, sub.call):
                 continue

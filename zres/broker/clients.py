@@ -26,6 +26,7 @@ class ClientRecord:
     # Restored from the state of a previous life of the broker, and not heard since.
     restored: bool = False
     accepted: int = 0   # the highest local id submitted, to acknowledge once kept
+    owner: str = ""     # the name of its key (with keys): its tasks', jobs' and actors' owner
 
 
 class ClientRegistry:

@@ -64,7 +64,8 @@ class JobRecord:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
                 "state": self.state, "agent": self.agent, "gpus": self.gpus,
                 "submitted": self.submitted, "started": self.started,
-                "finished": self.finished, "exit_code": self.exit_code, "error": self.error}
+                "finished": self.finished, "exit_code": self.exit_code, "error": self.error,
+                "owner": self.owner}
 
 
 def check_job_spec(spec: Any) -> dict[str, Any]:
@@ -126,7 +127,8 @@ class JobTable:
             priority=task.priority, strict=task.strict)
         client = self._clients.get(task.client)
         if client is not None and not spec["detached"]:
-            job.client, job.owner, job.local = client.ident, client.name, task.local_id
+            job.client, job.owner, job.local = client.ident, client.owner or client.name, \
+                task.local_id
         self._keep(job)
 
     def _keep(self, job: JobRecord) -> None:

@@ -58,7 +58,7 @@ class TaskKeeper:
             return
         task.kept = True
         client = self._clients.get(task.client)
-        record = _pack([task.client, client.name if client is not None else "",
+        record = _pack([task.client, (client.owner or client.name) if client else "",
                         task.local_id, task.units, task.priority, task.name, task.strict,
                         task.kind, deps, task.creates, task.actor])
         payload = _pack([P.buffer(f) for f in task.payload])

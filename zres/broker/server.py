@@ -29,6 +29,7 @@ from .actors import ActorRouting
 from .adoption import Adoption
 from .agent_link import AgentLink
 from .agents import AgentRegistry
+from .auth import OWNED, Forbidden, Gate
 from .cancels import CancelAnswers
 from .client_link import ClientLink
 from .clients import ClientRegistry
@@ -53,9 +54,13 @@ class Broker:
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
                  prefetch: int = 32, limits: Limits | None = None,
-                 store: Store | None = None) -> None:
+                 store: Store | None = None, keys: str | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
+        # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
+        self.gate = Gate(self.ctx, keys)
+        self.gate.secure(self.sock)
+        self._sender = ("", "")             # the role and key name of the message handled
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
@@ -107,7 +112,7 @@ class Broker:
         self.cancels = CancelAnswers(self._send)
         self.client_link = ClientLink(
             self._send, self.clients, self.graph, lambda: self.dispatch, self.actors,
-            self.jobs, self.cancels, self.explain, self.keeper, store, self.limits,
+            self.jobs, self.cancels, self.explain, self.keeper, store, self.limits, self.key_name,
             {"epoch": self.epoch, "cluster": self.cluster_id, "keeps": store is not None,
              "heartbeat": self.hb_interval, "limits": {
                  "header_bytes": self.limits.header_bytes,
@@ -135,12 +140,14 @@ class Broker:
                                   "epoch": self.epoch, "cluster": self.cluster_id,
                                   "heartbeat": self.hb_interval, "adopts": store is not None,
                                   "lease": self.lease, "starve": self.sched.starvation_after},
-                              fd=lambda: self._fd,
+                              fd=lambda: self._fd, key=lambda: ":".join(self._sender),
                               adopt=lambda *a: self.adoption.offered(*a),
                               commit=lambda: store is None or store.commit())
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
+        if self.gate.zap is not None:
+            self.poller.register(self.gate.zap, zmq.POLLIN)
         self._handlers: dict[str, Handler] = {
             P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
@@ -177,6 +184,7 @@ class Broker:
         self.sock.disable_monitor()
         self._monitor.close(0)
         self.sock.close(0)
+        self.gate.close()
 
     def stop(self) -> None:
         self._stopping = True
@@ -193,6 +201,8 @@ class Broker:
             self.clients.forgive(gap)
             log.warning("broker_stalled", seconds=round(gap, 1))
         events = dict(self.poller.poll(int(timeout * 1000)))
+        if self.gate.zap is not None and self.gate.zap in events:
+            self.gate.serve()
         if self._monitor in events:
             self._on_connection_events()
         if self.sock in events:
@@ -255,13 +265,41 @@ class Broker:
             handler = self._handlers.get(msg.kind)
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")
+            if self.gate.keys is not None:
+                self._sender = role, name = self.gate.sender(frames[0])
+                self._may(role, name, msg)
             handler(ident, msg, now)
-        except (ProtocolError, LimitExceeded, StateUnwritable) as exc:
+        except (ProtocolError, LimitExceeded, StateUnwritable, Forbidden) as exc:
             # Said to the sender (its tasks or request fail, naming why) and logged short.
             log.warning("bad_message", peer=ident[:16].hex(), error=quote(str(exc)))
             self._refuse(ident, msg, str(exc))
         except Exception:  # a bug must not take the broker down for everyone
             log.exception("message_failed", peer=ident[:16].hex())
+
+    def _may(self, role: str, name: str, msg: P.Message) -> None:
+        """Raise Forbidden unless the key ROLE:NAME may send MSG."""
+        why = self.gate.refuses(role, msg.kind)
+        if why is None and msg.kind in OWNED and role != "admin":
+            owner = self._owner_of(msg)
+            if owner is not None and owner != name:
+                why = (f"that belongs to {owner}: only its owner or an admin key may "
+                       f"{msg.kind.replace('_', ' ')} it")
+        if why is not None:
+            log.warning("message_forbidden", key=f"{role}:{name}", kind=msg.kind)
+            raise Forbidden(why)
+
+    def _owner_of(self, msg: P.Message) -> str | None:
+        """The key name that owns the job or actor MSG is about (None: none such)."""
+        if msg.kind == P.KILL:
+            actor = self.actors.actors.get(str(msg.body.get("actor")))
+            return actor.key if actor is not None else None
+        job_id = msg.body.get("job")
+        job = self.jobs.get(job_id) if type(job_id) is int else None
+        return job.owner if job is not None else None
+
+    def key_name(self) -> str:
+        """The key name of the message being handled ("" without keys)."""
+        return self._sender[1]
 
     def _refuse(self, ident: bytes, msg: P.Message | None, error: str) -> None:
         body: dict[str, Any] = {"error": quote(error, 500)}

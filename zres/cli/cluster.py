@@ -1,21 +1,28 @@
-"""``zres broker / agent / status / resources / demo``: running and looking at a cluster."""
+"""``zres broker / agent / keygen / status / resources / demo``: running and looking at a
+cluster."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sqlite3
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+import structlog
+
 from .. import config, logs
+from ..core import keys as K
 from ..core import protocol as P
+from ..core.address import is_local
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.resources import format_amount, format_units, parse_spec
-from .options import BROKER_ORDER, add_daemon_options, broker_address, request, seconds
+from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
 
 
 def add_parsers(sub: Any) -> None:
@@ -30,6 +37,13 @@ def add_parsers(sub: Any) -> None:
                         "$XDG_STATE_HOME/zres/broker-PORT; a temporary one for port 0)")
     broker.add_argument("--fresh", action="store_true",
                         help="start with empty state, saying what it discarded")
+
+    keygen = sub.add_parser("keygen", help="make a cluster's keys (CURVE)")
+    keygen.add_argument("dir", nargs="?", help="where (default: this user's own keys, "
+                        f"{K.default_dir()})")
+    keygen.add_argument("--role", choices=K.ROLES, help="make one more key, for this role")
+    keygen.add_argument("--name", help="the added key's name (its owner)")
+    keygen.add_argument("--force", action="store_true", help="replace keys already there")
     add_daemon_options(broker)
 
     agent = sub.add_parser("agent", help="run a node agent")
@@ -69,6 +83,7 @@ def broker(args: argparse.Namespace) -> int:
     settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch,
                                       "state": args.state}, path=args.config)
     logs.setup(args.log_format, args.log_level)
+    keys_dir = _broker_keys(args, settings["listen"])
     directory = settings["state"]
     temporary = directory is None
     if temporary:
@@ -86,12 +101,57 @@ def broker(args: argparse.Namespace) -> int:
         broker = Broker(settings["listen"], settings["heartbeat_interval"],
                         settings["heartbeat_timeout"], settings["client_timeout"],
                         settings["starvation_after"], prefetch=settings["prefetch"],
-                        limits=Limits.from_settings(settings), store=store)
+                        limits=Limits.from_settings(settings), store=store, keys=keys_dir)
         _exit_with(args, broker.stop)
         broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
     finally:
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+def _broker_keys(args: argparse.Namespace, listen: str) -> str | None:
+    """The keys directory the broker serves with: --keys (or $ZRES_KEYS), else [security]
+    keys, else this user's own, made on first start; None when insecure."""
+    security = config.load("security", path=args.config)
+    if config.insecure(security):
+        if not is_local(listen) and not args.insecure:  # (given here: not the file's)
+            raise ZresError(f"refusing to listen on {listen} without keys: insecure is set "
+                            "in the configuration; only --insecure on the command line "
+                            "lets anyone who reaches this address run code on every agent")
+        structlog.get_logger("zres.broker").warning(
+            "broker_insecure", listen=listen,
+            why="no keys: anyone who can reach this address can run code on every agent")
+        return None
+    given = os.environ.get("ZRES_KEYS") or security["keys"]
+    directory = Path(given) if given else K.default_dir()
+    if not (directory / f"{K.BROKER}.key_secret").exists():  # a first start: make them
+        try:
+            K.keygen(directory)
+        except K.KeysError:
+            if not (directory / f"{K.BROKER}.key_secret").exists():
+                raise
+            return str(directory)  # another broker made them meanwhile: they are ours
+        print(f"zres broker: made this cluster's keys in {directory} (agents and clients "
+              "of this user find them there; copy them to other machines: see `zres "
+              "keygen`)", file=sys.stderr, flush=True)
+    return str(directory)
+
+
+def keygen(args: argparse.Namespace) -> int:
+    directory = args.dir or str(K.default_dir())
+    if bool(args.role) != bool(args.name):
+        raise UsageError("--role and --name go together")
+    made = K.keygen(directory, args.role, args.name, args.force)
+    print(f"made {', '.join(p.name for p in made)} in {directory}")
+    if args.role:
+        print(f"give its owner {K.BROKER}.key and {made[0].name} (in a directory of their "
+              "own, e.g. ~/.config/zres/keys, or one named by --keys / $ZRES_KEYS)")
+    else:
+        print(f"the broker uses the whole directory; give each agent {K.BROKER}.key and "
+              f"agent.key_secret, each user {K.BROKER}.key and client.key_secret (or one "
+              "made for them with --role client --name NAME), operators admin.key_secret; "
+              "keep the secret files private (mode 0600)")
     return 0
 
 
@@ -107,9 +167,11 @@ def agent(args: argparse.Namespace) -> int:
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
-    agent = Agent(settings["broker"] or config.DEFAULT_ADDRESS, slots, settings["name"],
+    address = settings["broker"] or config.DEFAULT_ADDRESS
+    key = config.find_key(None, ("agent",), address, args.config)
+    agent = Agent(address, slots, settings["name"],
                   settings["heartbeat_interval"], settings["heartbeat_timeout"],
-                  settings["job_logs"], settings["job_grace"], settings["drain_grace"])
+                  settings["job_logs"], settings["job_grace"], settings["drain_grace"], key)
     _exit_with(args, agent.stop)
     agent.run()
     return agent.exit_code
@@ -196,4 +258,4 @@ def demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"broker": broker, "agent": agent, "status": status, "resources": resources,
-            "demo": demo}
+            "demo": demo, "keygen": keygen}

@@ -144,12 +144,13 @@ def jobs(args: argparse.Namespace) -> int:
 def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
     """Format the job table for people."""
     now = now or time.time()
-    rows = [("ID", "NAME", "STATE", "RESOURCES", "AGENT", "GPUS", "START", "DURATION", "EXIT")]
+    rows = [("ID", "NAME", "OWNER", "STATE", "RESOURCES", "AGENT", "GPUS", "START", "DURATION",
+             "EXIT")]
     for job in table:
         started, finished = job.get("started"), job.get("finished")
         duration = ((finished or now) - started) if started else None
         exit_code = job.get("exit_code")
-        rows.append((str(job["id"]), job.get("name", ""), job["state"],
+        rows.append((str(job["id"]), job.get("name", ""), job.get("owner") or "-", job["state"],
                      format_units(job.get("units", {})) or "-", job.get("agent") or "-",
                      ",".join(job.get("gpus", [])) or "-",
                      time.strftime("%H:%M:%S", time.localtime(started)) if started else "-",

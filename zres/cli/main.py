@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import zmq
@@ -22,6 +23,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     cluster.add_parsers(sub)
     jobs.add_parsers(sub)
+    for name, command in sub.choices.items():
+        if name != "keygen":
+            command.add_argument("--keys", metavar="DIR", help="the cluster's keys (default: "
+                                 "$ZRES_KEYS, else [security] keys in the config file, else "
+                                 "this user's own; see zres keygen)")
+            command.add_argument("--insecure", action="store_true", help="no keys: a broker "
+                                 "lets anyone in (beyond loopback only when given here, with "
+                                 "a warning); others connect to such a broker")
     return parser
 
 
@@ -32,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_usage(sys.stderr)
         sys.exit(EXIT_USAGE)
     args = parser.parse_args(argv)
+    if getattr(args, "keys", None):
+        os.environ["ZRES_KEYS"] = args.keys  # where every part of the command looks first
+    if getattr(args, "insecure", False):
+        os.environ["ZRES_INSECURE"] = "1"
     try:
         code = _COMMANDS[args.command](args)
     except (UsageError, ValueError) as exc:  # bad input: resource specs, config, flags

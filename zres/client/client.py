@@ -55,7 +55,7 @@ class Client:
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
-                 broker_timeout: float | None = None) -> None:
+                 broker_timeout: float | None = None, keys: str | None = None) -> None:
         if infeasible is not None:
             _check_infeasible(infeasible)
         settings = config.load("client", {"broker": address,
@@ -66,7 +66,9 @@ class Client:
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
         self._pickler = CallPickler(Future)
-        self._io = IOThread(self.name, address, settings["broker_timeout"])
+        # KEYS: the cluster's keys directory (else found as core.keys.find says).
+        key = config.find_key(keys, ("admin", "client"), address)
+        self._io = IOThread(self.name, address, settings["broker_timeout"], key)
         self._closed = False
         self._exited = False  # closed at the interpreter's exit
         self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()

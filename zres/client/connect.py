@@ -16,6 +16,7 @@ from .. import config
 from ..core import protocol as P
 from ..core.address import unreachable
 from ..core.errors import ZresError
+from ..core.keys import KeysError
 
 ORDER = ("the address given, $ZRES_BROKER, broker in zres.toml's [client] section, "
          f"a broker at {config.DEFAULT_ADDRESS}")
@@ -45,6 +46,8 @@ def broker_answers(address: str, timeout: float = 2.0) -> bool:
     from ..local import request
     try:
         request(address, P.STATUS, {}, timeout)
+    except KeysError:
+        raise  # a broker there, that refuses us: say so, do not start another
     except ZresError:
         return False
     return True

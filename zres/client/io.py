@@ -23,8 +23,9 @@ from typing import Any
 import msgpack
 import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from ..core import errors
+from ..core import errors, keys
 from ..core import protocol as P
 from ..core.errors import BrokerLostError, InfeasibleError, ZresError
 from ..core.limits import Limits
@@ -64,14 +65,19 @@ _ERRORS: dict[str, type[BaseException]] = {
 class IOThread:
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
-    def __init__(self, client_name: str, address: str, broker_timeout: float | None) -> None:
+    def __init__(self, client_name: str, address: str, broker_timeout: float | None,
+                 key: keys.PeerKey | None = None) -> None:
         self.client_name = client_name
+        self.address = address
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        keys.secure(self.sock, key)  # (KEY: this client's, and its broker's public key)
+        self._handshakes = keys.Handshakes(address, key)
+        self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES)
         self.sock.connect(address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
@@ -139,6 +145,7 @@ class IOThread:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         self._hello()
         last_beat = time.monotonic()
         try:
@@ -152,6 +159,7 @@ class IOThread:
                 # Only once the pipe is empty: a wake() after this writes a new byte (cleared
                 # before, a wake() between the two would be swallowed until the next beat).
                 self._awake = False
+                self._check_handshakes()
                 if self._welcomed:
                     self._send_outbox()
                 self._receive()
@@ -176,7 +184,22 @@ class IOThread:
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
         finally:
             self.dead = True
+            self.sock.disable_monitor()
+            self._monitor.close(0)
             self.sock.close(linger=200)
+
+    def _check_handshakes(self) -> None:
+        """A broker that refuses our key: say so at once, and fail what waits on it."""
+        while self._monitor.poll(0):
+            why = self._handshakes.refused(recv_monitor_message(self._monitor)["event"])
+            if why is None:
+                continue
+            if self.refused is None:
+                log.error("client_refused", broker=self.address, why=why)
+            self.refused = why
+            self.connected.set()
+            self.lose_all(f"the broker at {self.address} refused this client: {why}",
+                          ZresError)
 
     def _hello(self) -> None:
         """Say hello (again): nothing more is sent until the broker's welcome says which

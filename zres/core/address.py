@@ -8,6 +8,7 @@ refused" or "unknown host" into an error that names the address at once.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import re
 import socket
 import time
@@ -42,6 +43,22 @@ def normalize(address: str) -> str:
     if not rest:
         raise ValueError(f"{address!r}: the address after {scheme}:// is empty")
     return address
+
+
+def is_local(address: str) -> bool:
+    """Whether a broker bound to ADDRESS is reachable from this machine only (loopback,
+    a Unix socket, inproc)."""
+    scheme, _, rest = address.partition("://")
+    if scheme != "tcp":
+        return True
+    match = _HOST_PORT.fullmatch(rest.rpartition(";")[2])
+    host = match.group(1).strip("[]") if match else ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host or interface name: it may face a network
+        return False
 
 
 def unreachable(address: str, timeout: float = 0.5) -> str | None:

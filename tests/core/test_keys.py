@@ -1,0 +1,63 @@
+"""Which key a peer takes from a keys directory, and which keys a broker lets in."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from zres.core import keys as K
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_a_peer_takes_its_only_key_or_else_its_roles(tmp_path):
+    cluster = tmp_path / "cluster"
+    K.keygen(cluster)
+    K.keygen(cluster, "client", "alice")
+    assert K.peer_key(cluster, ("agent",)).role == "agent"
+    assert (K.peer_key(cluster, ("admin", "client")).role,
+            K.peer_key(cluster, ("admin", "client")).name) == ("admin", "admin")
+    mine = tmp_path / "alice"
+    mine.mkdir()
+    for name in ("broker.key", "client-alice.key_secret"):
+        shutil.copy(cluster / name, mine / name)
+    key = K.peer_key(mine, ("admin", "client"))
+    assert (key.role, key.name) == ("client", "alice"), "her only key is not taken"
+    assert key.server == K.broker_pair(cluster)[0]
+    assert K.allowed(cluster)[key.public] == ("client", "alice")
+    assert K.broker_pair(cluster)[0] not in K.allowed(cluster), "the broker lets itself in"
+
+
+def test_missing_keys_are_named(tmp_path):
+    with pytest.raises(K.KeysError, match="no broker key"):
+        K.peer_key(tmp_path, ("client",))
+    K.keygen(tmp_path / "c")
+    only_broker = tmp_path / "only-broker"
+    only_broker.mkdir()
+    shutil.copy(tmp_path / "c" / "broker.key", only_broker / "broker.key")
+    with pytest.raises(K.KeysError, match="no secret key for a agent"):
+        K.peer_key(only_broker, ("agent",))
+    with pytest.raises(K.KeysError, match="run `zres keygen"):
+        K.keygen(tmp_path / "empty", "client", "bob")
+    with pytest.raises(K.KeysError, match="a role"):
+        K.keygen(tmp_path / "c", "client", "no spaces")
+
+
+def test_a_peer_finds_keys_in_order(tmp_path, monkeypatch):
+    given, env, own = tmp_path / "given", tmp_path / "env", tmp_path / "config"
+    for where in (given, env):
+        K.keygen(where)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(own))
+    monkeypatch.delenv("ZRES_KEYS", raising=False)
+    assert K.find(None, ("client",), "tcp://x:1") is None, "no keys anywhere"
+    K.keygen(own / "zres" / "keys")
+    assert K.find(None, ("client",), "tcp://x:1").directory == str(own / "zres" / "keys")
+    monkeypatch.setenv("ZRES_KEYS", str(env))
+    assert K.find(None, ("client",), "tcp://x:1").directory == str(env)
+    assert K.find(str(given), ("client",), "tcp://x:1").directory == str(given)
+    K.remember("tcp://x:1", None)
+    try:
+        assert K.find(None, ("client",), "tcp://x:1") is None, "a cluster started insecure"
+    finally:
+        K.forget("tcp://x:1")

@@ -1,0 +1,249 @@
+"""Only holders of the cluster's keys get in, each in its own role (issue 17): real
+brokers and agents, and peers played by hand on raw sockets with or without keys."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from concurrent.futures import CancelledError
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.auth
+
+import zres
+from tests.conftest import raw_dealer, wait_until
+from zres.core import keys as K
+from zres.core import protocol as P
+from zres.core.errors import ZresError
+from zres.core.resources import UNIT
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def answer(sock: zmq.Socket, timeout: float = 10.0) -> P.Message | None:
+    """The first message that is not a heartbeat, or None if none comes in TIMEOUT."""
+    deadline = time.monotonic() + timeout
+    while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+        msg = P.decode(sock.recv_multipart())
+        if msg.kind != P.HEARTBEAT:
+            return msg
+    return None
+
+
+def touch_task(path: str) -> list[Any]:
+    """A SUBMIT item and frames whose task would create PATH."""
+    import cloudpickle
+    frames = [cloudpickle.dumps(Path(path).touch), cloudpickle.dumps(((), {}))]
+    return [[1, {"CPU": UNIT}, 0, 0, [], len(frames), "touch", False]], frames
+
+
+def cli(*args: str, keys: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "ZRES_KEYS"}
+    if keys is not None:
+        env["ZRES_KEYS"] = keys
+    return subprocess.run([sys.executable, "-m", "zres", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_a_process_without_a_key_cannot_submit_or_reach_a_handler(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    sock = raw_dealer(cluster.address, None)
+    try:
+        items, frames = touch_task(str(tmp_path / "ran"))
+        P.send(sock, P.encode(P.SUBMIT, {"tasks": items}, frames))
+        sock.send_multipart([b"\xff garbage", b"\x00" * 64])
+        assert answer(sock, timeout=2.0) is None, "the broker answered a peer with no key"
+        status = cluster.status()
+        assert status["counts"] == {} and not (tmp_path / "ran").exists()
+    finally:
+        sock.close()
+
+
+def test_roles_client_cannot_register_and_agent_cannot_submit(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    client_key = K.peer_key(cluster.keys, ("client",))
+    agent_key = K.peer_key(cluster.keys, ("agent",))
+    as_client, as_agent = raw_dealer(cluster.address, client_key), raw_dealer(cluster.address,
+                                                                       agent_key)
+    try:
+        P.send(as_client, P.encode(P.REGISTER, {
+            "name": "impostor", "session": 1, "host": "h", "pid": 1, "t": 0.0,
+            "slots": [{"units": {"CPU": UNIT}, "gpus": []}]}))
+        refused = answer(as_client)
+        assert refused is not None and refused.kind == P.REFUSED
+        assert "client key may not send register" in refused.body["error"]
+        items, frames = touch_task(str(tmp_path / "ran"))
+        P.send(as_agent, P.encode(P.SUBMIT, {"tasks": items}, frames))
+        refused = answer(as_agent)
+        assert refused is not None and refused.kind == P.REFUSED
+        assert "agent key may not send submit" in refused.body["error"]
+        assert refused.body["ids"] == [1], "the refusal does not name the task it fails"
+        status = cluster.status()
+        assert [a["name"] for a in status["agents"]] == ["agent-0"]
+        assert status["counts"] == {} and not (tmp_path / "ran").exists()
+    finally:
+        as_client.close()
+        as_agent.close()
+
+
+def test_another_key_cannot_take_over_an_agents_name(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    K.keygen(cluster.keys, "agent", "other")
+    mine = tmp_path / "other-keys"
+    mine.mkdir()
+    for name in ("broker.key", "agent-other.key_secret"):
+        (mine / name).write_bytes(Path(cluster.keys, name).read_bytes())
+    result = cli("agent", cluster.address, "--name", "agent-0", "--no-detect",
+                 "--resources", "foo=1", "--log-format", "json", keys=str(mine))
+    assert result.returncode == 1
+    assert "belongs to another key" in result.stderr
+    status = cluster.status()
+    assert [(a["name"], a.get("lost")) for a in status["agents"]] == [("agent-0", None)]
+    client = zres.Client(cluster.address)
+    try:
+        assert client.submit(int, 7, resources={"foo": 1}).result(30) == 7, \
+            "the real agent-0 no longer serves"
+    finally:
+        client.close()
+
+
+class Box:
+    def get(self) -> int:
+        return 0
+
+
+def key_dir(cluster: zres.LocalCluster, tmp_path: Path, stem: str) -> str:
+    """A directory holding the broker's public key and one secret key, STEM's."""
+    mine = tmp_path / f"keys-{stem}"
+    mine.mkdir()
+    for file in ("broker.key", f"{stem}.key_secret"):
+        (mine / file).write_bytes(Path(cluster.keys, file).read_bytes())
+    return str(mine)
+
+
+def test_a_client_cannot_touch_another_owners_work_and_an_admin_can(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 2}])
+    for name in ("alice", "bob"):
+        K.keygen(cluster.keys, "client", name)
+    alice_keys, bob_keys, admin_keys = (key_dir(cluster, tmp_path, stem) for stem in
+                                        ("client-alice", "client-bob", "admin"))
+    alice = zres.Client(cluster.address, keys=alice_keys)
+    bob = zres.Client(cluster.address, keys=bob_keys)
+    admin = zres.Client(cluster.address, keys=admin_keys)
+    where = ("--broker", cluster.address)
+    try:
+        job = alice.submit_command(["sh", "-c", "echo secret; sleep 60"], resources={"foo": 1})
+        counter = alice.actor(Box, name="alices", resources={"foo": 1})
+        counter.ready().result(30)
+        [job_id] = alice.job_ids([job])
+        wait_until(lambda: cli("logs", str(job_id), *where, keys=alice_keys
+                               ).stdout.startswith("secret"), message="alice reads her log")
+        listed = cli("jobs", *where, keys=bob_keys).stdout
+        assert "alice" in listed, f"zres jobs does not show the owner: {listed}"
+        for command in ("logs", "cancel"):
+            result = cli(command, str(job_id), *where, keys=bob_keys)
+            assert result.returncode != 0 and "belongs to alice" in result.stderr, command
+            assert "secret" not in result.stdout
+        with pytest.raises(ZresError, match="belongs to alice"):
+            bob.kill(bob.get_actor("alices"))
+        assert not job.done() and counter.get().result(10) == 0, "bob's attempts did harm"
+        assert cli("logs", str(job_id), *where, keys=admin_keys).stdout.startswith("secret")
+        result = cli("cancel", str(job_id), *where, keys=admin_keys)
+        assert result.returncode == 0, result.stderr
+        with pytest.raises(CancelledError):  # (stopped by the admin)
+            job.result(30)
+        admin.kill(admin.get_actor("alices"))
+        with pytest.raises(zres.ActorDiedError):
+            counter.get().result(30)
+    finally:
+        for client in (alice, bob, admin):
+            client.close()
+
+
+def test_a_wrong_broker_key_is_refused_on_both_sides(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    other = tmp_path / "another-cluster"
+    K.keygen(other)
+    with pytest.raises(ZresError) as refused:  # (not "no broker answered within 10s")
+        zres.Client(cluster.address, keys=str(other), connect_timeout=10)
+    assert "refused this client" in str(refused.value) and str(other) in str(refused.value)
+    result = cli("agent", cluster.address, "--name", "stranger", "--no-detect",
+                 "--log-format", "json", keys=str(other))
+    assert result.returncode == 1 and "agent_refused" in result.stderr
+    result = cli("status", cluster.address, keys=str(other))
+    assert result.returncode == 1 and "refused this command" in result.stderr
+    assert [a["name"] for a in cluster.status()["agents"]] == ["agent-0"]
+
+
+def test_each_local_cluster_has_keys_of_its_own(make_cluster):
+    first, second = make_cluster(agents=[{"foo": 1}]), make_cluster(agents=[{"foo": 1}])
+    assert K.allowed(first.keys).keys().isdisjoint(K.allowed(second.keys).keys())
+    with pytest.raises(ZresError, match="refused"):
+        zres.Client(second.address, keys=first.keys, connect_timeout=10)
+    for mode, path in ((0o700, first.keys), (0o600, f"{first.keys}/client.key_secret")):
+        assert stat.S_IMODE(os.stat(path).st_mode) == mode, path
+
+
+def test_keygen_makes_private_keys_and_does_not_overwrite_them(tmp_path):
+    where = tmp_path / "keys"
+    made = cli("keygen", str(where))
+    assert made.returncode == 0 and "agent.key_secret" in made.stdout
+    assert sorted(p.name for p in where.iterdir()) == sorted(
+        f"{stem}.{ext}" for stem in ("broker", "client", "agent", "admin")
+        for ext in ("key", "key_secret"))
+    assert stat.S_IMODE(os.stat(where).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(p).st_mode) == 0o600 for p in where.glob("*.key_secret"))
+    before = (where / "broker.key_secret").read_bytes()
+    again = cli("keygen", str(where))
+    assert again.returncode != 0 and "--force" in again.stderr
+    assert (where / "broker.key_secret").read_bytes() == before
+    assert cli("keygen", str(where), "--role", "client", "--name", "carol").returncode == 0
+    carol, _ = zmq.auth.load_certificate(str(where / "client-carol.key"))
+    assert K.allowed(where)[carol] == ("client", "carol")
+    assert cli("keygen", str(where), "--force").returncode == 0
+    assert (where / "broker.key_secret").read_bytes() != before
+
+
+def test_a_broker_given_no_keys_makes_its_own_and_its_user_finds_them(spawn, tmp_path):
+    home = tmp_path / "config"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(home)}
+    env.pop("ZRES_KEYS", None)
+    broker = spawn([sys.executable, "-m", "zres", "broker", "--listen", "tcp://127.0.0.1:0",
+                    "--log-format", "json"], env=env, stdout=subprocess.PIPE, text=True)
+    address = broker.stdout.readline().split()[-1]
+    own = home / "zres" / "keys"
+    assert stat.S_IMODE(os.stat(own).st_mode) == 0o700
+    status = subprocess.run([sys.executable, "-m", "zres", "status", address], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    stranger = subprocess.run([sys.executable, "-m", "zres", "status", address],
+                              env={**env, "XDG_CONFIG_HOME": str(tmp_path / "elsewhere")},
+                              capture_output=True, text=True, timeout=60)
+    assert stranger.returncode == 1 and "it has no key" in stranger.stderr
+
+
+def test_insecure_only_on_loopback_unless_asked_on_the_command_line(spawn, tmp_path):
+    env = {**os.environ, "ZRES_SECURITY__INSECURE": "true"}
+    refused = subprocess.run([sys.executable, "-m", "zres", "broker", "--listen",
+                              "tcp://0.0.0.0:0"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "only --insecure on the command line" in refused.stderr
+    broker = spawn([sys.executable, "-m", "zres", "broker", "--listen", "tcp://127.0.0.1:0",
+                    "--insecure", "--log-format", "json"], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True)
+    address = broker.stdout.readline().split()[-1]
+    sock = raw_dealer(address, None)
+    try:
+        P.send(sock, P.encode(P.STATUS, {"req": 1}))
+        reply = answer(sock)
+        assert reply is not None and reply.kind == P.STATUS_REPLY, "insecure lets anyone in"
+    finally:
+        sock.close()
+    broker.terminate()
+    assert "broker_insecure" in broker.stderr.read()

@@ -1,0 +1,47 @@
+"""The agent's one connection to its broker: a DEALER socket with this agent's key, and
+the monitor that tells it of reconnections and of a broker that refuses its key."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..core import keys
+
+RECONNECTED = "reconnected"
+
+
+class BrokerConnection:
+    """A DEALER to ADDRESS with KEY (None: no CURVE); ``sock`` and ``monitor`` to poll."""
+
+    def __init__(self, ctx: zmq.Context[Any], address: str, key: keys.PeerKey | None) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        # A random routing id, kept for the agent's life: a reconnection resumes as us.
+        self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        keys.secure(self.sock, key)
+        self._handshakes = keys.Handshakes(address, key)
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | keys.HANDSHAKES)
+        self.sock.connect(address)
+
+    def events(self) -> list[str]:
+        """What the monitor says: RECONNECTED for each new connection, or why the broker
+        refuses our key (a sentence for the user)."""
+        out = []
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            refused = self._handshakes.refused(event)
+            if refused is not None:
+                out.append(refused)
+            elif event == zmq.EVENT_CONNECTED:
+                out.append(RECONNECTED)
+        return out
+
+    def close(self) -> None:
+        self.sock.disable_monitor()  # (its address is free for a later socket's)
+        self.monitor.close(0)
+        self.sock.close(0)
