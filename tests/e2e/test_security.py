@@ -247,3 +247,13 @@ def test_insecure_only_on_loopback_unless_asked_on_the_command_line(spawn, tmp_p
         sock.close()
     broker.terminate()
     assert "broker_insecure" in broker.stderr.read()
+
+
+def test_an_unreadable_key_file_locks_out_nobody_else(make_cluster):
+    cluster = make_cluster(agents=[{"foo": 1}])
+    Path(cluster.keys, "client-broken.key").write_text("not a key")
+    client = zres.Client(cluster.address, keys=cluster.keys)
+    try:
+        assert client.submit(int, 5).result(30) == 5
+    finally:
+        client.close()

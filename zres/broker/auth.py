@@ -17,6 +17,7 @@ Without keys (``--insecure``) everyone may send anything, as one role-less owner
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -53,9 +54,12 @@ class _KeyCheck(Authenticator):
 
     def callback(self, domain: str, key: bytes) -> bool:
         """Whether the public KEY (z85) is one of ours (the credentials provider)."""
-        stamp = os.stat(self._directory).st_mtime
-        if stamp != self._stamp:  # a key added or removed since
-            self._stamp, self._keys = stamp, K.allowed(self._directory)
+        try:
+            stamp = os.stat(self._directory).st_mtime
+            if stamp != self._stamp:  # a key added or removed since
+                self._keys, self._stamp = K.allowed(self._directory), stamp
+        except (OSError, K.KeysError) as exc:  # (a file half written: the keys known so far)
+            log.error("keys_unreadable", dir=self._directory, error=str(exc))
         if key not in self._keys:
             log.warning("key_refused", key=key.decode()[:12])
             return False
@@ -94,7 +98,14 @@ class Gate:
         assert self._check is not None and self._check.zap_socket is not None
         while self._check.zap_socket.poll(0):
             request = self._check.zap_socket.recv_multipart()
-            asyncio.run(self._check.handle_zap_message(request))
+            try:
+                asyncio.run(self._check.handle_zap_message(request))
+            except Exception:  # a bug: refuse this one, and keep answering (REP must reply)
+                log.exception("zap_failed")
+                if len(request) > 1:
+                    with contextlib.suppress(zmq.ZMQError):  # (unless it had replied)
+                        self._check.zap_socket.send_multipart(
+                            [b"1.0", request[1], b"500", b"internal error", b"", b""])
 
     @staticmethod
     def sender(frame: Any) -> tuple[str, str]:

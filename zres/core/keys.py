@@ -107,8 +107,12 @@ def allowed(directory: str | os.PathLike[str]) -> dict[bytes, tuple[str, str]]:
     for path in sorted(Path(directory).glob("*.key")):
         match = _STEM.fullmatch(path.stem)
         if match is not None:
-            public, _ = _pair(path)
-            out[public] = (match[1], match[2] or match[1])
+            try:
+                public, _ = _pair(path)
+            except KeysError:
+                continue  # unreadable (half written, or not a key): it lets nobody in
+            if public:
+                out[public] = (match[1], match[2] or match[1])
     return out
 
 
