@@ -227,3 +227,47 @@ def test_a_malformed_offer_of_returned_grants_is_ignored_not_fatal(tmp_path):
     finally:
         agent.close()
         broker.close()
+
+
+def submit_quiet(client: Peer, local: int) -> None:
+    client.send(P.SUBMIT, {"tasks": [[local, {"foo": UNIT}, 0, 0, [], 2, f"q{local}", False,
+                                      {"quiet": True}]]}, [b"fn", b"args%d" % local])
+
+
+def test_a_quiet_task_is_told_ended_without_its_result_before_and_after_a_restart(tmp_path):
+    """A quiet task (a Dask graph's intermediate: its client follows its end, only its
+    readers read its result) ends: its client hears "ok" with no frames. After a restart
+    its result, too large to keep, is not computed again for the client's resume: the
+    client is told it ended, which is all it asked."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    submit_quiet(client, 1)
+    client.take(P.ACCEPTED)
+    [(first, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    finish(agent, 1, 1, first, b"x" * (KEEP_RESULT + 1))
+    assert results(client) == {1: (P.OK, [])}, "a quiet task's result went to its client"
+    submit_quiet(client, 2)
+    client.take(P.ACCEPTED)
+    [(second, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    report(agent, 2, 1, [b"oops"], held=[second], started=[second],
+           results=[[second, P.RAISED, 1, {}]])
+    assert results(client) == {2: (P.RAISED, [b"oops"])}, "an error's frames say what it was"
+    broker.close()
+    for peer in (client, agent):
+        peer.close()
+
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        register(agent, session=2)
+        client.send(P.RESUME, {"ids": [1]})
+        assert results(client) == {1: (P.OK, [])}
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], \
+            "the quiet task ran again for a client that wants no result"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()

@@ -89,9 +89,12 @@ class ClientLink:
             if type(local) is not int:
                 raise ProtocolError("resume: ids must be task ids")
             task_id = client.ids.get(local)
+            task = self._graph.get(task_id) if task_id is not None else None
+            if task is not None and task.quiet and self._keeper.ended_unkept(task.id):
+                self._results.add(ident, [local, P.OK, 0, {}], [])  # (its end, not its result)
+                continue
             if task_id is not None:
                 self._keeper.need(task_id)  # its result was not kept: it runs again
-            task = self._graph.get(task_id) if task_id is not None else None
             if task_id is None:
                 self._results.add(ident, [local, P.FAILED, 0, {
                     "type": "BrokerLostError", "message": "the broker restarted and "
@@ -99,8 +102,7 @@ class ClientLink:
                     [])
             elif task is not None and task.state in FINISHED:
                 # (None: a job that waits for its agent to offer it back)
-                self._results.add(ident, [local, task.outcome, len(task.result),
-                                          task.info], task.result)
+                self._tell(ident, task)
 
     def drop(self, client: ClientRecord, event: str) -> None:
         """CLIENT left (or was silent too long): cancel what it leaves behind."""
@@ -135,7 +137,7 @@ class ClientLink:
                 continue  # sent again after a restart, and kept before it: taken once
             task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, [],
-                        kind=sub.kind)
+                        kind=sub.kind, quiet=sub.quiet)
             self._graph.add(task)
             client.ids[sub.local] = task.id
             if sub.job is not None:
@@ -226,8 +228,13 @@ class ClientLink:
             self._actors.dead(actor, str(task.info.get("message", "its construction failed")))
         client = self.clients.get(task.client)
         if client is not None and client.ids.get(task.local_id) == task.id:
-            self._results.add(client.ident, [task.local_id, task.outcome, len(task.result),
-                                             task.info], task.result)
+            self._tell(client.ident, task)
+
+    def _tell(self, ident: bytes, task: Task) -> None:
+        """Send TASK's outcome to its client: the result's frames, unless it is quiet and
+        succeeded (an error's frames always go: they say what went wrong)."""
+        frames = [] if task.quiet and task.outcome == P.OK else task.result
+        self._results.add(ident, [task.local_id, task.outcome, len(frames), task.info], frames)
 
     def flush(self) -> None:
         self._running.flush()  # before the results: a future runs, then finishes

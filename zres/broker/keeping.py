@@ -60,7 +60,7 @@ class TaskKeeper:
         client = self._clients.get(task.client)
         record = _pack([task.client, (client.owner or client.name) if client else "",
                         task.local_id, task.units, task.priority, task.name, task.strict,
-                        task.kind, deps, task.creates, task.actor])
+                        task.kind, deps, task.creates, task.actor, task.quiet])
         payload = _pack([P.buffer(f) for f in task.payload])
         self._store.new_task(task.id, record, payload, self._state(task))
 
@@ -96,6 +96,11 @@ class TaskKeeper:
             task = self._graph.get(each) if self._graph is not None else None
             if task is not None:
                 self.link(task, deps)
+
+    def ended_unkept(self, task_id: int) -> bool:
+        """Whether TASK_ID ended well before a restart with a result that was not kept
+        (it runs again only if something needs that result)."""
+        return task_id in self._unrun
 
     def link(self, task: Task, deps: list[int]) -> None:
         """TASK waits for DEPS, or fails if one is gone."""
@@ -146,7 +151,9 @@ class TaskKeeper:
             task = Task(task_id, ident, local, units, priority, retries, name, strict, [],
                         [], kind=kind, holders=int(holds))
             task.kept = True
-            task.creates, task.actor = of_actor or ("", "")
+            # (records written before quiet tasks existed end at the actor's fields)
+            task.creates, task.actor, *quiet = of_actor or ("", "")
+            task.quiet = bool(quiet and quiet[0])
             if outcome and (outcome != P.OK or result is not None):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []

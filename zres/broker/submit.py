@@ -29,6 +29,7 @@ class Submission:
     actor: dict[str, Any] | None = None  # it constructs this actor
     call: str | None = None              # it calls a method of this actor
     job: dict[str, Any] | None = None    # it is this command job
+    quiet: bool = False                  # its client wants no result, only its end
 
 
 def parse_submit(msg: P.Message, limits: Limits) -> list[Submission]:
@@ -62,7 +63,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submissi
         bool(strict), payload, kind_of(payload[0]) if payload else 0,
         actor=check_actor_spec(extra["actor"], limits.name_bytes) if "actor" in extra else None,
         call=call,
-        job=check_job_spec(extra["job"]) if "job" in extra else None)
+        job=check_job_spec(extra["job"]) if "job" in extra else None,
+        quiet=extra.get("quiet") is True)
 
 
 def kind_of(function: Any) -> int:

@@ -24,6 +24,7 @@ from ..core.address import wait_for_answer
 from ..core.errors import ZresError
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
+from ..dask.client_methods import DaskMethods
 from . import registry
 from .actors import ActorHandle
 from .annotations import current_annotations
@@ -35,11 +36,11 @@ from .io import STOP, IOThread
 _INFEASIBLE_MODES = ("warn", "error")
 
 
-class Client:
+class Client(DaskMethods):
     """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
     return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
     ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
-    Executor on the same connection.
+    Executor on the same connection; ``get`` and ``compute`` run Dask graphs.
 
     The broker is ADDRESS if given, else ``$ZRES_BROKER``, else ``broker`` in the config
     file's ``[client]`` section (``zres.toml``), else one answering at
@@ -176,6 +177,8 @@ class Client:
         task_id = next(self._ids)
         label = name or f"{getattr(fn, '__name__', fn)}-{task_id}"
         future = Future(self, task_id, label)
+        if extra and extra.get("quiet"):
+            future.quiet = True
         item = [task_id, opts["units"], opts["priority"], opts["retries"],
                 [d.id for d in deps], len(frames), label, opts["strict"]]
         if extra:
@@ -437,7 +440,6 @@ class Client:
 def _check_infeasible(mode: str) -> None:
     if mode not in _INFEASIBLE_MODES:
         raise ValueError(f"infeasible must be 'warn' or 'error', not {mode!r}")
-
 
 
 def default_client() -> Client:

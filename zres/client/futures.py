@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import _base
 from typing import Any, Protocol
 
@@ -31,6 +31,12 @@ class Future(cf.Future):  # type: ignore[type-arg]
     Passing a Future as an argument to ``submit`` (also inside lists, tuples, dicts or
     any picklable object) makes that task wait for it and receive its result.
     """
+
+    # A quiet task's future ends with None: its client asked to hear that it ended, not
+    # for its result (see zres.dask, whose intermediate results only their dependents read).
+    quiet = False
+    # Called on the client's I/O thread when the task begins, if set.
+    _on_running: Callable[[Future], None] | None = None
 
     def __init__(self, client: Owner, task_id: int, name: str) -> None:
         super().__init__()
@@ -91,8 +97,11 @@ class Future(cf.Future):  # type: ignore[type-arg]
     def _set_running(self) -> None:
         """The task began on an agent (the client's I/O thread heard it)."""
         with self._condition:
-            if self._state == _base.PENDING:
-                self._state = _base.RUNNING
+            if self._state != _base.PENDING:
+                return
+            self._state = _base.RUNNING
+        if self._on_running is not None:
+            self._on_running(self)
 
     def why(self, timeout: float = 10.0) -> str:
         """Say why this task is not running yet (or where it runs)."""

@@ -400,7 +400,9 @@ class IOThread:
                 continue
             future.agent = info.get("agent")
             future._release_when_dropped = True
-            if outcome == P.OK:
+            if outcome == P.OK and future.quiet:
+                settle(future)
+            elif outcome == P.OK:
                 try:
                     settle(future, loads(frames))
                 except Exception as exc:

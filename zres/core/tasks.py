@@ -73,6 +73,9 @@ class Task:
     # Written to the broker's state store (a client's Python task): restored after a
     # restart.
     kept: bool = False
+    # Its client wants to know when it ends, not its result (a Dask graph's intermediate,
+    # which only its dependents read): a success is told without the result's frames.
+    quiet: bool = False
 
 
 def set_state(task: Task, new: TaskState) -> None:

@@ -1,0 +1,74 @@
+"""Dask computes under faults: a worker dies (the retries annotation), the broker is
+SIGKILLed mid-compute and started again on its state (the compute carries on)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+
+import zres
+from tests.conftest import wait_until
+from tests.tasks import wait_for_file
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def exit_on_first_attempt(marker: str, value: int) -> int:
+    """Kill the worker process the first time; return VALUE afterwards."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return value
+    os._exit(3)
+
+
+def test_the_retries_annotation_lets_a_task_outlive_its_worker(make_cluster, make_client,
+                                                                tmp_path):
+    cluster = make_cluster(agents=[{"CPU": 2}])
+    client = make_client(cluster.address)
+    with dask.annotate(retries=1):
+        parts = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "once"), 5)]
+    assert dask.delayed(sum)(parts).compute(scheduler=client.get) == 5
+
+    unannotated = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "twice"), 5)]
+    with pytest.raises(zres.WorkerLostError):
+        dask.delayed(sum)(unannotated).compute(scheduler=client.get)
+
+
+def noted(ledger: str, key: str, value: object, gate: str | None = None) -> object:
+    with open(ledger, "a") as fh:
+        fh.write(f"{key}\n")
+    if gate is not None:
+        wait_for_file(gate, timeout=60)
+    return value
+
+
+def test_a_compute_lives_through_a_broker_kill(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"CPU": 2}], nthreads=2)
+    client = make_client(cluster.address)
+    ledger, gate = str(tmp_path / "ledger"), str(tmp_path / "gate")
+    # a is large (its result is not kept over a restart), b reads it and is small, c runs
+    # through the kill, d waits for b and c.
+    graph = {"big": (noted, ledger, "a", np.ones(100_000)),
+             "total": (lambda v: float(v.sum()), "big"),
+             "slow": (noted, ledger, "c", 2.0, gate),
+             "out": (lambda b, c: b + c, "total", "slow")}
+    answer: list[object] = []
+    run = threading.Thread(target=lambda: answer.append(client.get(graph, ["out", "total"])))
+    run.start()
+    wait_until(lambda: Path(ledger).exists() and "c" in Path(ledger).read_text().split(),
+               message="c to run")
+    wait_until(lambda: client.status()["counts"].get("done", 0) == 1,
+               message="a released and b done before the kill")
+    cluster.restart_broker()
+    Path(gate).touch()
+    run.join(60)
+    assert answer == [[100_002.0, 100_000.0]]
+    assert sorted(Path(ledger).read_text().split()) == ["a", "c"], "something ran twice"
+    wait_until(lambda: not any(client.status()["counts"].values()),
+               message="nothing kept once the compute returned")

@@ -1,0 +1,93 @@
+"""The Dask face of ``zres.Client``: ``get`` (a Dask scheduler) and ``compute`` (futures).
+
+Dask is imported only when these are called: zres itself does not depend on it
+(``pip install zres[dask]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import _base
+from typing import TYPE_CHECKING, Any
+
+from ..client.futures import Future
+from ..core import protocol as P
+
+
+class DaskMethods:
+    """Mixed into ``Client``: run Dask graphs and collections on the cluster."""
+
+    if TYPE_CHECKING:  # (the client's own, used here)
+        _io: Any
+        _closed: bool
+
+        def _cancel(self, futures: list[Future]) -> None: ...
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """Compute KEYS of the Dask graph DSK on this cluster: a Dask scheduler.
+
+        ``x.compute(scheduler=client.get)``, ``dask.compute(x, y, scheduler=client.get)`` or
+        ``dask.config.set(scheduler=client.get)``. Every task of the graph runs as a zres task
+        with the ``resources``, ``priority`` and ``retries`` annotations of the tasks it was
+        made of, read before Dask optimises the graph (see ``zres.dask.annotations`` for the
+        rule); KWARGS ``resources``, ``priority``, ``retries`` apply to every task under its
+        own annotations, as ``dask.annotate`` or ``zres.annotate`` around the compute do.
+        ``callbacks`` (or active ``dask.callbacks.Callback`` objects, such as
+        ``dask.diagnostics.ProgressBar``) hear each task begin and end. A failed task fails
+        the compute with its own exception, naming its key.
+        """
+        from .plan import make_plan
+        from .run import general_options, get
+
+        callbacks = kwargs.get("callbacks")
+        plan = make_plan(dsk, keys, general_options(kwargs))
+        return get(self, plan, keys, callbacks)
+
+    def compute(self, collections: Any, *, optimize_graph: bool = True,
+                **kwargs: Any) -> Any:
+        """Start computing COLLECTIONS (one Dask collection, or a list or tuple of them);
+        return a zres future for each, which ``submit`` takes as an argument like any other.
+
+        Annotations are honoured as in ``get``; KWARGS are ``resources``, ``priority`` and
+        ``retries`` for every task. Intermediate results are freed as soon as the tasks
+        that read them have ended.
+        """
+        import dask
+
+        from .plan import make_plan
+        from .run import compute, general_options
+
+        if "callbacks" in kwargs:
+            raise TypeError("compute() returns at once: follow its futures with "
+                            "zres.wait or as_completed rather than callbacks")
+        general = general_options(kwargs)
+        single = not isinstance(collections, (list, tuple))
+        wanted = [collections] if single else list(collections)
+        for each in wanted:
+            if not dask.is_dask_collection(each):
+                raise TypeError(f"compute() takes Dask collections, not {type(each).__name__}")
+
+        def submit(dsk: Any, keys: Any, **_: Any) -> Any:
+            from .plan import pack
+            return pack(keys, compute(self, make_plan(dsk, keys, general)))
+
+        futures = list(dask.compute(*wanted, scheduler=submit, optimize_graph=optimize_graph))
+        return futures[0] if single else type(collections)(futures)
+
+    def _forget(self, futures: Iterable[Future], cancel: bool = False) -> None:
+        """Let go of FUTURES' tasks now, finished or not (not when the futures are
+        dropped): a result stays with the broker only for the tasks that read it. CANCEL:
+        first cancel those that have not begun."""
+        futures = list(futures)
+        if self._closed or not futures:
+            return
+        if cancel:
+            self._cancel([f for f in futures if f._state == _base.PENDING])
+        with self._io.lock:
+            for future in futures:
+                held = self._io.pending.pop(future.id, None) is not None \
+                    or future._release_when_dropped
+                future._release_when_dropped = False
+                if held:
+                    self._io.outbox.append((P.RELEASE, future.id, ()))
+        self._io.wake()

@@ -1,0 +1,214 @@
+"""Run a planned Dask graph on a zres client, as ``get`` (waits, follows every task) or
+``compute`` (returns the outputs' futures).
+
+Every step is submitted at once, in batches (the client's I/O thread sends up to 1,000 tasks
+a message): one round trip per batch, none per task. The broker keeps each step's result
+while a step that reads it has not finished. ``get`` hears each step end (not its result:
+an intermediate is submitted *quiet*, and only its dependents read it) and releases a
+result as soon as the last step that reads it has ended; ``compute`` lets go of the
+intermediates at once, and the broker frees each after its last reader. A failed step fails
+the compute with its own exception, which names its key; what has not begun is cancelled.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping
+from typing import Any
+
+from ..client.annotations import current_annotations
+from ..client.futures import Future
+from .annotations import Options, options
+from .plan import Plan, Step, pack, run_node
+
+_GET_KEYWORDS = frozenset({"resources", "priority", "retries", "callbacks"})
+_RAN, _ENDED = "ran", "ended"
+
+
+def general_options(keywords: Mapping[str, Any]) -> Options:
+    """The options every task of a compute gets (under its own): KEYWORDS of get/compute
+    over ``zres.annotate`` over ``dask.annotate`` around the compute."""
+    import dask
+
+    unknown = set(keywords) - _GET_KEYWORDS
+    if unknown:
+        raise TypeError(f"zres's Dask scheduler got unknown keywords: {sorted(unknown)}; it "
+                        f"takes {', '.join(sorted(_GET_KEYWORDS))}")
+    layers = [dask.get_annotations(), current_annotations(), keywords]
+    result = Options()
+    for layer, where in zip(layers, ("dask.annotate", "zres.annotate", "the compute's keywords")):
+        result = options(layer, where).over(result)
+    return result
+
+
+class Submitter:
+    """Submits steps on CLIENT: each a call of ``run_node`` with its inputs' futures."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._function = client._pickler.function(run_node, [], {})
+        self._opts: dict[Options, dict[str, Any]] = {}  # (tasks asking alike check once)
+
+    def submit(self, step: Step, inputs: list[Future], quiet: bool) -> Future:
+        client = self.client
+        opts = self._opts.get(step.options)
+        if opts is None:
+            given = step.options
+            opts = self._opts[given] = client._options(
+                dict(given.resources), given.retries or 0, given.priority or 0, None, None)
+        deps: list[Any] = []
+        frames = client._pickler.call(self._function, (step.node, step.inputs, *inputs), {},
+                                      deps, {})
+        return client._make_future(run_node, step.name, frames, deps, opts,
+                                   {"quiet": True} if quiet else None)
+
+    def submit_all(self, plan: Plan, quiet: bool) -> dict[Any, Future]:
+        """Submit every step of PLAN; return each step's future. QUIET: the steps that are
+        no output of the compute are submitted quiet."""
+        futures: dict[Any, Future] = {}
+        outputs = set(plan.outputs.values())
+        try:
+            for count, step in enumerate(plan.steps, 1):
+                futures[step.key] = self.submit(
+                    step, [futures[s] for s in step.sources], quiet and step.key not in outputs)
+                if count % 1000 == 0:
+                    self.client._io.wake()  # the first batch goes while the rest is pickled
+        except BaseException:
+            self.client._forget(list(futures.values()), cancel=True)
+            raise
+        self.client._io.wake()
+        return futures
+
+
+def compute(client: Any, plan: Plan) -> dict[Any, Future]:
+    """Submit PLAN; return the future of each requested key. The rest are let go at once."""
+    futures = Submitter(client).submit_all(plan, quiet=False)
+    outputs = set(plan.outputs.values())
+    client._forget(f for key, f in futures.items() if key not in outputs)
+    return {key: futures[source] for key, source in plan.outputs.items()}
+
+
+def get(client: Any, plan: Plan, keys: Any, callbacks: Any = None) -> Any:
+    """Compute PLAN; return the values of KEYS in their nesting, as Dask's schedulers do."""
+    from dask.callbacks import local_callbacks, unpack_callbacks
+
+    with local_callbacks(callbacks) as active:
+        start, start_state, pretask, posttask, finish = unpack_callbacks(active)
+        run = _FollowedRun(client, plan)
+        for call in start:
+            call(plan.graph)
+        for call in start_state:
+            call(plan.graph, run.state)
+        failed = True
+        try:
+            run.submit()
+            values = run.follow(pretask, posttask)
+            failed = False
+        finally:
+            for call in finish:
+                call(plan.graph, run.state, failed)
+    return pack(keys, values)
+
+
+class _FollowedRun:
+    """One ``get``: its steps' futures, and Dask's callback state (ready, running, ...)."""
+
+    def __init__(self, client: Any, plan: Plan) -> None:
+        self.client = client
+        self.plan = plan
+        self.outputs = set(plan.outputs.values())
+        self.events: queue.SimpleQueue[tuple[str, Future]] = queue.SimpleQueue()
+        self.futures: dict[Any, Future] = {}
+        self.step_of: dict[int, Step] = {}
+        self.left = dict(plan.readers)   # step key -> its readers not ended yet
+        dependents: dict[Any, set[Any]] = {s.key: set() for s in plan.steps}
+        for step in plan.steps:
+            for source in step.sources:
+                dependents[source].add(step.key)
+        self.state: dict[str, Any] = {
+            "waiting": {s.key: set(s.sources) for s in plan.steps if s.sources},
+            "ready": {s.key for s in plan.steps if not s.sources},
+            "running": set(), "finished": set(), "cache": {}, "dependents": dependents,
+            "dependencies": {s.key: set(s.sources) for s in plan.steps}}
+
+    def submit(self) -> None:
+        self.futures = Submitter(self.client).submit_all(self.plan, quiet=True)
+        for step in self.plan.steps:
+            future = self.futures[step.key]
+            self.step_of[future.id] = step
+            future._on_running = self._ran
+            future.add_done_callback(self._ended)
+
+    def _ran(self, future: Future) -> None:
+        self.events.put((_RAN, future))
+
+    def _ended(self, future: Any) -> None:  # (a done-callback: given a cf.Future)
+        self.events.put((_ENDED, future))
+
+    def follow(self, pretask: list[Any], posttask: list[Any]) -> dict[Any, Any]:
+        """Wait for every output; on the first failure cancel what has not begun and raise."""
+        state = self.state
+        values: dict[Any, Any] = {}
+        left = len(self.outputs)
+        try:
+            while left:
+                what, future = self.events.get()
+                step = self.step_of[future.id]
+                if what == _RAN:
+                    self._began(step, pretask)
+                    continue
+                if future.cancelled():
+                    raise _cancelled(step)
+                error = future.exception()
+                if error is not None:
+                    raise error
+                self._began(step, pretask)  # (it may have begun and ended between looks)
+                value = future.result()
+                if step.key in self.outputs:
+                    values[step.key] = value
+                    left -= 1
+                state["running"].discard(step.key)
+                state["finished"].add(step.key)
+                for call in posttask:
+                    call(step.key, value, self.plan.graph, state, future.agent)
+                self._release_inputs(step)
+        except BaseException:
+            self._let_go(cancel=True)
+            raise
+        self._let_go()
+        return {key: values[source] for key, source in self.plan.outputs.items()}
+
+    def _let_go(self, cancel: bool = False) -> None:
+        """Release every result still held now: not when the futures are dropped (an
+        exception's frames hold them, and so does a future's callback of this run)."""
+        self.client._forget(self.futures.values(), cancel=cancel)
+        self.futures.clear()
+
+    def _began(self, step: Step, pretask: list[Any]) -> None:
+        state = self.state
+        if step.key in state["ready"]:
+            state["ready"].discard(step.key)
+            state["running"].add(step.key)
+            for call in pretask:
+                call(step.key, self.plan.graph, state)
+
+    def _release_inputs(self, step: Step) -> None:
+        """STEP ended: its readers may be ready; its inputs, read by nothing else, freed."""
+        state = self.state
+        for source in set(step.sources):
+            self.left[source] -= 1
+            if self.left[source] == 0 and source not in self.outputs:
+                del self.futures[source]  # (the last reference: its result is released)
+        for reader in state["dependents"][step.key]:
+            missing = state["waiting"].get(reader)
+            if missing is not None:
+                missing.discard(step.key)
+                if not missing:
+                    del state["waiting"][reader]
+                    state["ready"].add(reader)
+
+
+def _cancelled(step: Step) -> BaseException:
+    from concurrent.futures import CancelledError
+
+    return CancelledError(f"the Dask task {step.key!r} was cancelled")
