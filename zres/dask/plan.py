@@ -10,6 +10,7 @@ of equal priority in submission order.
 from __future__ import annotations
 
 import heapq
+import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,9 +149,10 @@ def _dependencies_first(needed: dict[Any, tuple[tuple[Any, ...], tuple[Any, ...]
     return done
 
 
-def run_node(node: Any, inputs: tuple[Any, ...], *values: Any) -> Any:
-    """Compute NODE (on a worker) from the VALUES of its INPUTS; an error names its key
-    and, for a fused task, the tasks it was made of."""
+def run_node(pickled: bytes, inputs: tuple[Any, ...], *values: Any) -> Any:
+    """Compute the PICKLED node (on a worker) from the VALUES of its INPUTS; an error
+    names its key and, for a fused task, the tasks it was made of."""
+    node = pickle.loads(pickled)
     try:
         return node(dict(zip(inputs, values)))
     except Exception as exc:

@@ -12,9 +12,14 @@ the compute with its own exception, which names its key; what has not begun is c
 
 from __future__ import annotations
 
+import io
+import pickle
 import queue
+import types
 from collections.abc import Mapping
 from typing import Any
+
+import cloudpickle
 
 from ..client.annotations import current_annotations
 from ..client.futures import Future
@@ -41,6 +46,25 @@ def general_options(keywords: Mapping[str, Any]) -> Options:
     return result
 
 
+class NodePickler(cloudpickle.Pickler):
+    """Pickles graph nodes, each function once per compute: a graph's thousands of tasks
+    share a few functions, and pickling one by value (defined in ``__main__``) costs
+    far more than the rest of its task."""
+
+    def __init__(self, file: io.BytesIO, functions: dict[Any, Any]) -> None:
+        super().__init__(file, protocol=5)
+        self._functions = functions
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.FunctionType:
+            found = self._functions.get(obj)
+            if found is None:
+                found = self._functions[obj] = (pickle.loads,
+                                                (cloudpickle.dumps(obj, protocol=5),))
+            return found
+        return super().reducer_override(obj)
+
+
 class Submitter:
     """Submits steps on CLIENT: each a call of ``run_node`` with its inputs' futures."""
 
@@ -48,6 +72,7 @@ class Submitter:
         self.client = client
         self._function = client._pickler.function(run_node, [], {})
         self._opts: dict[Options, dict[str, Any]] = {}  # (tasks asking alike check once)
+        self._functions: dict[Any, Any] = {}
 
     def submit(self, step: Step, inputs: list[Future], quiet: bool) -> Future:
         client = self.client
@@ -56,9 +81,11 @@ class Submitter:
             given = step.options
             opts = self._opts[given] = client._options(
                 dict(given.resources), given.retries or 0, given.priority or 0, None, None)
+        buf = io.BytesIO()
+        NodePickler(buf, self._functions).dump(step.node)
         deps: list[Any] = []
-        frames = client._pickler.call(self._function, (step.node, step.inputs, *inputs), {},
-                                      deps, {})
+        frames = client._pickler.call(self._function, (buf.getvalue(), step.inputs, *inputs),
+                                      {}, deps, {})
         return client._make_future(run_node, step.name, frames, deps, opts,
                                    {"quiet": True} if quiet else None)
 
