@@ -52,8 +52,9 @@ def test_a_compute_lives_through_a_broker_kill(make_cluster, make_client, tmp_pa
     cluster = make_cluster(agents=[{"CPU": 2}], nthreads=2)
     client = make_client(cluster.address)
     ledger, gate = str(tmp_path / "ledger"), str(tmp_path / "gate")
-    # a is large (its result is not kept over a restart), b reads it and is small, c runs
-    # through the kill, d waits for b and c.
+    # big is large (its result is not kept over a restart: were it needed after, it would
+    # be computed again), total reads it and is small, slow runs through the kill, out
+    # waits for total and slow.
     graph = {"big": (noted, ledger, "a", np.ones(100_000)),
              "total": (lambda v: float(v.sum()), "big"),
              "slow": (noted, ledger, "c", 2.0, gate),
@@ -63,8 +64,8 @@ def test_a_compute_lives_through_a_broker_kill(make_cluster, make_client, tmp_pa
     run.start()
     wait_until(lambda: Path(ledger).exists() and "c" in Path(ledger).read_text().split(),
                message="c to run")
-    wait_until(lambda: client.status()["counts"].get("done", 0) == 1,
-               message="a released and b done before the kill")
+    wait_until(lambda: client.status()["counts"] == {"done": 1, "running": 1, "waiting": 1},
+               message="big released, total done, slow running and out waiting")
     cluster.restart_broker()
     Path(gate).touch()
     run.join(60)
