@@ -25,6 +25,7 @@ from .client.futures import (
     wait,
 )
 from .client.io import InfeasibleWarning
+from .client.progress import progress
 from .core.context import TaskContext, get_task_context
 from .core.errors import (
     ActorDiedError,
@@ -49,7 +50,8 @@ __all__ = [
     "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
     "LocalCluster", "ProtocolError",
     "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
-    "annotate", "as_completed", "gather", "get_task_context", "map", "submit", "wait",
+    "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "submit",
+    "wait",
 ]
 
 

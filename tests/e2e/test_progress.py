@@ -1,0 +1,51 @@
+"""What a user watching work sees: a progress bar over futures, and a future that says it
+runs once it runs."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+import zres
+from tests.conftest import wait_until
+from tests.tasks import hold
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def fails_on(i: int, bad: int) -> int:
+    if i == bad:
+        raise ValueError(f"{i} is bad")
+    return i
+
+
+def test_progress_counts_what_ended_and_what_failed(make_cluster, make_client):
+    cluster = make_cluster(agents=[{"CPU": 2}])
+    client = make_client(cluster.address)
+    futures = client.map(fails_on, range(5), [3] * 5)
+    out = io.StringIO()
+    returned = zres.progress({"some": futures[:2], "rest": futures[2:]}, file=out,
+                             desc="work")
+    assert sorted(f.id for f in returned) == sorted(f.id for f in futures)
+    assert all(f.done() for f in futures)
+    final = out.getvalue().splitlines()[-1] if "\n" in out.getvalue() else out.getvalue()
+    assert "work" in final and "5/5" in final and "failed=1" in final, out.getvalue()
+    with pytest.raises(TypeError, match="progress\\(\\) takes futures"):
+        zres.progress([futures[0], 42])
+
+
+def test_a_future_says_running_once_its_task_runs(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"CPU": 1}])
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), str(tmp_path / "marker")
+    held = client.submit(hold, release, marker)
+    waiting = client.submit(hold, release, str(tmp_path / "second"))
+    wait_until(lambda: os.path.exists(marker), message="the task to start")
+    wait_until(lambda: "running" in repr(held), message="its future to say so")
+    assert "pending" in repr(waiting), "a task waiting for the CPU does not run"
+    Path(release).touch()
+    assert held.result(30) == "released"
+    assert "finished" in repr(held)
