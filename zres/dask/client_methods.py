@@ -36,6 +36,7 @@ class DaskMethods:
         ``dask.diagnostics.ProgressBar``) hear each task begin and end. A failed task fails
         the compute with its own exception, naming its key.
         """
+        _need_dask()
         from .plan import make_plan
         from .run import general_options, get
 
@@ -52,6 +53,7 @@ class DaskMethods:
         ``retries`` for every task. Intermediate results are freed as soon as the tasks
         that read them have ended.
         """
+        _need_dask()
         import dask
 
         from .plan import make_plan
@@ -91,3 +93,11 @@ class DaskMethods:
                 if held:
                     self._io.outbox.append((P.RELEASE, future.id, ()))
         self._io.wake()
+
+
+def _need_dask() -> None:
+    try:
+        import dask  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("running Dask collections on zres needs Dask: pip install "
+                          "'zres[dask]' (where clients run and on the agents)") from exc

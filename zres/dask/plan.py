@@ -152,7 +152,12 @@ def _dependencies_first(needed: dict[Any, tuple[tuple[Any, ...], tuple[Any, ...]
 def run_node(pickled: bytes, inputs: tuple[Any, ...], *values: Any) -> Any:
     """Compute the PICKLED node (on a worker) from the VALUES of its INPUTS; an error
     names its key and, for a fused task, the tasks it was made of."""
-    node = pickle.loads(pickled)
+    try:
+        node = pickle.loads(pickled)
+    except ModuleNotFoundError as exc:
+        exc.add_note("(a Dask task: the agents need Dask installed too: pip install "
+                     "'zres[dask]')")
+        raise
     try:
         return node(dict(zip(inputs, values)))
     except Exception as exc:
