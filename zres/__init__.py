@@ -38,11 +38,11 @@ from .core.errors import (
     WorkerLostError,
     ZresError,
 )
+from .core.versions import ZRES_VERSION as __version__
 from .local import LocalCluster
 
-__version__ = "0.1.0"
-
 __all__ = [
+    "__version__",
     "ActorDiedError", "ActorHandle", "ActorMethod", "actor", "get_actor", "kill",
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 
 import zmq
 
+from ..core import versions
 from ..core.errors import ZresError
 from . import cluster, jobs
 from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError
@@ -20,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
                     epilog=f"Every command finds its {BROKER_ORDER}. Agents read [agent] "
                     "instead of [client]; Python's zres.Client() reads the same, and with "
                     "no broker anywhere starts a private one.")
+    runs = versions.mine()
+    parser.add_argument("--version", action="version",
+                        version=f"zres {runs['zres']} (Python {platform.python_version()}, "
+                        f"cloudpickle {runs['cloudpickle']}, pyzmq {zmq.__version__}, "
+                        f"libzmq {zmq.zmq_version()})")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     cluster.add_parsers(sub)
     jobs.add_parsers(sub)
