@@ -13,17 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import Limits
+from ..logs import get_logger
 from .agents import AgentRecord, AgentRegistry, parse_registration
 from .auth import Forbidden
 from .dispatch import Dispatcher
 from .outbox import Send
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 _BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at once
 
 

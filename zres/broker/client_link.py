@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
+from ..logs import get_logger
 from .actors import ActorRouting, ActorState
 from .cancels import CancelAnswers
 from .clients import ClientRecord, ClientRegistry
@@ -31,7 +30,7 @@ from .status import Explainer
 from .store import StateUnwritable, Store
 from .submit import parse_submit
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 Send = Callable[..., None]
 
 

@@ -9,10 +9,11 @@ import sys
 
 import zmq
 
+from .. import logs
 from ..core import versions
 from ..core.errors import ZresError
 from . import cluster, jobs
-from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError
+from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError, add_log_level
 
 _COMMANDS = {**cluster.COMMANDS, **jobs.COMMANDS}
 
@@ -31,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_parsers(sub)
     jobs.add_parsers(sub)
     for name, command in sub.choices.items():
+        if "--log-level" not in command._option_string_actions:
+            add_log_level(command)
         if name != "keygen":
             command.add_argument("--keys", metavar="DIR", help="the cluster's keys (default: "
                                  "$ZRES_KEYS, else [security] keys in the config file, else "
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "insecure", False):
         os.environ["ZRES_INSECURE"] = "1"
     try:
+        if args.log_level and args.command not in ("broker", "agent"):
+            logs.setup(None, args.log_level)  # (the daemons set theirs up themselves)
         code = _COMMANDS[args.command](args)
     except (UsageError, ValueError) as exc:  # bad input: resource specs, config, flags
         print(f"zres {args.command}: {exc}", file=sys.stderr)

@@ -21,7 +21,6 @@ from concurrent.futures import _base
 from typing import Any
 
 import msgpack
-import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -30,9 +29,10 @@ from ..core import protocol as P
 from ..core.errors import BrokerLostError, InfeasibleError, ZresError
 from ..core.limits import Limits
 from ..core.serialize import loads, loads_exception
+from ..logs import get_logger
 from .futures import Future
 
-log = structlog.get_logger("zres.client")
+log = get_logger("zres.client")
 
 
 class InfeasibleWarning(UserWarning):
