@@ -31,11 +31,12 @@ from .connect import find_broker
 from .executor import Executor
 from .futures import Future, gather
 from .io import STOP, IOThread
+from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
 
 
-class Client:
+class Client(Shipping):
     """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
     return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
     ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
@@ -50,12 +51,14 @@ class Client:
 
     INFEASIBLE ("warn" or "error") is what a task nobody can run gets by default: a
     warning while it waits for an agent that could, or that error at once ("error" on a
-    private cluster, else "warn").
+    private cluster, else "warn"). MODULES are shipped by value (see ``ship``).
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
-                 broker_timeout: float | None = None, keys: str | None = None) -> None:
+                 broker_timeout: float | None = None, keys: str | None = None,
+                 modules: Iterable[ModuleType] = ()) -> None:
+        self.ship(*modules)  # (refuses what is not a module before anything starts)
         if infeasible is not None:
             _check_infeasible(infeasible)
         settings = config.load("client", {"broker": address,
@@ -437,7 +440,6 @@ class Client:
 def _check_infeasible(mode: str) -> None:
     if mode not in _INFEASIBLE_MODES:
         raise ValueError(f"infeasible must be 'warn' or 'error', not {mode!r}")
-
 
 
 def default_client() -> Client:
