@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from .agent.jobs import CommandResult
 from .client.actors import ActorHandle, ActorMethod
@@ -41,6 +41,8 @@ from .core.errors import (
 from .core.versions import ZRES_VERSION as __version__
 from .local import LocalCluster
 
+R = TypeVar("R")  # what a submitted function returns
+
 __all__ = [
     "__version__",
     "ActorDiedError", "ActorHandle", "ActorMethod", "actor", "get_actor", "kill",
@@ -53,12 +55,13 @@ __all__ = [
 ]
 
 
-def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+def submit(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
     """Submit FN on the default client (the newest open one, started if none)."""
     return default_client().submit(fn, *args, **kwargs)
 
 
-def map(fn: Callable[..., Any], *iterables: Iterable[Any], **kwargs: Any) -> list[Future]:  # noqa: A001
+def map(fn: Callable[..., R], *iterables: Iterable[Any],  # noqa: A001
+        **kwargs: Any) -> list[Future[R]]:
     """Map FN over ITERABLES on the default client, batched on the wire."""
     return default_client().map(fn, *iterables, **kwargs)
 
@@ -83,6 +86,6 @@ def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
     actor.client().kill(actor, timeout)
 
 
-def submit_command(argv: Any, **kwargs: Any) -> Future:
+def submit_command(argv: Any, **kwargs: Any) -> Future[Any]:
     """Queue a shell command as a job on the default client; see Client.submit_command."""
     return default_client().submit_command(argv, **kwargs)

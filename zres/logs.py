@@ -15,12 +15,13 @@ import sys
 from typing import Any
 
 import structlog
+from structlog.types import EventDict, WrappedLogger
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 _KEY_VALUES = structlog.processors.LogfmtRenderer(bool_as_flag=False)
 
 
-def _to_record(logger: Any, method: str, event: dict[str, Any]
+def _to_record(logger: WrappedLogger, method: str, event: EventDict
                ) -> tuple[tuple[str], dict[str, Any]]:
     """Turn a structlog event into a stdlib call: a readable message, the fields apart."""
     exc_info = event.pop("exc_info", None)
@@ -47,7 +48,7 @@ def level_number(level: str | None) -> int:
     return int(getattr(logging, name.upper()))
 
 
-def _fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _fields(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
     """Put a zres record's fields back in place of its rendered message."""
     fields = getattr(event["_record"], "zres_event", None)
     if fields is None:

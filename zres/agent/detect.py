@@ -39,11 +39,11 @@ def cpus(root: str | os.PathLike[str] = "/", affinity: set[int] | None = None,
                 count, why = limit, f"cgroup {_show(base, path)} ({quota} {period})"
     for controller in _V1_CPU:
         for path in _candidates(base, controller, "cpu.cfs_quota_us"):
-            quota, period = _int(path), _int(path.with_name("cpu.cfs_period_us"))
-            if quota is not None and period and quota > 0:
-                limit = math.ceil(quota / period)
+            us, period_us = _int(path), _int(path.with_name("cpu.cfs_period_us"))
+            if us is not None and period_us and us > 0:  # (-1: no quota)
+                limit = math.ceil(us / period_us)
                 if 0 < limit < count:
-                    count, why = limit, f"cgroup {_show(base, path)} ({quota}/{period})"
+                    count, why = limit, f"cgroup {_show(base, path)} ({us}/{period_us})"
     return count, why
 
 

@@ -29,7 +29,7 @@ from .actors import ActorHandle
 from .annotations import current_annotations
 from .connect import find_broker
 from .executor import Executor
-from .futures import Future, gather
+from .futures import Future, R, gather
 from .io import STOP, IOThread
 from .shipping import ModuleType, Shipping
 
@@ -86,11 +86,11 @@ class Client(Shipping):
         registry.add(self)
 
     # -- submitting ---------------------------------------------------------------------
-    def submit(self, fn: Callable[..., Any], /, *args: Any,
+    def submit(self, fn: Callable[..., R], /, *args: Any,
                resources: Mapping[str, Any] | None = None, retries: int | None = None,
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None,
-               **kwargs: Any) -> Future:
+               **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -111,10 +111,10 @@ class Client(Shipping):
         self._io.wake()
         return future
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+    def map(self, fn: Callable[..., R], *iterables: Iterable[Any],
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
-            key: str | None = None, **kwargs: Any) -> list[Future]:
+            key: str | None = None, **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
         KWARGS go to every call. (``executor().map`` is the standard's: an iterator of
@@ -178,7 +178,7 @@ class Client(Shipping):
                 raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
         task_id = next(self._ids)
         label = name or f"{getattr(fn, '__name__', fn)}-{task_id}"
-        future = Future(self, task_id, label)
+        future: Future[Any] = Future(self, task_id, label)
         item = [task_id, opts["units"], opts["priority"], opts["retries"],
                 [d.id for d in deps], len(frames), label, opts["strict"]]
         if extra:
