@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from ..core import keys
+from ..core import keys, versions
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
@@ -199,7 +199,7 @@ class Agent:
         self.session.asked_at = now
         body: dict[str, Any] = {
             "name": self.name, "session": self.session.id, "host": socket.gethostname(),
-            "pid": os.getpid(), "t": now,
+            "pid": os.getpid(), "t": now, "versions": versions.mine(),
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
                       for s in self.slots]}
         frames: list[Any] = []

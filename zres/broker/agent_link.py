@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
+from ..core import versions
 from ..core.errors import ProtocolError
 from ..core.limits import Limits
 from ..logs import get_logger
@@ -59,6 +60,7 @@ class AgentLink:
 
     def on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
         reg = parse_registration(msg, self._limits)
+        versions.refuse_mismatch(msg.body.get("versions"), "agent")
         key = self._key()
         if key != ":":  # an agent's name is bound to the key that first registered it
             bound = self._agents.name_keys.setdefault(reg.name, key)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
+from ..core import versions
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
@@ -71,6 +72,7 @@ class ClientLink:
     def on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
         name = check_name(msg.body.get("client", ident[:16].hex()), self._limits,
                           "hello: the client's name")
+        versions.refuse_mismatch(msg.body.get("versions"), "client")
         how = self.clients.hello(ident, name, now)
         self.clients.get(ident).owner = self._key_name()  # type: ignore[union-attr]
         # "new" tells a client we had dropped (silent too long) that its tasks are gone;

@@ -14,6 +14,8 @@ from typing import Any
 
 import cloudpickle
 
+from .errors import ProtocolError
+
 # The one place the version is written: pyproject.toml reads it from here.
 ZRES_VERSION = "0.1.0"
 
@@ -41,6 +43,19 @@ def mismatch(theirs: Any, ours: dict[str, str]) -> str | None:
     if theirs is None:
         return None
     if not isinstance(theirs, dict):
-        return "its versions are not a map"
+        return "versions"
     differ = [key for key in FIELDS if str(theirs.get(key)) != ours[key]]
     return ", ".join(differ) if differ else None
+
+
+def refuse_mismatch(theirs: Any, who: str) -> None:
+    """Raise ProtocolError naming both sides' versions unless THEIRS, what a WHO (client,
+    agent) says it runs, can work with this process (the broker)."""
+    ours = mine()
+    differ = mismatch(theirs, ours)
+    if differ is not None:
+        said = describe(theirs) if isinstance(theirs, dict) else "unknown versions"
+        raise ProtocolError(
+            f"this {who} runs {said}, the broker runs {describe(ours)} ({differ} differ): "
+            "clients, agents and their broker must run the same zres version, Python "
+            "major.minor and cloudpickle version")
