@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -93,10 +94,12 @@ def test_daemons_render_json_lines_on_stderr(tmp_path):
          "DEBUG"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
+        first = json.loads(proc.stderr.readline())
         line = json.loads(proc.stderr.readline())
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)
+    assert first["event"] == "resources_detected" and first["cpu_from"]
     assert line["event"] == "agent_started" and line["level"] == "info"
     assert line["slots"] == ["CPU=1 foo=1"] or line["slots"][0].endswith("foo=1")
     assert "timestamp" in line
@@ -114,12 +117,15 @@ def test_log_level_refuses_an_unknown_level(command):
     assert "debug, info, warning, error, critical" in done.stderr
 
 
-def test_an_unknown_level_in_the_environment_is_refused_too():
+@pytest.mark.parametrize(("variable", "said"), [
+    ("ZRES_LOG_LEVEL", "unknown log level 'chatty'"),
+    ("ZRES_LOG_FORMAT", "unknown log format 'chatty' (choose from console, json)")])
+def test_an_unknown_level_or_format_in_the_environment_is_refused_too(variable, said):
     done = subprocess.run([sys.executable, "-m", "zres", "broker", "--insecure", "--listen",
                            "tcp://127.0.0.1:9"], capture_output=True, text=True, timeout=30,
-                          env={**__import__("os").environ, "ZRES_LOG_LEVEL": "chatty"})
+                          env={**os.environ, variable: "chatty"})
     assert done.returncode == 2
-    assert "unknown log level 'chatty'" in done.stderr
+    assert said in done.stderr
 
 
 def test_version():

@@ -61,6 +61,8 @@ def setup(fmt: str | None = None, level: str | None = None) -> None:
     from LEVEL up (default $ZRES_LOG_LEVEL, else info): the daemons' set-up."""
     fmt = fmt or os.environ.get("ZRES_LOG_FORMAT") or ("console" if sys.stderr.isatty()
                                                        else "json")
+    if fmt not in ("console", "json"):
+        raise ValueError(f"unknown log format {fmt!r} (choose from console, json)")
     number = level_number(level or os.environ.get("ZRES_LOG_LEVEL"))
     renderer: list[Any] = ([structlog.dev.ConsoleRenderer(colors=False)] if fmt == "console"
                            else [structlog.processors.format_exc_info,
