@@ -52,9 +52,6 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
     devices = gpu_mod.discover() if detect and not tokens else []
     memory, memory_why = detect_mod.memory() if detect else (0, "not detected")
     memory //= nworkers
-    # Said once at start: what the node offers by itself, and what set each amount.
-    log.info("resources_detected", cpu=cpus, cpu_from=cpus_why,
-             memory=format_amount(MEMORY, memory * nworkers * UNIT), memory_from=memory_why)
     if declared.get(GPU, 0) % UNIT:
         raise ResourceSpecError(f"invalid resource spec 'GPU={format_amount(GPU, declared[GPU])}'"
                                 ": an agent's GPU must be a whole number of devices")
@@ -87,5 +84,8 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
             units.pop(GPU, None)
             ids, gpu_mem = [], []
         slots.append(SlotSpec(units, ids, threads, gpu_mem))
+    # Said once at start (the spec was good): what the node offers by itself, and why.
+    log.info("resources_detected", cpu=cpus, cpu_from=cpus_why,
+             memory=format_amount(MEMORY, memory * nworkers * UNIT), memory_from=memory_why)
     return slots
 
