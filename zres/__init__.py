@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from .agent.jobs import CommandResult
 from .client.actors import ActorHandle, ActorMethod
@@ -39,11 +39,13 @@ from .core.errors import (
     WorkerLostError,
     ZresError,
 )
+from .core.versions import ZRES_VERSION as __version__
 from .local import LocalCluster
 
-__version__ = "0.1.0"
+R = TypeVar("R")  # what a submitted function returns
 
 __all__ = [
+    "__version__",
     "ActorDiedError", "ActorHandle", "ActorMethod", "actor", "get_actor", "kill",
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
@@ -55,12 +57,13 @@ __all__ = [
 ]
 
 
-def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+def submit(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
     """Submit FN on the default client (the newest open one, started if none)."""
     return default_client().submit(fn, *args, **kwargs)
 
 
-def map(fn: Callable[..., Any], *iterables: Iterable[Any], **kwargs: Any) -> list[Future]:  # noqa: A001
+def map(fn: Callable[..., R], *iterables: Iterable[Any],  # noqa: A001
+        **kwargs: Any) -> list[Future[R]]:
     """Map FN over ITERABLES on the default client, batched on the wire."""
     return default_client().map(fn, *iterables, **kwargs)
 
@@ -85,6 +88,6 @@ def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
     actor.client().kill(actor, timeout)
 
 
-def submit_command(argv: Any, **kwargs: Any) -> Future:
+def submit_command(argv: Any, **kwargs: Any) -> Future[Any]:
     """Queue a shell command as a job on the default client; see Client.submit_command."""
     return default_client().submit_command(argv, **kwargs)

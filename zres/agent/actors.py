@@ -13,14 +13,13 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..logs import get_logger
 from .grants import Events
 from .workers import ActorProcess, Worker, WorkerPool, exit_cause, kill
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 
 
 class ActorSupervisor:

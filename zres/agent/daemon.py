@@ -18,13 +18,13 @@ import socket
 import time
 from typing import Any
 
-import structlog
 import zmq
 
-from ..core import keys
+from ..core import keys, versions
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
+from ..logs import get_logger
 from .actors import ActorSupervisor
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
@@ -37,7 +37,7 @@ from .session import ReachWarning, Session
 from .slots import SlotSpec
 from .workers import WorkerPool
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 DRAIN_GRACE = 30.0   # seconds running work has to finish once the agent is told to stop
 
 
@@ -199,7 +199,7 @@ class Agent:
         self.session.asked_at = now
         body: dict[str, Any] = {
             "name": self.name, "session": self.session.id, "host": socket.gethostname(),
-            "pid": os.getpid(), "t": now,
+            "pid": os.getpid(), "t": now, "versions": versions.mine(),
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
                       for s in self.slots]}
         frames: list[Any] = []

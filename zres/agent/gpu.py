@@ -12,9 +12,9 @@ import json
 import os
 from dataclasses import dataclass
 
-import structlog
+from ..logs import get_logger
 
-log = structlog.get_logger("zres.gpu")
+log = get_logger("zres.gpu")
 FAKE_ENV = "ZRES_TEST_FAKE_GPUS"
 
 

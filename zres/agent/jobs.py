@@ -23,13 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import CommandFailed
 from ..core.serialize import dumps, dumps_exception
+from ..logs import get_logger
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 
 GRACE = 5.0          # seconds between SIGTERM and SIGKILL
 _TAIL_LINES = 20

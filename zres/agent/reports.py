@@ -18,11 +18,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
+from ..logs import get_logger
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 
 
 class Reports:

@@ -24,15 +24,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.resources import Units
+from ..logs import get_logger
 from .grants import Events, Grant, SlotState, add_units
 from .slots import SlotSpec
 from .workers import Worker, WorkerPool, exit_cause, kill
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 STOP_GRACE = 2.0  # seconds a call cancelled with force has to end before its process dies
 
 # Queued grants a worker may hold to start on its own. Each may have started when its agent

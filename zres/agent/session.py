@@ -13,12 +13,11 @@ from __future__ import annotations
 import random
 import time
 
-import structlog
-
 from ..core.address import unreachable
+from ..logs import get_logger
 from .shared import Lease
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 
 
 class Session:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from ..core.errors import ResourceSpecError
@@ -16,7 +15,11 @@ from ..core.resources import (
     format_amount,
     token_devices,
 )
+from ..logs import get_logger
+from . import detect as detect_mod
 from . import gpu as gpu_mod
+
+log = get_logger("zres.agent")
 
 
 @dataclass(slots=True)
@@ -38,7 +41,8 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
     """
     if nworkers < 1:
         raise ResourceSpecError("nworkers must be at least 1")
-    threads = nthreads or max(1, (os.cpu_count() or 1) // nworkers)
+    cpus, cpus_why = detect_mod.cpus()
+    threads = nthreads or max(1, cpus // nworkers)
     tokens = [name for name in declared if token_devices({name: 1})]
     if tokens and GPU in declared:
         raise ResourceSpecError(f"invalid resource spec: declare GPU=k or per-device tokens "
@@ -46,7 +50,8 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
     # Per-device tokens stand for the devices: offering detected GPUs too would offer
     # each device twice.
     devices = gpu_mod.discover() if detect and not tokens else []
-    memory = _total_memory() // nworkers if detect else 0
+    memory, memory_why = detect_mod.memory() if detect else (0, "not detected")
+    memory //= nworkers
     if declared.get(GPU, 0) % UNIT:
         raise ResourceSpecError(f"invalid resource spec 'GPU={format_amount(GPU, declared[GPU])}'"
                                 ": an agent's GPU must be a whole number of devices")
@@ -79,11 +84,8 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
             units.pop(GPU, None)
             ids, gpu_mem = [], []
         slots.append(SlotSpec(units, ids, threads, gpu_mem))
+    # Said once at start (the spec was good): what the node offers by itself, and why.
+    log.info("resources_detected", cpu=cpus, cpu_from=cpus_why,
+             memory=format_amount(MEMORY, memory * nworkers * UNIT), memory_from=memory_why)
     return slots
 
-
-def _total_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0

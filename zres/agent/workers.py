@@ -18,14 +18,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 import zmq
 
 from ..core import protocol as P
+from ..logs import get_logger
 from .shared import Lease, StartLog
 from .slots import SlotSpec
 
-log = structlog.get_logger("zres.agent")
+log = get_logger("zres.agent")
 
 
 @dataclass(slots=True)

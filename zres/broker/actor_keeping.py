@@ -26,17 +26,17 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
-import structlog
 
 from ..core import protocol as P
 from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .actors import ActorRecord, ActorRouting, ActorState
 from .agents import AgentRecord
 from .graph import TaskGraph
 from .store import Store
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 _pack = msgpack.Packer().pack
 
 

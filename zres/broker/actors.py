@@ -18,18 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import quote
 from ..core.resources import Units, format_units
 from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .graph import TaskGraph
 from .outbox import Batches, Send
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 _DEAD_KEPT = 10_000  # dead actors remembered, so late calls get the real cause
 
 

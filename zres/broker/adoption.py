@@ -24,11 +24,10 @@ import gc
 import time
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.tasks import Task, TaskState, set_state
+from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .actor_keeping import ActorKeeper
 from .agents import AgentRecord
@@ -37,7 +36,7 @@ from .graph import TaskGraph
 from .jobs import JobRecord, JobTable
 from .store import Store
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 
 
 class Adoption:

@@ -13,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
+from ..core import versions
 from ..core.errors import ProtocolError
 from ..core.limits import Limits
+from ..logs import get_logger
 from .agents import AgentRecord, AgentRegistry, parse_registration
 from .auth import Forbidden
 from .dispatch import Dispatcher
 from .outbox import Send
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 _BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at once
 
 
@@ -60,6 +60,7 @@ class AgentLink:
 
     def on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
         reg = parse_registration(msg, self._limits)
+        versions.refuse_mismatch(msg.body.get("versions"), "agent")
         key = self._key()
         if key != ":":  # an agent's name is bound to the key that first registered it
             bound = self._agents.name_keys.setdefault(reg.name, key)

@@ -12,16 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import Limits, check_count, check_name, check_units
 from ..core.resources import GPU, UNIT, Units, format_units
+from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.table import NewSlot
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 _ENDED_KEPT = 10_000  # routing ids of lost agents remembered, to tell them so
 
 

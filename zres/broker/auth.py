@@ -21,14 +21,14 @@ import contextlib
 import os
 from typing import Any
 
-import structlog
 import zmq
 from zmq.auth.base import Authenticator
 
 from ..core import keys as K
 from ..core import protocol as P
+from ..logs import get_logger
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 
 _CLIENT = {P.HELLO, P.SUBMIT, P.RELEASE, P.CANCEL, P.WHY, P.RESUME, P.STATUS, P.KILL,
            P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE}

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
+from ..core import versions
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
+from ..logs import get_logger
 from .actors import ActorRouting, ActorState
 from .cancels import CancelAnswers
 from .clients import ClientRecord, ClientRegistry
@@ -31,7 +31,7 @@ from .status import Explainer
 from .store import StateUnwritable, Store
 from .submit import parse_submit
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 Send = Callable[..., None]
 
 
@@ -72,6 +72,7 @@ class ClientLink:
     def on_hello(self, ident: bytes, msg: P.Message, now: float) -> None:
         name = check_name(msg.body.get("client", ident[:16].hex()), self._limits,
                           "hello: the client's name")
+        versions.refuse_mismatch(msg.body.get("versions"), "client")
         how = self.clients.hello(ident, name, now)
         self.clients.get(ident).owner = self._key_name()  # type: ignore[union-attr]
         # "new" tells a client we had dropped (silent too long) that its tasks are gone;

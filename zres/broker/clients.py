@@ -10,11 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import structlog
-
 from ..core.limits import quote
+from ..logs import get_logger
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 
 
 @dataclass(slots=True)

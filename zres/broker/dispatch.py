@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ..core import protocol as P
 from ..core.resources import token_devices
 from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant
 from .actors import ActorRouting, ActorState
@@ -32,7 +31,7 @@ from .graph import TaskGraph
 from .jobs import JobTable
 from .outbox import Batches, Send
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 
 
 class CancelOutcome(enum.Enum):

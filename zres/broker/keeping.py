@@ -26,15 +26,15 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
-import structlog
 
 from ..core import protocol as P
 from ..core.tasks import Task, TaskState
+from ..logs import get_logger
 from .clients import ClientRegistry
 from .graph import TaskGraph
 from .store import Store
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger ones recomputed
 _pack = msgpack.Packer().pack  # (one packer, not one made per call as packb does)
 ActorTask = Callable[[Task, list[int], str, Callable[[Task, list[int]], None]], None]

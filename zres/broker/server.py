@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, quote
+from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .actor_keeping import ActorKeeper
 from .actors import ActorRouting
@@ -40,7 +40,7 @@ from .keeping import TaskKeeper
 from .status import Explainer
 from .store import StateUnwritable, Store
 
-log = structlog.get_logger("zres.broker")
+log = get_logger("zres.broker")
 _BATCH = 2000          # messages handled per loop turn before scheduling, at most
 _TURN_BUDGET = 0.05    # seconds of message handling per loop turn, at most
 

@@ -30,9 +30,10 @@ import time
 from typing import Any
 
 import msgpack
-import structlog
 
-log = structlog.get_logger("zres.broker")
+from ..logs import get_logger
+
+log = get_logger("zres.broker")
 
 FILENAME = "state.sqlite3"
 ID_BLOCK = 100_000  # task ids reserved per write of the ceiling

@@ -13,8 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
@@ -22,6 +20,7 @@ from ..core.address import is_local
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.resources import format_amount, format_units, parse_spec
+from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
 
 
@@ -119,7 +118,7 @@ def _broker_keys(args: argparse.Namespace, listen: str) -> str | None:
             raise ZresError(f"refusing to listen on {listen} without keys: insecure is set "
                             "in the configuration; only --insecure on the command line "
                             "lets anyone who reaches this address run code on every agent")
-        structlog.get_logger("zres.broker").warning(
+        get_logger("zres.broker").warning(
             "broker_insecure", listen=listen,
             why="no keys: anyone who can reach this address can run code on every agent")
         return None

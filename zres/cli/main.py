@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 
 import zmq
 
+from .. import logs
+from ..core import versions
 from ..core.errors import ZresError
 from . import cluster, jobs
-from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError
+from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError, add_log_level
 
 _COMMANDS = {**cluster.COMMANDS, **jobs.COMMANDS}
 
@@ -20,10 +23,17 @@ def _parser() -> argparse.ArgumentParser:
                     epilog=f"Every command finds its {BROKER_ORDER}. Agents read [agent] "
                     "instead of [client]; Python's zres.Client() reads the same, and with "
                     "no broker anywhere starts a private one.")
+    runs = versions.mine()
+    parser.add_argument("--version", action="version",
+                        version=f"zres {runs['zres']} (Python {platform.python_version()}, "
+                        f"cloudpickle {runs['cloudpickle']}, pyzmq {zmq.__version__}, "
+                        f"libzmq {zmq.zmq_version()})")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     cluster.add_parsers(sub)
     jobs.add_parsers(sub)
     for name, command in sub.choices.items():
+        if "--log-level" not in command._option_string_actions:
+            add_log_level(command)
         if name != "keygen":
             command.add_argument("--keys", metavar="DIR", help="the cluster's keys (default: "
                                  "$ZRES_KEYS, else [security] keys in the config file, else "
@@ -46,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "insecure", False):
         os.environ["ZRES_INSECURE"] = "1"
     try:
+        if args.log_level and args.command not in ("broker", "agent"):
+            logs.setup(None, args.log_level)  # (the daemons set theirs up themselves)
         code = _COMMANDS[args.command](args)
     except (UsageError, ValueError) as exc:  # bad input: resource specs, config, flags
         print(f"zres {args.command}: {exc}", file=sys.stderr)

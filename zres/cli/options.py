@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from .. import config
+from .. import config, logs
 
 EXIT_USAGE = 2
 
@@ -40,13 +40,30 @@ def pid(text: str) -> int:
     return int(text)
 
 
+def log_level(text: str) -> str:
+    """An argument type: a logging level's name (any case)."""
+    try:
+        logs.level_number(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.lower()
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """The --log-level option (every command has it)."""
+    parser.add_argument("--log-level", type=log_level, metavar="LEVEL",
+                        help=f"log from this level up: {', '.join(logs.LEVELS)} (default "
+                        "$ZRES_LOG_LEVEL, else info for the broker and agents, else only "
+                        "warnings)")
+
+
 def add_daemon_options(parser: argparse.ArgumentParser) -> None:
     """The options of the long-running commands (broker, agent)."""
     parser.add_argument("--config", help="TOML config file (default $ZRES_CONFIG, ./zres.toml)")
     parser.add_argument("--exit-with", type=pid, metavar="PID",
                         help="stop when process PID ends (LocalCluster passes its own)")
     parser.add_argument("--log-format", choices=["console", "json"])
-    parser.add_argument("--log-level", default=None)
+    add_log_level(parser)
 
 
 # Said by every command that talks to a broker (and by --help).

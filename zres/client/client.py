@@ -30,13 +30,14 @@ from .actors import ActorHandle
 from .annotations import current_annotations
 from .connect import find_broker
 from .executor import Executor
-from .futures import Future, gather
+from .futures import Future, R, gather
 from .io import STOP, IOThread
+from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
 
 
-class Client(DaskMethods):
+class Client(Shipping, DaskMethods):
     """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
     return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
     ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
@@ -51,12 +52,14 @@ class Client(DaskMethods):
 
     INFEASIBLE ("warn" or "error") is what a task nobody can run gets by default: a
     warning while it waits for an agent that could, or that error at once ("error" on a
-    private cluster, else "warn").
+    private cluster, else "warn"). MODULES are shipped by value (see ``ship``).
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
-                 broker_timeout: float | None = None, keys: str | None = None) -> None:
+                 broker_timeout: float | None = None, keys: str | None = None,
+                 modules: Iterable[ModuleType] = ()) -> None:
+        self.ship(*modules)  # (refuses what is not a module before anything starts)
         if infeasible is not None:
             _check_infeasible(infeasible)
         settings = config.load("client", {"broker": address,
@@ -84,11 +87,11 @@ class Client(DaskMethods):
         registry.add(self)
 
     # -- submitting ---------------------------------------------------------------------
-    def submit(self, fn: Callable[..., Any], /, *args: Any,
+    def submit(self, fn: Callable[..., R], /, *args: Any,
                resources: Mapping[str, Any] | None = None, retries: int | None = None,
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None,
-               **kwargs: Any) -> Future:
+               **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -109,10 +112,10 @@ class Client(DaskMethods):
         self._io.wake()
         return future
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+    def map(self, fn: Callable[..., R], *iterables: Iterable[Any],
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
-            key: str | None = None, **kwargs: Any) -> list[Future]:
+            key: str | None = None, **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
         KWARGS go to every call. (``executor().map`` is the standard's: an iterator of
@@ -176,7 +179,7 @@ class Client(DaskMethods):
                 raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
         task_id = next(self._ids)
         label = name or f"{getattr(fn, '__name__', fn)}-{task_id}"
-        future = Future(self, task_id, label)
+        future: Future[Any] = Future(self, task_id, label)
         if extra and extra.get("quiet"):
             future.quiet = True
         item = [task_id, opts["units"], opts["priority"], opts["retries"],

@@ -29,13 +29,19 @@ class Submitter(Protocol):
     _closed: bool
     _exited: bool
 
-    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                kwargs: dict[str, Any], **options: Any) -> Future: ...
+    # (the options as Client takes them: resources, retries, priority, infeasible, key)
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                resources: Any = None, retries: int | None = None, priority: int | None = None,
+                infeasible: str | None = None, key: str | None = None) -> Future[Any]: ...
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
-             kwargs: dict[str, Any], **options: Any) -> list[Future]: ...
+             kwargs: dict[str, Any], resources: Any = None, retries: int | None = None,
+             priority: int | None = None, infeasible: str | None = None,
+             key: str | None = None) -> list[Future[Any]]: ...
 
-    def _options(self, resources: Any, **options: Any) -> dict[str, Any]: ...
+    def _options(self, resources: Any, retries: int | None = None,
+                 priority: int | None = None, infeasible: str | None = None,
+                 key: str | None = None) -> dict[str, Any]: ...
 
     def cancel(self, futures: Iterable[Future], force: bool = False) -> None: ...
 

@@ -6,7 +6,10 @@ import asyncio
 import concurrent.futures as cf
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import _base
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, overload
+
+T = TypeVar("T")
+R = TypeVar("R")  # what a submitted function returns
 
 FIRST_COMPLETED = cf.FIRST_COMPLETED
 FIRST_EXCEPTION = cf.FIRST_EXCEPTION
@@ -20,13 +23,14 @@ class Owner(Protocol):
 
     def _release(self, task_id: int) -> None: ...
 
-    def _cancel(self, futures: list[Future]) -> None: ...
+    def _cancel(self, futures: list[Future[Any]]) -> None: ...
 
-    def why(self, future: Future, timeout: float = 10.0) -> str: ...
+    def why(self, future: Future[Any], timeout: float = 10.0) -> str: ...
 
 
-class Future(cf.Future):  # type: ignore[type-arg]
+class Future(cf.Future[T], Generic[T]):
     """The eventual result of one task; works with concurrent.futures and asyncio.
+    ``Future[R]`` for a task of a function returning R (``client.submit`` says so to mypy).
 
     Passing a Future as an argument to ``submit`` (also inside lists, tuples, dicts or
     any picklable object) makes that task wait for it and receive its result.
@@ -91,7 +95,7 @@ class Future(cf.Future):  # type: ignore[type-arg]
             for waiter in self._waiters:
                 waiter.add_cancelled(self)
             self._condition.notify_all()
-        self._invoke_callbacks()
+        self._invoke_callbacks()  # type: ignore[attr-defined]
         return True
 
     def _set_running(self) -> None:
@@ -107,7 +111,7 @@ class Future(cf.Future):  # type: ignore[type-arg]
         """Say why this task is not running yet (or where it runs)."""
         return self.client.why(self, timeout=timeout)
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, T]:
         return asyncio.wrap_future(self).__await__()
 
     def __reduce__(self) -> Any:
@@ -115,18 +119,24 @@ class Future(cf.Future):  # type: ignore[type-arg]
                         "client that made it; it cannot be pickled otherwise")
 
 
-def wait(futures: Iterable[cf.Future], timeout: float | None = None,  # type: ignore[type-arg]
-         return_when: str = ALL_COMPLETED) -> cf._base.DoneAndNotDoneFutures:  # type: ignore[type-arg]
+def wait(futures: Iterable[cf.Future[T]], timeout: float | None = None,
+         return_when: str = ALL_COMPLETED) -> cf._base.DoneAndNotDoneFutures[T]:
     """Wait for FUTURES, as concurrent.futures.wait."""
     return cf.wait(futures, timeout=timeout, return_when=return_when)
 
 
-def as_completed(futures: Iterable[cf.Future],  # type: ignore[type-arg]
-                 timeout: float | None = None) -> Iterator[cf.Future]:  # type: ignore[type-arg]
+def as_completed(futures: Iterable[cf.Future[T]],
+                 timeout: float | None = None) -> Iterator[cf.Future[T]]:
     """Yield FUTURES as they finish, as concurrent.futures.as_completed."""
     return cf.as_completed(futures, timeout=timeout)
 
 
+@overload
+def gather(futures: cf.Future[T], timeout: float | None = None) -> T: ...
+@overload
+def gather(futures: list[Future[T]], timeout: float | None = None) -> list[T]: ...
+@overload
+def gather(futures: Any, timeout: float | None = None) -> Any: ...
 def gather(futures: Any, timeout: float | None = None) -> Any:
     """Replace every Future in FUTURES (a future, or lists/tuples/dicts of them) by its result.
 

@@ -21,18 +21,18 @@ from concurrent.futures import _base
 from typing import Any
 
 import msgpack
-import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..core import errors, keys
+from ..core import errors, keys, versions
 from ..core import protocol as P
 from ..core.errors import BrokerLostError, InfeasibleError, ZresError
 from ..core.limits import Limits
 from ..core.serialize import loads, loads_exception
+from ..logs import get_logger
 from .futures import Future
 
-log = structlog.get_logger("zres.client")
+log = get_logger("zres.client")
 
 
 class InfeasibleWarning(UserWarning):
@@ -206,7 +206,8 @@ class IOThread:
         broker it is (a restarted one first gets again what it did not keep, in order)."""
         self._welcomed = False
         self._hello_at = time.monotonic()
-        P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name}))
+        P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name,
+                                             "versions": versions.mine()}))
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then stops and releases."""
@@ -327,6 +328,8 @@ class IOThread:
         if kind == P.HELLO:
             self.refused = why
             self.connected.set()
+            if self.epoch is not None:  # welcomed before: a restarted broker refuses us
+                self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
             return
         ids = msg.body.get("ids")
         for task_id in ids if isinstance(ids, list) else []:

@@ -14,7 +14,10 @@ many payload frames it owns (``nframes``) and the frames follow in item order.
 Bodies, by kind (ids are ints; ``units`` maps resource name -> int in 1/10,000ths):
 
 client -> broker
-    hello      {client: name, epoch?: broker epoch last seen}
+    hello      {client: name, epoch?: broker epoch last seen, versions?: {zres, python,
+                cloudpickle}}  versions: what the client runs (core/versions.py); the
+                broker refuses a hello (refused{kind: hello}) whose versions differ from
+                its own, naming both
     resume     {ids: [id...]}                   after a broker restart: the tasks it still
                                                 waits for (those that ended are told again,
                                                 those not kept fail)
@@ -61,7 +64,9 @@ broker -> client
                                                 request (req) or tasks (ids) fail, naming why
 agent -> broker
     register   {name, session, slots: [{units, gpus: [device id...], gpu_memory}], host,
-                pid, t, resume?: true, epoch?}
+                pid, t, resume?: true, epoch?, versions?}
+               versions: as a client's hello's; a mismatch is refused (refused{kind:
+               register}) and the agent exits with status 1
                session: the agent's record at the broker, kept across pauses and
                reconnections; t: when it was sent (the agent's clock) anchors the lease;
                resume: a reconnection of a live session (answered welcome{resumed} or
