@@ -50,16 +50,18 @@ class Client:
 
     INFEASIBLE ("warn" or "error") is what a task nobody can run gets by default: a
     warning while it waits for an agent that could, or that error at once ("error" on a
-    private cluster, else "warn").
+    private cluster, else "warn"). FORWARD_OUTPUT: print what its tasks and actor calls
+    print here, each line prefixed ``(TASK AGENT)`` (default: ``[client] forward_output``).
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
-                 broker_timeout: float | None = None, keys: str | None = None) -> None:
+                 broker_timeout: float | None = None, keys: str | None = None,
+                 forward_output: bool | None = None) -> None:
         if infeasible is not None:
             _check_infeasible(infeasible)
-        settings = config.load("client", {"broker": address,
-                                          "broker_timeout": broker_timeout})
+        settings = config.load("client", {"broker": address, "broker_timeout": broker_timeout,
+                                          "forward_output": forward_output})
         address, self.cluster = find_broker(settings["broker"])
         self.infeasible = infeasible or ("error" if self.cluster is not None else "warn")
         self.address = address
@@ -68,7 +70,8 @@ class Client:
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, ("admin", "client"), address)
-        self._io = IOThread(self.name, address, settings["broker_timeout"], key)
+        self._io = IOThread(self.name, address, settings["broker_timeout"], key,
+                            settings["forward_output"])
         self._closed = False
         self._exited = False  # closed at the interpreter's exit
         self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
@@ -437,7 +440,6 @@ class Client:
 def _check_infeasible(mode: str) -> None:
     if mode not in _INFEASIBLE_MODES:
         raise ValueError(f"infeasible must be 'warn' or 'error', not {mode!r}")
-
 
 
 def default_client() -> Client:
