@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import zres
+from tests.conftest import wait_until
 from zres.agent.output import BURST, RATE
 
 
@@ -60,6 +61,17 @@ def flood(nbytes: int) -> str:
     print("y" * 99 + ("\n" + "y" * 99) * (nbytes // 100 - 1))
     print("after")
     return "survived"
+
+
+def chatter(stop: str) -> str:
+    """Print a line every 10 ms until STOP exists."""
+    i = 0
+    while not os.path.exists(stop):
+        print("tick", i)
+        i += 1
+        time.sleep(0.01)
+    print("last words")
+    return "finished"
 
 
 def die_mid_line() -> None:
@@ -209,3 +221,47 @@ def test_a_worker_killed_mid_line_loses_only_its_output(
             client.submit(die_mid_line).result(timeout=30)
         assert client.submit(shout, 5).result(timeout=30) == 10  # the next worker prints
         assert "(shout-2 node-a) hello 5\n" in capsys.readouterr().out
+
+
+class _Printed:
+    """What capsys has caught so far, kept across reads."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self._capsys = capsys
+        self.text = ""
+
+    def __call__(self) -> str:
+        self.text += self._capsys.readouterr().out
+        return self.text
+
+
+def test_output_goes_on_after_a_broker_restart(make_cluster, capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    cluster = make_cluster([{"CPU": 1}], names=["node-a"])
+    printed = _Printed(capsys)
+    stop = tmp_path / "stop"
+    with zres.Client(cluster.address) as client:
+        future = client.submit(chatter, str(stop))
+        wait_until(lambda: "(chatter-1 node-a) tick 3\n" in printed(), message="ticks")
+        cluster.restart_broker()
+        mark = len(printed())
+        # Some ticks are lost while the broker is away; later ones come again.
+        wait_until(lambda: "tick" in printed()[mark:], timeout=60, message="ticks again")
+        stop.touch()
+        assert future.result(timeout=60) == "finished"
+        assert printed().endswith("(chatter-1 node-a) last words\n")
+
+
+def test_an_agent_killed_while_its_task_prints_fails_the_task(
+        make_cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cluster = make_cluster([{"CPU": 1}], names=["node-a"])
+    printed = _Printed(capsys)
+    with zres.Client(cluster.address) as client:
+        future = client.submit(chatter, str(tmp_path / "never"))
+        wait_until(lambda: "(chatter-1 node-a) tick 3\n" in printed(), message="ticks")
+        cluster.agents["node-a"].kill()
+        with pytest.raises(zres.AgentLostError):
+            future.result(timeout=60)
+        cluster.add_agent({"CPU": 1}, name="node-b")
+        assert client.submit(shout, 1).result(timeout=30) == 2
+        assert printed().endswith("(shout-2 node-b) hello 1\n")
