@@ -92,8 +92,7 @@ class WorkerProcess:
         self._wake_pending = False   # a byte is in the pipe: no need for another
         # What tasks print goes to their clients (see output): sent every INTERVAL while
         # there is some, and before any result.
-        self.output = OutputBuffer(self._wake)
-        capture(self.output)
+        self.output = OutputBuffer(self._wake)  # (capture() in main: sys is the process's)
         # Every task the agent sends starts at once: its resources are free, the broker
         # and the agent have checked. Threads are made on demand and reused; NTHREADS is
         # what the slot offers as CPU. An actor's calls are paced by the agent, never more
@@ -344,7 +343,6 @@ class WorkerProcess:
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()
 
-
     def _send_output(self) -> None:
         items = self.output.take()
         if items:
@@ -358,8 +356,10 @@ async def _await(awaitable: Any) -> Any:
 def main(argv: list[str] | None = None) -> None:
     address, identity, nthreads, agent_pid, lease, starts, *mode = argv or sys.argv[1:]
     die_with_parent(int(agent_pid))
-    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid), lease, starts,
-                  actor=mode == ["actor"]).run()
+    worker = WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid), lease,
+                           starts, actor=mode == ["actor"])
+    capture(worker.output)
+    worker.run()
 
 
 if __name__ == "__main__":
