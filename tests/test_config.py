@@ -66,6 +66,18 @@ def test_env_values_are_converted_to_their_types():
     assert got["nthreads"] == 4 and isinstance(got["nthreads"], int)
 
 
+def test_forward_output_is_on_unless_turned_off(tmp_path):
+    assert load("client", environ={})["forward_output"] is True
+    for off in ("0", "false", "No"):
+        assert load("client", environ={"ZRES_CLIENT__FORWARD_OUTPUT": off})[
+            "forward_output"] is False
+    conf = write(tmp_path / "z.toml", "[client]\nforward_output = false\n")
+    assert load("client", path=conf, environ={})["forward_output"] is False
+    assert load("client", {"forward_output": True}, path=conf, environ={})["forward_output"]
+    with pytest.raises(ConfigError, match="forward_output must be true or false, got 'loud'"):
+        load("client", environ={"ZRES_CLIENT__FORWARD_OUTPUT": "loud"})
+
+
 def test_env_for_other_sections_is_ignored():
     got = load("agent", environ={"ZRES_BROKER__LISTEN": "tcp://1.2.3.4:1",
                                  "ZRES_CLIENT__BROKER_TIMEOUT": "3"})

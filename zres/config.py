@@ -39,7 +39,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
-    "client": {"broker": None, "broker_timeout": 300.0},
+    "client": {"broker": None, "broker_timeout": 300.0, "forward_output": True},
     # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
     # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).
     "security": {"keys": None, "insecure": False},
@@ -47,7 +47,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float, "job_grace": float,
           "drain_grace": float,
-          "nworkers": int, "nthreads": int, "prefetch": int,
+          "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
                                               "resources", "slots", "tasks", "deps")}}
 _ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
@@ -197,6 +197,11 @@ def _convert(key: str, value: Any, origin: str) -> Any:
     kind = _TYPES.get(key)
     if kind is None or value is None:
         return value
+    if kind is bool:
+        text = str(value).lower()
+        if isinstance(value, bool) or text in ("true", "1", "yes", "false", "0", "no"):
+            return value if isinstance(value, bool) else text in ("true", "1", "yes")
+        raise ConfigError(f"{origin}: {key} must be true or false, got {value!r}")
     low = "non-negative" if key in _ZERO_OK else "positive"
     wrong = ConfigError(f"{origin}: {key} must be a {low} {kind.__name__}, got {value!r}")
     if isinstance(value, bool) or (kind is int and isinstance(value, float)):

@@ -25,6 +25,7 @@ def process(data: dict[str, Any]) -> dict[str, Any]:
 
 def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Combine every processed input on the big-memory node."""
+    print(f"combining {len(results)} results")  # (printed by the client, prefixed)
     return {"inputs": len(results), "total": sum(r["total"] for r in results),
             "where": _where()}
 

@@ -341,6 +341,7 @@ def test_demo_runs_and_reports_where_tasks_ran(tmp_path):
         assert gpu in {"0", "1"}
     total = sum(v * v for n in range(6) for v in range(n, n + 10))
     assert f"aggregate on bigmem: 6 inputs, total {total}" in out
+    assert re.search(r"^\(aggregate-\d+ bigmem\) combining 6 results$", out, re.M), out
     assert "Traceback" not in result.stderr
 
 

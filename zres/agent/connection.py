@@ -41,6 +41,14 @@ class BrokerConnection:
                 out.append(RECONNECTED)
         return out
 
+    def send_or_drop(self, frames: list[Any]) -> None:
+        """Send FRAMES unless the queue to the broker is full: for what may be lost (tasks'
+        output), which must never stall the agent nor fill the queue for its reports."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
     def close(self) -> None:
         self.sock.disable_monitor()  # (its address is free for a later socket's)
         self.monitor.close(0)

@@ -435,6 +435,10 @@ class Agent:
         msg = P.decode(frames[1:])
         if msg.kind == P.READY:
             self.pool.ready(worker)
+        elif msg.kind == P.OUTPUT and self.session.registered and \
+                time.monotonic() - self._last_heard < self.hb_timeout:  # (else lost)
+            self._connection.send_or_drop(P.encode(P.OUTPUT, {
+                "session": self.session.id, "items": msg.body["items"]}))
         elif msg.kind == P.DONE:
             items = msg.body["results"]
             results = P.split_frames(msg.frames, [i[2] for i in items])

@@ -43,6 +43,7 @@ from ..core import protocol as P
 from ..core.context import TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
+from .output import OutputBuffer, capture
 from .shared import Lease, StartLog
 from .stopping import CallStopper, Stopped
 
@@ -89,6 +90,9 @@ class WorkerProcess:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._wake_pending = False   # a byte is in the pipe: no need for another
+        # What tasks print goes to their clients (see output): sent every INTERVAL while
+        # there is some, and before any result.
+        self.output = OutputBuffer(self._wake)  # (capture() in main: sys is the process's)
         # Every task the agent sends starts at once: its resources are free, the broker
         # and the agent have checked. Threads are made on demand and reused; NTHREADS is
         # what the slot offers as CPU. An actor's calls are paced by the agent, never more
@@ -121,13 +125,19 @@ class WorkerProcess:
         while True:
             # Starts are reported with the next results; a start with none soon after is
             # reported on its own a few milliseconds later.
-            events = dict(poller.poll(5 if self.started else 1000))
+            timeout = 5 if self.started else 1000
+            due = self.output.due
+            if due is not None:
+                timeout = min(timeout, max(0, int((due - time.monotonic()) * 1000) + 1))
+            events = dict(poller.poll(timeout))
             if self.agent in events:
                 self._receive()
             elif not events and self.queued and self._start_queued():
                 self._send_results()  # the lease came back (the agent touches us too)
             if self._wake_r in events or (not events and self.started):
                 self._send_results()
+            elif self.output.due is not None and time.monotonic() >= self.output.due:
+                self._send_output()
             if os.getppid() != self.agent_pid:
                 os._exit(0)  # the agent died and no kernel told us (not Linux)
 
@@ -282,6 +292,7 @@ class WorkerProcess:
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
+            self.output.end(task_id)  # before its result is put: see _send_results
         return task_id, outcome, frames, task.report
 
     def _put(self, result: tuple[int, str, list[Any], dict[str, Any]]) -> None:
@@ -313,6 +324,12 @@ class WorkerProcess:
             frames.extend(task_frames)
             if self.actor is not None:
                 self.actor.finished(outcome)
+        # Output after the results, and sent before them: a task's output is kept before
+        # its result is put, so none of it can be left behind a result sent now. With no
+        # result, only once due (a wake for output alone starts the clock, see output).
+        due = self.output.due
+        if items or due is not None and time.monotonic() >= due:
+            self._send_output()
         # Read after the results: a queued grant is marked started before its result is
         # put, so no result goes out ahead of its start.
         with self._lock:
@@ -326,6 +343,11 @@ class WorkerProcess:
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()
 
+    def _send_output(self) -> None:
+        items = self.output.take()
+        if items:
+            P.send(self.agent, P.encode(P.OUTPUT, {"items": items}))
+
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
@@ -334,8 +356,10 @@ async def _await(awaitable: Any) -> Any:
 def main(argv: list[str] | None = None) -> None:
     address, identity, nthreads, agent_pid, lease, starts, *mode = argv or sys.argv[1:]
     die_with_parent(int(agent_pid))
-    WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid), lease, starts,
-                  actor=mode == ["actor"]).run()
+    worker = WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid), lease,
+                           starts, actor=mode == ["actor"])
+    capture(worker.output)
+    worker.run()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ MAY_SEND = {
     "client": frozenset(_CLIENT),
     "admin": frozenset(_CLIENT | {P.RESOURCES}),
     "agent": frozenset({P.REGISTER, P.REPORT, P.HOLDING, P.DRAIN, P.HEARTBEAT, P.BYE,
-                        P.LOGS_REPLY, P.STATUS}),
+                        P.LOGS_REPLY, P.STATUS, P.OUTPUT}),
 }
 # Requests about one job or actor: only its owner or an admin may make them.
 OWNED = frozenset({P.JOB_CANCEL, P.LOGS, P.KILL})

@@ -74,7 +74,9 @@ class ClientLink:
                           "hello: the client's name")
         versions.refuse_mismatch(msg.body.get("versions"), "client")
         how = self.clients.hello(ident, name, now)
-        self.clients.get(ident).owner = self._key_name()  # type: ignore[union-attr]
+        client = self.clients.get(ident)
+        client.owner = self._key_name()  # type: ignore[union-attr]
+        client.output = msg.body.get("output", True) is not False  # type: ignore[union-attr]
         # "new" tells a client we had dropped (silent too long) that its tasks are gone;
         # "resumed", one that comes back to a restarted broker, that they are here.
         self._send(ident, P.WELCOME, {**self._welcome, "new": how == "new",

@@ -26,6 +26,8 @@ class ClientRecord:
     restored: bool = False
     accepted: int = 0   # the highest local id submitted, to acknowledge once kept
     owner: str = ""     # the name of its key (with keys): its tasks', jobs' and actors' owner
+    output: bool = True  # it wants its tasks' output (hello{output})
+    output_allowance: tuple[float, float] = (0.0, 0.0)  # bytes it may be sent, as of when
 
 
 class ClientRegistry:

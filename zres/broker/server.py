@@ -37,6 +37,7 @@ from .dispatch import Dispatcher
 from .graph import TaskGraph
 from .jobs import JobTable
 from .keeping import TaskKeeper
+from .output import OutputRouter
 from .status import Explainer
 from .store import StateUnwritable, Store
 
@@ -160,6 +161,7 @@ class Broker:
             P.LOOKUP: self.actors.on_lookup,
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
+            P.OUTPUT: OutputRouter(self._send, self.agents, self.graph, self.clients).on_output,
         }
 
     # -- loop -----------------------------------------------------------------------

@@ -53,17 +53,20 @@ class Client(Shipping, DaskMethods):
     INFEASIBLE ("warn" or "error") is what a task nobody can run gets by default: a
     warning while it waits for an agent that could, or that error at once ("error" on a
     private cluster, else "warn"). MODULES are shipped by value (see ``ship``).
+    FORWARD_OUTPUT: print what its tasks and actor calls print here, each line prefixed
+    ``(TASK AGENT)`` (default: ``[client] forward_output``).
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
                  broker_timeout: float | None = None, keys: str | None = None,
-                 modules: Iterable[ModuleType] = ()) -> None:
+                 modules: Iterable[ModuleType] = (),
+                 forward_output: bool | None = None) -> None:
         self.ship(*modules)  # (refuses what is not a module before anything starts)
         if infeasible is not None:
             _check_infeasible(infeasible)
-        settings = config.load("client", {"broker": address,
-                                          "broker_timeout": broker_timeout})
+        settings = config.load("client", {"broker": address, "broker_timeout": broker_timeout,
+                                          "forward_output": forward_output})
         address, self.cluster = find_broker(settings["broker"])
         self.infeasible = infeasible or ("error" if self.cluster is not None else "warn")
         self.address = address
@@ -72,7 +75,8 @@ class Client(Shipping, DaskMethods):
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, ("admin", "client"), address)
-        self._io = IOThread(self.name, address, settings["broker_timeout"], key)
+        self._io = IOThread(self.name, address, settings["broker_timeout"], key,
+                            settings["forward_output"])
         self._closed = False
         self._exited = False  # closed at the interpreter's exit
         self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()

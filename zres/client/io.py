@@ -31,6 +31,7 @@ from ..core.limits import Limits
 from ..core.serialize import loads, loads_exception
 from ..logs import get_logger
 from .futures import Future
+from .output import print_output
 
 log = get_logger("zres.client")
 
@@ -56,18 +57,17 @@ _ERRORS: dict[str, type[BaseException]] = {
     "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
     "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
     "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
-    "CommandFailed": errors.CommandFailed,
-    "ZresError": ZresError,
+    "CommandFailed": errors.CommandFailed, "ZresError": ZresError,
 }
-
 
 
 class IOThread:
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
     def __init__(self, client_name: str, address: str, broker_timeout: float | None,
-                 key: keys.PeerKey | None = None) -> None:
+                 key: keys.PeerKey | None = None, forward_output: bool = True) -> None:
         self.client_name = client_name
+        self.forward_output = forward_output  # print what our tasks print (see output)
         self.address = address
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -206,8 +206,9 @@ class IOThread:
         broker it is (a restarted one first gets again what it did not keep, in order)."""
         self._welcomed = False
         self._hello_at = time.monotonic()
+        quiet = {} if self.forward_output else {"output": False}  # (then it sends none)
         P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name,
-                                             "versions": versions.mine()}))
+                                             "versions": versions.mine(), **quiet}))
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then stops and releases."""
@@ -295,6 +296,8 @@ class IOThread:
         self._last_heard = time.monotonic()
         if msg.kind == P.RESULTS:
             self._on_results(msg)
+        elif msg.kind == P.OUTPUT and self.forward_output:
+            print_output(msg.body.get("items", []))
         elif msg.kind == P.RUNNING:
             for task_id in msg.body.get("ids", ()):
                 future = self.pending.get(task_id)

@@ -37,3 +37,8 @@ def get_task_context() -> TaskContext:
 
 def set_task_context(ctx: TaskContext | None) -> contextvars.Token[TaskContext | None]:
     return _task.set(ctx)
+
+
+def current_task() -> TaskContext | None:
+    """Return the running task's context, or None outside a task (no error: cheap)."""
+    return _task.get()

@@ -15,9 +15,10 @@ Bodies, by kind (ids are ints; ``units`` maps resource name -> int in 1/10,000th
 
 client -> broker
     hello      {client: name, epoch?: broker epoch last seen, versions?: {zres, python,
-                cloudpickle}}  versions: what the client runs (core/versions.py); the
-                broker refuses a hello (refused{kind: hello}) whose versions differ from
-                its own, naming both
+                cloudpickle}, output?: false}  versions: what the client runs
+                (core/versions.py); the broker refuses a hello (refused{kind: hello})
+                whose versions differ from its own, naming both. output false: send this
+                client none of its tasks' output
     resume     {ids: [id...]}                   after a broker restart: the tasks it still
                                                 waits for (those that ended are told again,
                                                 those not kept fail)
@@ -60,6 +61,10 @@ broker -> client
     cancel_reply {req, cancelled: [id...]}       those cancelled; the rest may have begun
     resources_reply {error?: text, slots?: [units...]}
     unknown    {}                               "I do not know you": say hello again
+    output     {items: [[id, name, agent, stream, data]]}  lines its tasks printed, in order
+                                                written (stream 1 stdout, 2 stderr; data:
+                                                bytes, whole lines, UTF-8), always sent
+                                                before the task's result
     refused    {kind?, error, req?, ids?}       a message over a limit, or malformed: its
                                                 request (req) or tasks (ids) fail, naming why
 agent -> broker
@@ -92,6 +97,10 @@ agent -> broker
     drain      {session}                        stopping: grant nothing more here
     bye        {session}                        gone; what it did not report is lost
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
+    output     {session, items: [[id, stream, data]]}  what tasks printed, as the worker
+                                                sent it, passed on at once (so before the
+                                                report of their results); never kept or
+                                                sent again: lost with a lost connection
 broker -> agent
     welcome    {epoch, cluster, session, agent, heartbeat, lease: seconds, starve: seconds,
                 adopts: bool, resumed?, ack?}   adopts: it keeps its state, so jobs run on
@@ -124,6 +133,10 @@ agent -> worker process (over ipc)
 worker process -> agent
     done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?}
     ready      {pid}
+    output     {items: [[id, stream, data]]}    whole lines tasks wrote to sys.stdout (1)
+                                                or sys.stderr (2), every 0.1 s while there
+                                                are some and before the done carrying
+                                                their results (see agent/output.py)
 
 Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
 and its traceback text), ``failed`` (no payload; info = {type, message} names a zres error
@@ -188,13 +201,14 @@ LOGS = "logs"
 LOGS_REPLY = "logs_reply"
 RESUME = "resume"
 ACCEPTED = "accepted"
+OUTPUT = "output"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
-                   ACK, REFUSED, RESUME, ACCEPTED})
+                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT})
 
 # Task outcomes.
 OK = "ok"
