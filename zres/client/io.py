@@ -17,7 +17,6 @@ import uuid
 import warnings
 import weakref
 from collections import deque
-from concurrent.futures import _base
 from typing import Any
 
 import msgpack
@@ -26,11 +25,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..core import errors, keys, versions
 from ..core import protocol as P
-from ..core.errors import BrokerLostError, InfeasibleError, ZresError
+from ..core.errors import BrokerLostError, ZresError
 from ..core.limits import Limits
-from ..core.serialize import loads, loads_exception
 from ..logs import get_logger
 from .futures import Future
+from .outcomes import resolve, settle
 from .output import print_output
 
 log = get_logger("zres.client")
@@ -40,26 +39,7 @@ class InfeasibleWarning(UserWarning):
     """A task asks for resources that no connected agent could ever provide."""
 
 
-def settle(future: Future, result: Any = None, exception: BaseException | None = None) -> None:
-    """Resolve FUTURE, unless it was cancelled meanwhile."""
-    try:
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result)
-    except cf.InvalidStateError:
-        pass  # cancelled meanwhile
-
-
 STOP = "stop"  # an outbox entry: a task to cancel with force (sent batched, as CANCEL)
-
-_ERRORS: dict[str, type[BaseException]] = {
-    "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
-    "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
-    "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
-    "CommandFailed": errors.CommandFailed, "ZresError": ZresError,
-}
-
 
 class IOThread:
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
@@ -404,23 +384,7 @@ class IOThread:
             future = self.pending.pop(task_id, None)
             if future is None:
                 continue
-            future.agent = info.get("agent")
-            future._release_when_dropped = True
-            if outcome == P.OK and future.quiet:
-                settle(future)
-            elif outcome == P.OK:
-                try:
-                    settle(future, loads(frames))
-                except Exception as exc:
-                    settle(future, exception=errors.RemoteError(
-                        f"the result of {future.name} cannot be unpickled here: {exc!r}"))
-            elif outcome == P.RAISED:
-                settle(future, exception=loads_exception(frames))
-            elif info.get("type") == "CancelledError":  # stopped, or its job or input was
-                future._end_cancelled(_base.PENDING, _base.RUNNING)
-            else:
-                error = _ERRORS.get(str(info.get("type")), ZresError)
-                settle(future, exception=error(info.get("message", "task failed")))
+            resolve(future, outcome, frames, info)
 
     def _on_warn(self, msg: P.Message) -> None:
         future = self.pending.get(msg.body.get("id", -1))

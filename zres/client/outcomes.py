@@ -1,0 +1,55 @@
+"""A task's outcome, as the broker tells it, made its future's result or exception."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from concurrent.futures import _base
+from typing import Any
+
+from ..core import errors
+from ..core import protocol as P
+from ..core.errors import BrokerLostError, InfeasibleError, ZresError
+from ..core.serialize import loads, loads_exception
+from .futures import Future
+
+# zres's own errors by the name the broker gives (anything else: ZresError)
+_ERRORS: dict[str, type[BaseException]] = {
+    "AgentLostError": errors.AgentLostError, "WorkerLostError": errors.WorkerLostError,
+    "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
+    "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
+    "CommandFailed": errors.CommandFailed, "ZresError": ZresError,
+}
+
+
+def settle(future: Future[Any], result: Any = None,
+           exception: BaseException | None = None) -> None:
+    """Resolve FUTURE, unless it was cancelled meanwhile."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except cf.InvalidStateError:
+        pass  # cancelled meanwhile
+
+
+def resolve(future: Future[Any], outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
+    """End FUTURE as its task did: OUTCOME, the result's or exception's FRAMES, and INFO
+    (where it ran; a zres error's type and message)."""
+    future.agent = info.get("agent")
+    future._release_when_dropped = True
+    if outcome == P.OK and future.quiet:
+        settle(future)  # (its end was asked for, not its result)
+    elif outcome == P.OK:
+        try:
+            settle(future, loads(frames))
+        except Exception as exc:
+            settle(future, exception=errors.RemoteError(
+                f"the result of {future.name} cannot be unpickled here: {exc!r}"))
+    elif outcome == P.RAISED:
+        settle(future, exception=loads_exception(frames))
+    elif info.get("type") == "CancelledError":  # stopped, or its job or input was
+        future._end_cancelled(_base.PENDING, _base.RUNNING)
+    else:
+        error = _ERRORS.get(str(info.get("type")), ZresError)
+        settle(future, exception=error(info.get("message", "task failed")))
