@@ -249,6 +249,12 @@ class JobTable:
             entry["reason"] = self._why(task)
         return entry
 
+    def listing(self, recent: int = 50) -> list[dict[str, Any]]:
+        """Describe the jobs not finished and the RECENT last finished, newest first."""
+        done = list(self.done.values())[-recent:] if recent else []
+        jobs = [*done, *self.active.values(), *self.adopting.values()]
+        return [self._describe(j) for j in sorted(jobs, key=lambda j: -j.id)]
+
     # -- requests ---------------------------------------------------------------------------
     def on_jobs(self, ident: bytes, msg: P.Message, now: float) -> None:
         """List jobs: active ones, finished ones too with ``all`` (or those no wait has

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
+from ..core.resources import format_units
 from ..core.tasks import Task, TaskState
 from ..scheduler.policy import Scheduler
 from .actors import ActorRouting, ActorState
@@ -13,6 +15,7 @@ from .graph import TaskGraph
 
 _LISTED = 200           # waiting tasks listed in a status reply
 _LISTED_INFEASIBLE = 1000  # ... infeasible ones, which matter more, up to this many
+_DEPENDENCIES = "waiting for dependencies"
 
 
 class Explainer:
@@ -66,19 +69,58 @@ class Explainer:
                                      for s, g in zip(slots, agent.gpus)]})
         counts: dict[str, int] = defaultdict(int)
         blocked: list[dict[str, Any]] = []
+        groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+        reasons: dict[tuple[Any, ...], str] = {}
+        running: list[dict[str, Any]] = []
+        now = time.monotonic()
         for task in self._graph.tasks.values():
             grant = self._sched.running.get(task.id)
             # A grant waiting in a slot's queue has not started: it counts as queued.
-            counts["queued" if grant is not None and not grant.started
-                   else task.state.value] += 1
+            pending = grant is not None and not grant.started
+            counts["queued" if pending else task.state.value] += 1
             if task.state is TaskState.QUEUED:
                 reason = self._sched.infeasible_reason(task.units)
                 if len(blocked) < _LISTED or (reason is not None
                                               and len(blocked) < _LISTED_INFEASIBLE):
                     blocked.append({"id": task.id, "name": task.name, "units": task.units,
                                     "reason": self.brief(task)})
+            if task.state in (TaskState.QUEUED, TaskState.WAITING) or pending:
+                self._group(task, grant.slot if pending and grant else None, groups, reasons)
+            elif task.state is TaskState.RUNNING:
+                if len(running) < _LISTED:
+                    running.append({"id": task.id, "name": task.name, "agent": task.agent,
+                                    "units": task.units,
+                                    "seconds": round(now - task.started_at, 1)})
         return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
-                "counts": dict(counts), "waiting": blocked, "actors": self._actor_status()}
+                "counts": dict(counts), "waiting": blocked, "actors": self._actor_status(),
+                "groups": sorted(groups.values(), key=lambda g: (-g["count"], g["request"],
+                                                                 g["reason"])),
+                "running": running}
+
+    def _group(self, task: Task, slot: int | None, groups: dict[tuple[Any, ...], Any],
+               reasons: dict[tuple[Any, ...], str]) -> None:
+        """Count TASK in its group of waiting work: the same request, the same reason.
+
+        Tasks of one request that wait alike (the same shape, reservation, actor or slot
+        queue) share a reason, worked out once: explaining every one of 100,000 waiting
+        tasks would hold up the loop.
+        """
+        shape = tuple(sorted(task.units.items()))
+        if task.state is TaskState.WAITING:
+            reason = _DEPENDENCIES
+        else:
+            waiting = self._sched.waiting.get(task.id)
+            key = (shape, task.actor, slot, waiting.reserved_slot if waiting else None)
+            reason = reasons.get(key) or reasons.setdefault(key, self.brief(task))
+        group = groups.get((shape, reason))
+        if group is None:
+            group = groups[shape, reason] = {
+                "request": format_units(task.units), "units": dict(task.units),
+                "reason": reason, "count": 0, "infeasible": reason.startswith("infeasible"),
+                "names": []}
+        group["count"] += 1
+        if len(group["names"]) < 3:  # a few of its tasks, to recognise it by
+            group["names"].append(task.name)
 
     def _actor_status(self) -> list[dict[str, Any]]:
         out = []

@@ -22,6 +22,7 @@ from .. import config
 from ..core import protocol as P
 from ..core.address import wait_for_answer
 from ..core.errors import ZresError
+from ..core.report import entry_in_user_units, in_user_units
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
 from . import registry
@@ -231,8 +232,10 @@ class Client:
         return list(reply["ids"])
 
     def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
-        """Return the job table: queued and running jobs, finished ones too with ALL."""
-        return list(self._io.request(P.JOBS, {"all": all}, timeout)["jobs"])
+        """Return the job table: queued and running jobs, finished ones too with ALL
+        (amounts in user units)."""
+        return [entry_in_user_units(job)
+                for job in self._io.request(P.JOBS, {"all": all}, timeout)["jobs"]]
 
     # -- actors ---------------------------------------------------------------------------
     def actor(self, cls: type, /, *args: Any, resources: Mapping[str, Any] | None = None,
@@ -323,8 +326,10 @@ class Client:
         return str(self._io.request(P.WHY, {"id": future.id}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Return the broker's view: agents with total and free resources, task counts."""
-        return self._io.request(P.STATUS, {}, timeout)
+        """Return the broker's view: agents with total and free resources, task counts,
+        waiting work grouped by request and reason, running tasks; amounts in user units
+        (GPU=0.5 is 0.5, MEMORY=4GiB is 4294967296)."""
+        return in_user_units(self._io.request(P.STATUS, {}, timeout))
 
     def set_resources(self, agent: str, resources: Mapping[str, Any],
                       timeout: float = 10.0) -> list[dict[str, float]]:
