@@ -5,6 +5,7 @@
 const PERIOD_MS = 1000;
 const HISTORY = 120;  // points of the tasks-over-time chart (two minutes at one a second)
 const STATES = ["waiting", "queued", "running", "done", "failed"];
+const CHARTED = ["waiting", "queued", "running"];  // done and failed only grow: counted
 const COLOURS = {waiting: "#9aa5b1", queued: "#e0a100", running: "#2f80ed", done: "#27ae60",
                  failed: "#d64545"};
 const history = [];
@@ -22,8 +23,13 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function amount(value) {
+function amount(value, name) {
   const abs = Math.abs(value);
+  if (name && name.endsWith("MEMORY") && abs >= 2 ** 20) {  // bytes: as people say them
+    for (const [size, suffix] of [[2 ** 40, "TiB"], [2 ** 30, "GiB"], [2 ** 20, "MiB"]]) {
+      if (abs >= size) return `${Math.round(value / size * 10) / 10} ${suffix}`;
+    }
+  }
   for (const [size, suffix] of [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"]]) {
     if (abs >= size) return (value / size).toPrecision(4).replace(/\.?0+$/, "") + suffix;
   }
@@ -32,7 +38,7 @@ function amount(value) {
 
 function request(units) {
   const names = Object.keys(units).sort();
-  return names.length ? names.map((n) => `${n}=${amount(units[n])}`).join(" ") : "nothing";
+  return names.length ? names.map((n) => `${n}=${amount(units[n], n)}`).join(" ") : "nothing";
 }
 
 function seconds(s) {
@@ -63,7 +69,7 @@ function agentCard(agent) {
       card.append(el("div", {class: "resource", "data-resource": name},
         el("span", {class: "name"}, name),
         el("span", {class: "bar"}, el("span", {class: "used", style: {width: `${used}%`}})),
-        el("span", {class: "amount"}, `${amount(free)} / ${amount(total)} free`)));
+        el("span", {class: "amount"}, `${amount(free, name)} / ${amount(total, name)} free`)));
     }
     if (slot.gpus.length) card.append(el("div", {class: "gpus"}, `GPUs ${slot.gpus.join(", ")}`));
     card.append(el("div", {class: "dim"}, `${slot.running} running`));
@@ -73,10 +79,11 @@ function agentCard(agent) {
 
 function drawHistory() {
   const svg = document.getElementById("history");
-  const top = Math.max(1, ...history.map((h) => Math.max(...STATES.map((s) => h[s] || 0))));
-  const x = (i) => (HISTORY - history.length + i) * (600 / (HISTORY - 1));
+  const top = Math.max(1, ...history.map((h) => Math.max(...CHARTED.map((s) => h[s] || 0))));
+  const span = Math.max(history.length, HISTORY / 2) - 1;  // fills from the left at first
+  const x = (i) => i * 600 / span;
   const y = (v) => 115 - v / top * 105;
-  const lines = STATES.map((state) => {
+  const lines = CHARTED.map((state) => {
     const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
     line.setAttribute("points", history.map((h, i) => `${x(i)},${y(h[state] || 0)}`).join(" "));
     line.setAttribute("stroke", COLOURS[state]);
@@ -86,8 +93,9 @@ function drawHistory() {
     return line;
   });
   svg.replaceChildren(...lines);
-  document.getElementById("legend").replaceChildren(...STATES.map((s) =>
-    el("span", {class: "key"}, el("i", {style: {background: COLOURS[s]}}), s)));
+  document.getElementById("legend").replaceChildren(...CHARTED.map((s) =>
+    el("span", {class: "key"}, el("i", {style: {background: COLOURS[s]}}), s)),
+    el("span", {class: "dim"}, `(most ${top}, over the last ${history.length}s)`));
 }
 
 function render(status) {
