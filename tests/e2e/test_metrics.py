@@ -155,3 +155,23 @@ def test_a_malformed_http_address_is_refused_where_it_was_typed(tmp_path, given)
     assert proc.returncode == 2 and out == ""
     assert err.strip() == (f"zres broker: --http {given!r}: give HOST:PORT "
                            "(e.g. 127.0.0.1:8787) or off")
+
+
+def test_the_http_address_comes_from_the_environment_too(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    broker = subprocess.Popen([sys.executable, "-m", "zres", "broker", "--listen",
+                               "tcp://127.0.0.1:0", "--insecure"], cwd=tmp_path, text=True,
+                              env={**os.environ, "ZRES_BROKER__HTTP": f"127.0.0.1:{port}"},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+    try:
+        assert broker.stdout.readline().startswith("zres broker serving ")
+        assert broker.stdout.readline().strip() == \
+            f"zres broker dashboard http://127.0.0.1:{port}/"
+        assert get(f"http://127.0.0.1:{port}/health") == (200, "ok\n")
+    finally:
+        broker.terminate()
+        broker.wait(10)
+        broker.stdout.close()

@@ -59,11 +59,12 @@ class DashboardServer:
     """Serve the dashboard, metrics and health of one broker on HOST:PORT."""
 
     def __init__(self, host: str, port: int, snapshots: Snapshots,
-                 metrics: BrokerMetrics) -> None:
+                 metrics: BrokerMetrics, stalled: float = STALLED) -> None:
         pages = {path: ((_PAGES / name).read_bytes(), kind)
                  for path, (name, kind) in _STATIC.items()}
+        # STALLED: seconds without a loop turn after which /health says 503.
         handler = type("Handler", (_Handler,), {"snapshots": snapshots, "metrics": metrics,
-                                                 "pages": pages})
+                                                 "pages": pages, "stalled": stalled})
         server = _Server6 if ":" in host else _Server
         try:
             self._httpd = server((host, port), handler)
@@ -95,6 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
     snapshots: Snapshots
     metrics: BrokerMetrics
     pages: dict[str, tuple[bytes, str]]
+    stalled: float
     server_version = "zres"
     timeout = 30  # seconds a connection may take to send its request
 
@@ -102,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/health":
             stalled = time.monotonic() - self.snapshots.last_turn
-            if stalled > STALLED:
+            if stalled > self.stalled:
                 self._reply(503, f"stalled: the broker's loop has not turned for "
                                  f"{stalled:.0f}s\n".encode(), "text/plain")
             else:
