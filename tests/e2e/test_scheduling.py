@@ -206,8 +206,7 @@ def test_every_config_route_gives_the_same_agent(make_cluster, make_client, tmp_
     try:
         client = make_client(cluster.address)
         agents = wait_until(lambda: client.status()["agents"], message="agent registered")
-        assert agents[0]["slots"][0]["total"] == {"CPU": 20_000, "gpu0": 10_000,
-                                                  "Licence": 20_000}
+        assert agents[0]["slots"][0]["total"] == {"CPU": 2, "gpu0": 1, "Licence": 2}
         assert client.submit(interval, 0, resources={"gpu0": 1, "Licence": 2}).result(30)
     finally:
         agent.kill()
@@ -227,7 +226,7 @@ def test_precedence_flag_over_env_over_file(make_cluster, make_client, tmp_path)
         client = make_client(cluster.address)
         agents = wait_until(lambda: client.status()["agents"], message="agent registered")
         total = agents[0]["slots"][0]["total"]
-        assert total == {"CPU": 10_000, "foo": 30_000, "bar": 20_000, "baz": 10_000}
+        assert total == {"CPU": 1, "foo": 3, "bar": 2, "baz": 1}
     finally:
         agent.kill()
         agent.wait()

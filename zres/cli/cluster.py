@@ -326,7 +326,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines += _cut(actors, len(actors), " actors")
     groups = status.get("groups", [])
     if groups:
-        lines += ["", "waiting (tasks by request and reason):"]
+        lines += ["", "waiting:"]
         shown = []
         for group in groups:
             names = ", ".join(group["names"]) + (", ..." if group["count"] > 3 else "")

@@ -22,7 +22,7 @@ from .. import config
 from ..core import protocol as P
 from ..core.address import wait_for_answer
 from ..core.errors import ZresError
-from ..core.report import entry_in_user_units, in_user_units
+from ..core.report import entry_in_user_units, in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
 from . import registry
@@ -232,8 +232,7 @@ class Client:
         return list(reply["ids"])
 
     def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
-        """Return the job table: queued and running jobs, finished ones too with ALL
-        (amounts in user units)."""
+        """Return the job table: queued and running jobs, finished ones too with ALL."""
         return [entry_in_user_units(job)
                 for job in self._io.request(P.JOBS, {"all": all}, timeout)["jobs"]]
 
@@ -326,9 +325,7 @@ class Client:
         return str(self._io.request(P.WHY, {"id": future.id}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Return the broker's view: agents with total and free resources, task counts,
-        waiting work grouped by request and reason, running tasks; amounts in user units
-        (GPU=0.5 is 0.5, MEMORY=4GiB is 4294967296)."""
+        """Return the broker's view, as ``zres status --json``: amounts in user units."""
         return in_user_units(self._io.request(P.STATUS, {}, timeout))
 
     def set_resources(self, agent: str, resources: Mapping[str, Any],
