@@ -106,3 +106,24 @@ def test_status_watch_refreshes_until_interrupted(make_cluster, make_client, tmp
             watch.kill()
         watch.stdout.close()
         watch.stderr.close()
+
+
+def test_a_reserved_task_is_a_group_of_its_own(make_cluster, make_client, tmp_path):
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=4, names=["node"],
+                           env={"ZRES_BROKER__STARVATION_AFTER": "0.3"})
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), str(tmp_path / "started")
+    holding = client.submit(hold, release, marker, resources={"slot": 1}, key="holding")
+    wait_until(lambda: os.path.exists(marker), message="the first task to start")
+    wide = [client.submit(hold, release, str(tmp_path / f"w{i}"), resources={"slot": 2},
+                          key=f"wide{i}") for i in range(3)]
+
+    def groups():  # (count, names, whether it holds the reservation)
+        client.submit(abs, 1).result(30)  # a scheduling pass: one reserves, once starved
+        return sorted((g["count"], g["names"], "holds a reservation on node" in g["reason"])
+                      for g in client.status()["groups"])
+    # The first to wait reserves the node once it has starved; the others wait behind it.
+    wait_until(lambda: groups() == [(1, ["wide0"], True), (2, ["wide1", "wide2"], False)],
+               message=f"the reserved task apart, not {groups()}")
+    Path(release).touch()
+    assert holding.result(30) == "released" and [f.result(30) for f in wide] == ["released"] * 3

@@ -401,7 +401,8 @@ class Broker:
         """Describe the cluster for the dashboard and metrics, amounts in user units: the
         status, recent command jobs, tasks finished."""
         return in_user_units({**self.status(), "jobs": self.jobs.listing(),
-                              "finished": dict(self.graph.finished), "time": time.time()})
+                              "jobs_total": self.jobs.count(), "time": time.time(),
+                              "finished": dict(self.graph.finished)})
 
     # -- agents ---------------------------------------------------------------------
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:

@@ -127,7 +127,9 @@ function render(status) {
     String(j.id), j.name, j.owner || "-", j.reason ? `${j.state}: ${j.reason}` : j.state,
     j.agent || "-", request(j.units),
     el("code", {title: j.agent ? `kept on agent ${j.agent}` : "not started"},
-       `zres logs ${j.id}`)]), "no command jobs");
+       `zres logs ${j.id}`)]).concat(status.jobs_total > status.jobs.length ?
+    [[`... and ${status.jobs_total - status.jobs.length} more (zres jobs --all)`]] : []),
+    "no command jobs");
   fillTable("actors", status.actors.map((a) => [
     `${a.cls}(${a.name || a.id.slice(0, 8)})`, a.reason ? `${a.state}: ${a.reason}` : a.state,
     a.agent || "-", request(a.units), `${a.running} sent, ${a.queued} queued`]), "no actors");
