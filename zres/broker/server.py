@@ -257,7 +257,11 @@ class Broker:
         self.client_link.flush()
         self.link.flush_acks()
         if self.snapshots.wanted:
-            self.snapshots.publish(self.dashboard())
+            try:
+                self.snapshots.publish(self.dashboard())
+            except Exception:  # a bug must not take the broker down: its readers time out
+                self.snapshots.wanted = False
+                log.exception("snapshot_failed")
         self._last_turn = self.snapshots.last_turn = time.monotonic()
 
     def _commit(self) -> bool:

@@ -94,7 +94,10 @@ def broker(args: argparse.Namespace) -> int:
                                       "state": args.state, "http": args.http},
                            path=args.config)
     logs.setup(args.log_format, args.log_level)
-    http = parse_address(str(settings["http"] or DEFAULT_HTTP))  # (ValueError: exit 2)
+    given = "off" if settings["http"] is False else settings["http"]  # (TOML: http = false)
+    if not isinstance(given, (str, type(None))):
+        raise ValueError(f"http must be HOST:PORT or off, got {given!r}")
+    http = parse_address(given or DEFAULT_HTTP)  # (ValueError: exit 2)
     keys_dir = _broker_keys(args, settings["listen"])
     directory = settings["state"]
     temporary = directory is None
@@ -115,7 +118,7 @@ def broker(args: argparse.Namespace) -> int:
                         settings["heartbeat_timeout"], settings["client_timeout"],
                         settings["starvation_after"], prefetch=settings["prefetch"],
                         limits=Limits.from_settings(settings), store=store, keys=keys_dir)
-        dashboard = _serve_http(broker, http, given=settings["http"] is not None)
+        dashboard = _serve_http(broker, http, given=given is not None)
         _exit_with(args, broker.stop)
         broker.run(ready=lambda: print(f"zres broker serving {broker.address}" + (
             f"\nzres broker dashboard {dashboard.url}" if dashboard else ""), flush=True))
