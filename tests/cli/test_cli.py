@@ -254,10 +254,11 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
         assert "running=0" in foo_line
         assert "CPU=2/2" in foo_line and "foo=3/3" in foo_line
         assert "queued=2" in out and "running=1" in out
-        waiting = out[out.index("waiting:"):]
+        waiting = out[out.index("waiting:"):out.index("running:")]
         assert "huge" in waiting and "needs GPU=4, largest agent has GPU=2" in waiting
         assert "exotic" in waiting and "no agent offers bar" in waiting
         assert "holder" not in waiting
+        assert "holder (id 1) on gpu-node  CPU=1 GPU=1  for " in out[out.index("running:"):]
     finally:
         Path(release).touch()
     assert running.result(30) == "released"
