@@ -125,7 +125,7 @@ class Explainer:
             found.append((task.shape, 1, [self._name(task_id)], self._sched.why(task_id, False),
                           task.units))
         for shape, count, ids in self._sched.queue.census():
-            ids = [i for i in ids if i not in reserved] or [
+            ids = sorted(i for i in ids if i not in reserved) or [
                 i for i, t in self._sched.waiting.items()
                 if t.shape == shape and i not in reserved][:3]
             count -= sum(1 for i in reserved if self._sched.waiting[i].shape == shape)

@@ -277,9 +277,22 @@ def _request(units: dict[str, float]) -> str:
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
-    """TEXT as lines of at most WIDTH columns, the later ones indented further."""
-    return textwrap.wrap(text, WIDTH, initial_indent=indent,
-                         subsequent_indent=indent + "    ") or [indent]
+    """TEXT as lines of at most WIDTH columns, the later ones indented further: broken
+    between its fields (two spaces apart) where it can, inside one only if it must."""
+    more = indent + "    "
+    lines: list[str] = []
+    line = indent
+    for field in text.split("  "):
+        if line.strip():
+            if len(f"{line}  {field}") <= WIDTH:
+                line = f"{line}  {field}"
+                continue
+            lines.append(line)
+            line = more
+        parts = textwrap.wrap(field, WIDTH, initial_indent=line, subsequent_indent=more)
+        lines += parts[:-1]
+        line = parts[-1] if parts else line
+    return lines + [line]
 
 
 def _cut(lines: list[list[str]], total: int, what: str = "") -> list[str]:
