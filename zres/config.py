@@ -35,7 +35,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
-               "max_deps": None, "state": None},
+               "max_deps": None, "state": None,
+               # The HTTP port (dashboard, /metrics, /health): HOST:PORT or "off"; None:
+               # 127.0.0.1:8787, given up with a warning if that port is taken.
+               "http": None},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},

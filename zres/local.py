@@ -21,6 +21,7 @@ from .core import keys
 from .core import protocol as P
 from .core.address import wait_for_answer
 from .core.errors import ZresError
+from .core.report import in_user_units
 from .core.resources import UNIT, mapping_to_units
 
 
@@ -40,13 +41,18 @@ class LocalCluster:
                  address: str = "tcp://127.0.0.1:0", heartbeat_interval: float = 0.5,
                  heartbeat_timeout: float = 3.0, env: Mapping[str, str] | None = None,
                  start_timeout: float = 60.0, names: Sequence[str] | None = None,
-                 drain_grace: float = 0.0, insecure: bool = False) -> None:
+                 drain_grace: float = 0.0, insecure: bool = False,
+                 http: str | None = None) -> None:
         self._env = {**os.environ, **(env or {}),
                      "ZRES_BROKER__HEARTBEAT_INTERVAL": str(heartbeat_interval),
                      "ZRES_BROKER__HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
                      "ZRES_AGENT__HEARTBEAT_INTERVAL": str(heartbeat_interval),
                      "ZRES_AGENT__HEARTBEAT_TIMEOUT": str(heartbeat_timeout)}
         self._env.pop("ZRES_BROKER", None)
+        # HTTP: the broker's dashboard, /metrics and /health on this HOST:PORT ("127.0.0.1:0"
+        # picks a free port); None: none, so that many local clusters never fight over one.
+        self._http = ["--http", http or "off"]
+        self.dashboard: str | None = None   # its URL, when it has one
         self.nthreads = nthreads
         self.nworkers = nworkers
         # Closing a local cluster stops its work at once (agents give back what has not
@@ -80,7 +86,7 @@ class LocalCluster:
         self.broker = subprocess.Popen(
             [sys.executable, "-m", "zres", "broker", "--listen", address,
              "--state", self.state_dir, *self._key_args, "--log-format", "json",
-             *self._exit_with],
+             *self._http, *self._exit_with],
             stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
             stdin=subprocess.DEVNULL)
         assert self.broker.stdout is not None
@@ -88,6 +94,8 @@ class LocalCluster:
         if not line.startswith("zres broker serving "):
             raise ZresError(f"the local broker did not start (said {line!r})")
         address = line.rsplit(" ", 1)[1]
+        if self._http[1] != "off":
+            self.dashboard = self.broker.stdout.readline().decode().strip().rsplit(" ", 1)[1]
         keys.remember(address, self.keys)
         return address
 
@@ -122,8 +130,9 @@ class LocalCluster:
         return proc
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Ask the broker for its status (without needing a Client)."""
-        return request(self.address, P.STATUS, {}, timeout)
+        """Ask the broker for its status (without needing a Client), amounts in user
+        units."""
+        return in_user_units(request(self.address, P.STATUS, {}, timeout))
 
     def wait_for_agents(self, agents: int | Sequence[str], timeout: float = 60.0) -> None:
         """Block until that many agents (or those names) are registered."""

@@ -254,10 +254,11 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
         assert "running=0" in foo_line
         assert "CPU=2/2" in foo_line and "foo=3/3" in foo_line
         assert "queued=2" in out and "running=1" in out
-        waiting = out[out.index("waiting:"):]
+        waiting = out[out.index("waiting:"):out.index("running:")]
         assert "huge" in waiting and "needs GPU=4, largest agent has GPU=2" in waiting
         assert "exotic" in waiting and "no agent offers bar" in waiting
         assert "holder" not in waiting
+        assert "holder (id 1) on gpu-node  CPU=1 GPU=1  for " in out[out.index("running:"):]
     finally:
         Path(release).touch()
     assert running.result(30) == "released"
@@ -376,7 +377,7 @@ def test_resources_command_changes_capacity_and_rejects_bad_input(make_cluster, 
     assert ok.returncode == 0, ok.stderr
     assert "foo=3" in ok.stdout
     status = cluster.status()
-    assert status["agents"][0]["slots"][0]["total"]["foo"] == 30_000
+    assert status["agents"][0]["slots"][0]["total"]["foo"] == 3
 
     bad = zres_cli("resources", "res-node", "foo=three", "--broker", cluster.address,
                    "--keys", cluster.keys,

@@ -224,7 +224,7 @@ def test_actor_holds_its_gpu_until_killed(make_cluster, make_client, tmp_path):
     assert "GPU" in client.why(task)
     state = actor_state(client, model)
     assert (state["state"], state["agent"]) == ("alive", "agent-0")
-    assert state["units"] == {"GPU": 10_000}, "it holds what it asked for, no CPU"
+    assert state["units"] == {"GPU": 1.0}, "it holds what it asked for, no CPU"
     line = next(s for s in render_status(client.status()).splitlines() if "Counter(" in s)
     assert "alive on agent-0" in line and "GPU=1" in line, line
     client.kill(model)

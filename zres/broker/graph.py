@@ -27,6 +27,8 @@ class TaskGraph:
                  reserve_ids: Callable[[int], int] | None = None, first_id: int = 1,
                  on_dropped: Callable[[Task], None] = lambda task: None) -> None:
         self.tasks: dict[int, Task] = {}
+        # Tasks finished in this broker's life, by outcome (done, failed): for its metrics.
+        self.finished: dict[str, int] = {"done": 0, "failed": 0}
         self._on_dropped = on_dropped  # a finished task nobody holds is forgotten
         self._next_id = first_id - 1
         self._on_ready = on_ready
@@ -119,6 +121,7 @@ class TaskGraph:
                 info: dict[str, Any]) -> list[Task]:
         """Finish one task; return the waiting dependents a failure must also fail."""
         set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
+        self.finished[task.state.value] += 1
         task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
         self._on_recorded(task)
         failed: list[Task] = []

@@ -249,6 +249,16 @@ class JobTable:
             entry["reason"] = self._why(task)
         return entry
 
+    def listing(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Describe the LIMIT newest jobs, finished ones among them (saying why each that
+        waits waits costs a scheduler question: a few, not thousands)."""
+        jobs = [*self.done.values(), *self.active.values(), *self.adopting.values()]
+        return [self._describe(j) for j in sorted(jobs, key=lambda j: -j.id)[:limit]]
+
+    def count(self) -> int:
+        """How many jobs the table holds, finished ones included."""
+        return len(self.done) + len(self.active) + len(self.adopting)
+
     # -- requests ---------------------------------------------------------------------------
     def on_jobs(self, ident: bytes, msg: P.Message, now: float) -> None:
         """List jobs: active ones, finished ones too with ``all`` (or those no wait has

@@ -22,6 +22,7 @@ from zmq.utils.monitor import recv_monitor_message
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, quote
+from ..core.report import in_user_units
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .actor_keeping import ActorKeeper
@@ -37,6 +38,7 @@ from .dispatch import Dispatcher
 from .graph import TaskGraph
 from .jobs import JobTable
 from .keeping import TaskKeeper
+from .metrics import BrokerMetrics, Snapshots
 from .output import OutputRouter
 from .status import Explainer
 from .store import StateUnwritable, Store
@@ -144,11 +146,17 @@ class Broker:
                               fd=lambda: self._fd, key=lambda: ":".join(self._sender),
                               adopt=lambda *a: self.adoption.offered(*a),
                               commit=lambda: store is None or store.commit())
+        # What the HTTP thread serves (zres.broker.http): a snapshot made on demand, and
+        # counters the loop bumps; neither can change anything here.
+        self.snapshots = Snapshots()
+        self.metrics = BrokerMetrics(self.snapshots.get, journal=store is not None)
+        self._traffic = self.metrics.traffic
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._monitor, zmq.POLLIN)
         if self.gate.zap is not None:
             self.poller.register(self.gate.zap, zmq.POLLIN)
+        self.poller.register(self.snapshots.wake, zmq.POLLIN)  # (seen below: ``wanted``)
         self._handlers: dict[str, Handler] = {
             P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
@@ -187,6 +195,7 @@ class Broker:
         self._monitor.close(0)
         self.sock.close(0)
         self.gate.close()
+        self.snapshots.close()
 
     def stop(self) -> None:
         self._stopping = True
@@ -207,12 +216,16 @@ class Broker:
             self.gate.serve()
         if self._monitor in events:
             self._on_connection_events()
+        if self.snapshots.wake in events:
+            self.snapshots.drain()
         if self.sock in events:
             for _ in range(_BATCH):
                 try:
                     frames = P.recv(self.sock)
                 except zmq.Again:
                     break
+                self._traffic.messages_in += 1
+                self._traffic.bytes_in += sum(map(len, frames))
                 now = time.monotonic()
                 self._dispatch(frames, now)
                 if now - start > _TURN_BUDGET:
@@ -224,11 +237,14 @@ class Broker:
             log.warning("broker_stalled", seconds=round(now - start, 1))
         # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job only
         # once the broker has kept that it may, and drops a result once it is kept.
-        if self.store is None or self.store.commit():
+        if self.store is None or self._commit():
             self.agents.written()
         if self.sched.needs_pass():
             try:
-                self.dispatch.assign(self.sched.schedule(now))
+                began = time.perf_counter()
+                grants = self.sched.schedule(now)
+                self.metrics.scheduling.observe(time.perf_counter() - began)
+                self.dispatch.assign(grants)
             except Exception:  # a bug must not take the broker down for everyone
                 log.exception("scheduling_failed")
         if now - self._last_beat >= self.hb_interval:
@@ -242,7 +258,24 @@ class Broker:
         self.client_link.accept()  # (written above)
         self.client_link.flush()
         self.link.flush_acks()
-        self._last_turn = time.monotonic()
+        if self.snapshots.wanted:
+            try:
+                self.snapshots.publish(self.dashboard())
+            except Exception:  # a bug must not take the broker down: its readers time out
+                self.snapshots.wanted = False
+                log.exception("snapshot_failed")
+        self._last_turn = self.snapshots.last_turn = time.monotonic()
+
+    def _commit(self) -> bool:
+        """Commit the state store, timing the commits that write something."""
+        assert self.store is not None and self.metrics.commit is not None
+        if not self.store.dirty():
+            return self.store.commit()
+        began = time.perf_counter()
+        try:
+            return self.store.commit()
+        finally:
+            self.metrics.commit.observe(time.perf_counter() - began)
 
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):
@@ -323,7 +356,10 @@ class Broker:
             # (grants, acks, cancels) must never reach the session after it. (A reply
             # about another session names that one.)
             body = {"session": agent.session, **(body or {})}
-        P.send(self.sock, [ident, *P.encode(kind, body, frames)])
+        message = [ident, *P.encode(kind, body, frames)]
+        self._traffic.messages_out += 1
+        self._traffic.bytes_out += sum(map(len, message))
+        P.send(self.sock, message)
 
     def _heartbeats(self, now: float) -> None:
         for agent in self.agents.silent(now):
@@ -334,7 +370,10 @@ class Broker:
             self._send(agent.ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
                                                   "ack": agent.kept})
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
+        size = sum(map(len, beat))
         for ident in self.clients.idents():
+            self._traffic.messages_out += 1
+            self._traffic.bytes_out += len(ident) + size
             P.send(self.sock, [ident, *beat])
 
     def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
@@ -363,6 +402,13 @@ class Broker:
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id,
                 "state": self.store.describe() if self.store is not None else None}
+
+    def dashboard(self) -> dict[str, Any]:
+        """Describe the cluster for the dashboard and metrics, amounts in user units: the
+        status, recent command jobs, tasks finished."""
+        return in_user_units({**self.status(), "jobs": self.jobs.listing(),
+                              "jobs_total": self.jobs.count(), "time": time.time(),
+                              "finished": dict(self.graph.finished)})
 
     # -- agents ---------------------------------------------------------------------
     def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:

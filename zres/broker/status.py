@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
+from ..core.resources import format_units
 from ..core.tasks import Task, TaskState
 from ..scheduler.policy import Scheduler
+from ..scheduler.records import shape_of
 from .actors import ActorRouting, ActorState
 from .agents import AgentRegistry
 from .graph import TaskGraph
 
 _LISTED = 200           # waiting tasks listed in a status reply
 _LISTED_INFEASIBLE = 1000  # ... infeasible ones, which matter more, up to this many
+_DEPENDENCIES = "waiting for dependencies"
 
 
 class Explainer:
@@ -66,19 +70,86 @@ class Explainer:
                                      for s, g in zip(slots, agent.gpus)]})
         counts: dict[str, int] = defaultdict(int)
         blocked: list[dict[str, Any]] = []
+        # Waiting work other than the scheduler's queue (dependencies, actor calls, grants
+        # queued on a slot), by what makes its reason; the queue counts its own by shape.
+        # Each kind is explained once: explaining 100,000 waiting tasks would hold up the loop.
+        kinds: dict[tuple[Any, ...], list[Any]] = {}
+        scheduled = self._sched.waiting
+        running: list[dict[str, Any]] = []
+        now = time.monotonic()
         for task in self._graph.tasks.values():
             grant = self._sched.running.get(task.id)
             # A grant waiting in a slot's queue has not started: it counts as queued.
-            counts["queued" if grant is not None and not grant.started
-                   else task.state.value] += 1
-            if task.state is TaskState.QUEUED:
+            pending = grant is not None and not grant.started
+            counts["queued" if pending else task.state.value] += 1
+            state = task.state
+            if state is TaskState.QUEUED:
                 reason = self._sched.infeasible_reason(task.units)
                 if len(blocked) < _LISTED or (reason is not None
                                               and len(blocked) < _LISTED_INFEASIBLE):
                     blocked.append({"id": task.id, "name": task.name, "units": task.units,
                                     "reason": self.brief(task)})
+                if task.id in scheduled:
+                    continue
+            if state is TaskState.RUNNING and not pending:
+                if len(running) < _LISTED:
+                    running.append({"id": task.id, "name": task.name, "agent": task.agent,
+                                    "units": task.units,
+                                    "seconds": round(now - task.started_at, 1)})
+            elif state is not TaskState.DONE and state is not TaskState.FAILED:
+                key = (shape_of(task.units), state, task.actor,
+                       grant.slot if grant is not None else None)
+                kind = kinds.get(key)
+                if kind is None:
+                    kinds[key] = [0, [], task]
+                    kind = kinds[key]
+                kind[0] += 1
+                if kind[0] <= 3:  # a few of its tasks, to recognise it by
+                    kind[1].append(task.name)
         return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
-                "counts": dict(counts), "waiting": blocked, "actors": self._actor_status()}
+                "counts": dict(counts), "waiting": blocked, "actors": self._actor_status(),
+                "groups": self._groups(kinds), "running": running}
+
+    def _groups(self, kinds: dict[tuple[Any, ...], list[Any]]) -> list[dict[str, Any]]:
+        """Waiting work grouped by request and reason, most tasks first: KINDS (counted
+        from the graph) and the scheduler's queue, whose reserved tasks (a few: one per
+        slot at most) are told apart, as their reason says so."""
+        found: list[tuple[Any, int, list[str], str, Any]] = []
+        for (shape, state, *_), (count, names, task) in kinds.items():
+            found.append((shape, count, names, _DEPENDENCIES if state is TaskState.WAITING
+                          else self.brief(task), task.units))
+        reserved = [slot.reserved_by for slot in self._sched.slots.values()
+                    if slot.reserved_by in self._sched.waiting]
+        for task_id in reserved:
+            task = self._sched.waiting[task_id]
+            found.append((task.shape, 1, [self._name(task_id)], self._sched.why(task_id, False),
+                          task.units))
+        for shape, count, ids in self._sched.queue.census():
+            ids = sorted(i for i in ids if i not in reserved) or [
+                i for i, t in self._sched.waiting.items()
+                if t.shape == shape and i not in reserved][:3]
+            count -= sum(1 for i in reserved if self._sched.waiting[i].shape == shape)
+            if count > 0 and ids:
+                found.append((shape, count, [self._name(i) for i in ids],
+                              self._sched.why(ids[0], False), self._sched.waiting[ids[0]].units))
+        groups: dict[tuple[Any, str], dict[str, Any]] = {}
+        for shape, count, names, reason, units in found:
+            group = groups.get((shape, reason))
+            if group is None:
+                group = groups[shape, reason] = {
+                    "request": format_units(units), "units": dict(units), "reason": reason,
+                    "count": 0, "names": [], "infeasible": reason.startswith("infeasible")}
+            group["count"] += count
+            group["names"] = (group["names"] + names)[:3]
+        return sorted(groups.values(), key=lambda g: (-g["count"], g["request"], g["reason"]))
+
+    def _name(self, task_id: int) -> str:
+        """The name of waiting task TASK_ID (an actor's construction has none of its own)."""
+        task = self._graph.get(task_id)
+        if task is not None:
+            return task.name
+        actor = self._actors.placements.get(task_id)
+        return f"actor {actor.cls}({actor.name or actor.id[:8]})" if actor else str(task_id)
 
     def _actor_status(self) -> list[dict[str, Any]]:
         out = []

@@ -4,11 +4,13 @@ cluster."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sqlite3
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ from ..core import protocol as P
 from ..core.address import is_local
 from ..core.errors import ZresError
 from ..core.limits import Limits
-from ..core.resources import format_amount, format_units, parse_spec
+from ..core.report import in_user_units
+from ..core.resources import UNIT, format_amount, format_units, parse_spec
 from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
 
@@ -34,6 +37,8 @@ def add_parsers(sub: Any) -> None:
                         "ids) here, so a restarted broker carries on (default: "
                         "$ZRES_STATE_DIR, else [broker] state in the config file, else "
                         "$XDG_STATE_HOME/zres/broker-PORT; a temporary one for port 0)")
+    broker.add_argument("--http", metavar="ADDR", help="serve the dashboard, /metrics and "
+                        "/health on HOST:PORT (default 127.0.0.1:8787; off: none)")
     broker.add_argument("--fresh", action="store_true",
                         help="start with empty state, saying what it discarded")
 
@@ -65,6 +70,10 @@ def add_parsers(sub: Any) -> None:
     status = sub.add_parser("status", help="show agents, resources and waiting tasks")
     status.add_argument("address", nargs="?", help=BROKER_ORDER)
     status.add_argument("--timeout", type=seconds, default=10.0)
+    status.add_argument("--json", action="store_true", help="print the report as JSON "
+                        "(amounts in user units; one line per refresh with --watch)")
+    status.add_argument("--watch", type=seconds, nargs="?", const=2.0, metavar="SECONDS",
+                        help="refresh every SECONDS (default 2) until Ctrl-C")
 
     res = sub.add_parser("resources", help="change an agent's capacity while it runs")
     res.add_argument("agent", help="agent name, as zres status shows it")
@@ -77,11 +86,17 @@ def add_parsers(sub: Any) -> None:
 
 
 def broker(args: argparse.Namespace) -> int:
+    from ..broker.http import DEFAULT_HTTP, parse_address
     from ..broker.server import Broker
     from ..broker.store import Store
     settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch,
-                                      "state": args.state}, path=args.config)
+                                      "state": args.state, "http": args.http},
+                           path=args.config)
     logs.setup(args.log_format, args.log_level)
+    given = "off" if settings["http"] is False else settings["http"]  # (TOML: http = false)
+    if not isinstance(given, (str, type(None))):
+        raise ValueError(f"http must be HOST:PORT or off, got {given!r}")
+    http = parse_address(given or DEFAULT_HTTP)  # (ValueError: exit 2)
     keys_dir = _broker_keys(args, settings["listen"])
     directory = settings["state"]
     temporary = directory is None
@@ -92,6 +107,7 @@ def broker(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:
         raise ZresError(f"cannot keep the broker's state in {directory}: {exc} (--state "
                         "DIR names another directory)") from None
+    dashboard = None
     if store.discarded:
         held = ", ".join(f"{state}: {n}" for state, n in sorted(store.discarded.items()))
         print(f"zres broker: --fresh discarded the state in {directory} ({held})",
@@ -101,12 +117,36 @@ def broker(args: argparse.Namespace) -> int:
                         settings["heartbeat_timeout"], settings["client_timeout"],
                         settings["starvation_after"], prefetch=settings["prefetch"],
                         limits=Limits.from_settings(settings), store=store, keys=keys_dir)
+        dashboard = _serve_http(broker, http, given=given is not None)
         _exit_with(args, broker.stop)
-        broker.run(ready=lambda: print(f"zres broker serving {broker.address}", flush=True))
+        broker.run(ready=lambda: print(f"zres broker serving {broker.address}" + (
+            f"\nzres broker dashboard {dashboard.url}" if dashboard else ""), flush=True))
     finally:
+        if dashboard is not None:
+            dashboard.close()
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
     return 0
+
+
+def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
+    """Start the broker's HTTP server on ADDRESS (None: none). A port taken fails the
+    broker when the address was GIVEN; the default one taken, it serves without HTTP."""
+    from ..broker.http import DashboardServer, is_loopback
+    if address is None:
+        return None
+    log = get_logger("zres.broker")
+    if not is_loopback(address[0]):
+        log.warning("http_public", http=f"{address[0]}:{address[1]}",
+                    why="anyone who reaches it reads the cluster's status (names, owners); "
+                    "nothing there can change the cluster")
+    try:
+        return DashboardServer(*address, broker.snapshots, broker.metrics)
+    except ZresError as exc:
+        if given:
+            raise
+        log.warning("http_unavailable", error=str(exc), why="serving without a dashboard")
+        return None
 
 
 def _broker_keys(args: argparse.Namespace, listen: str) -> str | None:
@@ -183,8 +223,18 @@ def _exit_with(args: argparse.Namespace, stop: Any) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
-    print(render_status(request(broker_address(args.address), P.STATUS, {}, args.timeout)))
-    return 0
+    address = broker_address(args.address)
+    while True:
+        report = in_user_units(request(address, P.STATUS, {}, args.timeout))
+        if args.json:
+            print(json.dumps(report, indent=None if args.watch else 2), flush=True)
+        else:
+            if args.watch and sys.stdout.isatty():
+                print("\033[H\033[2J", end="")  # clear the terminal: one screen each time
+            print(render_status(report) + ("\n" if args.watch else ""), flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)  # (a refresh period the user asked for, not an ordering)
 
 
 def resources(args: argparse.Namespace) -> int:
@@ -213,41 +263,98 @@ def _state_line(state: dict[str, Any]) -> str:
     return line
 
 
+WIDTH = 100   # every line of zres status fits in this many columns
+SHOWN = 20    # entries shown per list before "... and N more"
+
+
+def _amount(name: str, value: float) -> str:
+    return format_amount(name, round(value * UNIT))
+
+
+def _request(units: dict[str, float]) -> str:
+    return " ".join(f"{n}={_amount(n, v)}" for n, v in sorted(units.items())) or "nothing"
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    """TEXT as lines of at most WIDTH columns, the later ones indented further: broken
+    between its fields (two spaces apart) where it can, inside one only if it must."""
+    more = indent + "    "
+    lines: list[str] = []
+    line = indent
+    for field in text.split("  "):
+        if line.strip():
+            if len(f"{line}  {field}") <= WIDTH:
+                line = f"{line}  {field}"
+                continue
+            lines.append(line)
+            line = more
+        parts = textwrap.wrap(field, WIDTH, initial_indent=line, subsequent_indent=more)
+        lines += parts[:-1]
+        line = parts[-1] if parts else line
+    return lines + [line]
+
+
+def _cut(lines: list[list[str]], total: int, what: str = "") -> list[str]:
+    """The first SHOWN entries (each a list of lines), then how many more of TOTAL."""
+    out = [line for entry in lines[:SHOWN] for line in entry]
+    if total > min(len(lines), SHOWN):
+        out.append(f"  ... and {total - min(len(lines), SHOWN)} more{what}")
+    return out
+
+
 def render_status(status: dict[str, Any]) -> str:
-    """Format a broker status reply for people."""
-    lines = [f"broker {status['address']}  cluster: {status.get('cluster', '?')}  "
-             f"clients: {status['clients']}"]
+    """Format a status report (amounts in user units: ``in_user_units``) for people, every
+    line within WIDTH columns."""
+    lines = _wrap(f"broker {status['address']}  cluster: {status.get('cluster', '?')}  "
+                  f"clients: {status['clients']}", "")
     state = status.get("state")
     if isinstance(state, dict):
-        lines.append(_state_line(state))
+        lines += _wrap(_state_line(state), "")
     lines += ["", "agents:"]
     if not status["agents"]:
         lines.append("  (none)")
+    agents = []
     for agent in status["agents"]:
         for index, slot in enumerate(agent["slots"]):
             label = agent["name"] if len(agent["slots"]) == 1 else f"{agent['name']}[{index}]"
             amounts = "  ".join(
-                f"{n}={format_amount(n, slot['free'].get(n, 0))}/{format_amount(n, t)}"
+                f"{n}={_amount(n, slot['free'].get(n, 0))}/{_amount(n, t)}"
                 for n, t in sorted(slot["total"].items()))
             gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
-            lines.append(f"  {label:<20} running={slot['running']:<4} free/total: "
-                         f"{amounts}{gpus}")
+            agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "
+                                f"{amounts}{gpus}"))
+    lines += _cut(agents, len(agents), " agents")
     counts = status["counts"]
-    lines += ["", "tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                               or "none")]
+    lines += ["", *_wrap("tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                                      or "none"), "")]
     if status.get("actors"):
         lines += ["", "actors:"]
+        actors = []
         for actor in status["actors"]:
             label = f"{actor['cls']}({actor['name'] or actor['id'][:8]})"
             where = f" on {actor['agent']}" if actor["agent"] else ""
             why = f": {actor['reason']}" if actor.get("reason") else ""
-            holds = format_units(actor["units"]) or "nothing"
-            lines.append(f"  {label:<24} {actor['state']}{where}  holds {holds}"
-                         f"  calls: {actor['running']} sent, {actor['queued']} queued"
-                         f"  restarts left: {actor['restarts_left']}{why}")
-    if status["waiting"]:
+            holds = _request(actor["units"])
+            actors.append(_wrap(f"{label:<24} {actor['state']}{where}  holds {holds}"
+                                f"  calls: {actor['running']} sent, {actor['queued']} queued"
+                                f"  restarts left: {actor['restarts_left']}{why}"))
+        lines += _cut(actors, len(actors), " actors")
+    groups = status.get("groups", [])
+    if groups:
         lines += ["", "waiting:"]
-        lines += [f"  {t['name']} (id {t['id']}): {t['reason']}" for t in status["waiting"]]
+        shown = []
+        for group in groups:
+            names = ", ".join(group["names"]) + (", ..." if group["count"] > 3 else "")
+            shown.append(_wrap(f"{group['count']} x {group['request']} ({names}): "
+                               f"{group['reason']}"))
+        rest = sum(g["count"] for g in groups[SHOWN:])
+        lines += _cut(shown, len(groups), f" groups ({rest} tasks)")
+    running = status.get("running", [])
+    if running:
+        lines += ["", "running:"]
+        lines += _cut([_wrap(f"{t['name']} (id {t['id']}) on {t['agent']}  "
+                             f"{_request(t['units'])}  for {t['seconds']:.0f}s")
+                       for t in running], max(counts.get("running", 0), len(running)))
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from .. import config
 from ..core import protocol as P
 from ..core.address import wait_for_answer
 from ..core.errors import ZresError
+from ..core.report import entry_in_user_units, in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
 from ..dask.client_methods import DaskMethods
@@ -240,7 +241,8 @@ class Client(Shipping, ActorMethods, DaskMethods):
 
     def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
         """Return the job table: queued and running jobs, finished ones too with ALL."""
-        return list(self._io.request(P.JOBS, {"all": all}, timeout)["jobs"])
+        return [entry_in_user_units(job)
+                for job in self._io.request(P.JOBS, {"all": all}, timeout)["jobs"]]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -260,8 +262,8 @@ class Client(Shipping, ActorMethods, DaskMethods):
         return str(self._io.request(P.WHY, {"id": future.id}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Return the broker's view: agents with total and free resources, task counts."""
-        return self._io.request(P.STATUS, {}, timeout)
+        """Return the broker's view, as ``zres status --json``: amounts in user units."""
+        return in_user_units(self._io.request(P.STATUS, {}, timeout))
 
     def set_resources(self, agent: str, resources: Mapping[str, Any],
                       timeout: float = 10.0) -> list[dict[str, float]]:

@@ -60,6 +60,22 @@ class WaitingQueue:
             self._stale[task.shape] = stale
         return task
 
+    def census(self, sample: int = 3) -> list[tuple[Shape, int, list[int]]]:
+        """Each shape with tasks waiting: how many, and the ids of SAMPLE of them (in no
+        particular order). O(shapes), not O(tasks): for status reports."""
+        out = []
+        for shape, heap in self.by_shape.items():
+            count = len(heap) - self._stale.get(shape, 0)
+            if count > 0:
+                ids = []
+                for entry in heap:
+                    if len(ids) == sample:
+                        break
+                    if self._live(entry):
+                        ids.append(entry[2])
+                out.append((shape, count, ids))
+        return out
+
     def _live(self, entry: tuple[int, int, int]) -> bool:
         task = self.tasks.get(entry[2])
         return task is not None and task.seq == entry[1]

@@ -1,0 +1,129 @@
+"""The dashboard page, in a real headless browser (Debian's Chromium, driven by Selenium)
+on a live cluster: what a user sees there, and that it follows the cluster live."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.conftest import wait_until
+from tests.tasks import hold
+from zres.core import keys as K
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1400,1000")
+
+
+def chromium(profile: Path) -> webdriver.Chrome:
+    """Headless Chromium with a fresh profile, driven by the system's chromedriver (so
+    Selenium Manager downloads nothing)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.fail(f"the dashboard test needs {' and '.join(missing)}: install them with "
+                    "`apt-get install chromium chromium-driver` (.ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    driver = chromium(tmp_path / "profile")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def alice_keys(cluster_keys: str, into: Path) -> str:
+    """A directory holding the broker's public key and a client key named alice."""
+    made = K.keygen(cluster_keys, role="client", name="alice")
+    into.mkdir()
+    shutil.copy(Path(cluster_keys) / f"{K.BROKER}.key", into)
+    shutil.copy(made[0], into)
+    return str(into)
+
+
+def text(browser: webdriver.Chrome, css: str) -> str:
+    return "\n".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, css))
+
+
+def shows(browser: webdriver.Chrome, css: str, wanted: str, timeout: float = 20) -> str:
+    """Wait until the elements at CSS show WANTED; return what they show."""
+    seen = [""]
+
+    def showing(b: webdriver.Chrome) -> str | bool:
+        seen[0] = text(b, css)
+        return seen[0] if wanted in seen[0] else False
+
+    try:
+        return WebDriverWait(browser, timeout).until(showing)
+    except TimeoutException:
+        raise AssertionError(f"{css} did not show {wanted!r} within {timeout}s; it shows "
+                             f"{seen[0]!r}") from None
+
+
+@pytest.mark.filterwarnings("ignore::zres.InfeasibleWarning")
+def test_the_dashboard_shows_the_cluster_and_follows_it(make_cluster, make_client, browser,
+                                                        tmp_path):
+    cluster = make_cluster(agents=[{"GPU": 2, "MEMORY": "64GiB"}, {"licence": 1}],
+                           nthreads=2, names=["gpu-node", "lic-node"], http="127.0.0.1:0")
+    client = make_client(cluster.address)
+    alice = make_client(cluster.address, keys=alice_keys(cluster.keys, tmp_path / "alice"))
+    release, marker = str(tmp_path / "release"), str(tmp_path / "started")
+    training = client.submit(hold, release, marker, resources={"GPU": 1}, key="train")
+    wait_until(lambda: os.path.exists(marker), message="the GPU task to start")
+    never = [client.submit(pow, 2, 2, resources={"GPU": 4}, key=f"huge{i}") for i in range(3)]
+    wait_until(lambda: all(f.infeasible for f in never), message="infeasible warnings")
+    job = alice.submit_command(["sh", "-c", f"while [ ! -e {release} ]; do sleep 0.05; done"],
+                               resources={"licence": 1}, name="render")
+    wait_until(lambda: any(j["state"] == "running" for j in alice.jobs()),
+               message="the job to run")
+
+    browser.get(cluster.dashboard)
+    WebDriverWait(browser, 20).until(lambda b: b.find_element(By.TAG_NAME, "body")
+                                     .get_attribute("data-ready") == "1")
+    assert browser.title == "zres dashboard"
+    assert cluster.address in text(browser, "#broker")
+    # Agents, each resource with its free / total, and the GPUs.
+    gpu_node = '[data-agent="gpu-node"]'
+    assert shows(browser, f'{gpu_node} [data-resource="GPU"]', "1 / 2 free")
+    assert "64 GiB / 64 GiB free" in text(browser, f'{gpu_node} [data-resource="MEMORY"]')
+    assert "GPUs 0, 1" in text(browser, gpu_node)
+    assert "0 / 1 free" in text(browser, '[data-agent="lic-node"] [data-resource="licence"]')
+    # Waiting work: one row for the request, with its count and reason.
+    waiting = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#waiting tbody tr")]
+    assert waiting == ["3 CPU=1 GPU=4 infeasible: needs GPU=4, largest agent has GPU=2 "
+                       "huge0, huge1, huge2"]
+    # The job, with its owner and state; the running task.
+    [job_id] = alice.job_ids([job])
+    assert text(browser, "#jobs tbody") == \
+        f"{job_id} render alice running lic-node CPU=1 licence=1 zres logs {job_id}"
+    assert "train (id 1) gpu-node CPU=1 GPU=1" in text(browser, "#running tbody")
+    assert text(browser, "[data-state=\"running\"]") == "2 running"  # the task and the job
+    # Tasks by state over time: a line per state, a point per refresh.
+    lines = browser.find_elements(By.CSS_SELECTOR, "#history polyline")
+    assert len(lines) == 3 and lines[2].get_attribute("stroke") == "#2f80ed"  # running
+
+    # Live: what finishes shows as finished, and the GPU comes back, with no reload.
+    Path(release).touch()
+    assert training.result(30) == "released" and job.result(30).exit_code == 0
+    shows(browser, f'{gpu_node} [data-resource="GPU"]', "2 / 2 free")
+    shows(browser, "#jobs tbody", f"{job_id} render alice done")
+    shows(browser, "#running tbody", "nothing runs")
+    client.cancel(never)
+    shows(browser, "#waiting tbody", "nothing waits")
