@@ -67,7 +67,7 @@ class WaitingQueue:
         for shape, heap in self.by_shape.items():
             count = len(heap) - self._stale.get(shape, 0)
             if count > 0:
-                ids = []
+                ids: list[int] = []
                 for entry in heap:
                     if len(ids) == sample:
                         break
