@@ -271,3 +271,32 @@ def test_a_quiet_task_is_told_ended_without_its_result_before_and_after_a_restar
         for peer in (client, agent):
             peer.close()
         broker.close()
+
+
+def test_a_release_heard_before_the_hello_of_a_restored_client_is_kept(tmp_path):
+    """A restarted broker tells a restored client its tasks' results at once; the client
+    may let go of one before it notices the restart (and says hello). That release counts:
+    dropped, the task would be held until the client leaves."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    submit(client, 1)
+    client.take(P.ACCEPTED)
+    [(first, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    finish(agent, 1, 1, first, b"one")
+    results(client)
+    broker.close()
+    for peer in (client, agent):
+        peer.close()
+
+    broker = broker_on(tmp_path)
+    client = Peer(broker, ident=CLIENT)
+    try:
+        assert broker.graph.get(first) is not None, "kept while its client holds it"
+        client.send(P.RELEASE, {"ids": [1]})
+        client.sync()
+        assert broker.graph.get(first) is None, "the release before the hello was dropped"
+    finally:
+        client.close()
+        broker.close()

@@ -71,5 +71,13 @@ def test_a_compute_lives_through_a_broker_kill(make_cluster, make_client, tmp_pa
     run.join(60)
     assert answer == [[100_002.0, 100_000.0]]
     assert sorted(Path(ledger).read_text().split()) == ["a", "c"], "something ran twice"
-    wait_until(lambda: not any(client.status()["counts"].values()),
-               message="nothing kept once the compute returned")
+    seen: dict[str, object] = {}
+
+    def nothing_held() -> bool:
+        seen.update(client.status())
+        return not any(seen["counts"].values())  # type: ignore[attr-defined]
+
+    try:
+        wait_until(nothing_held, message="nothing kept once the compute returned")
+    except AssertionError:
+        raise AssertionError(f"still held: {seen['counts']}, {seen['waiting']}") from None

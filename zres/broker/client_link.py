@@ -173,8 +173,12 @@ class ClientLink:
         self._to_accept.clear()
 
     def on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
-        client = self.client(ident, now)
+        # Heard from a restored client before its hello too: letting go of a task needs no
+        # order with what it sends again, and a client that has its results (told at once
+        # by a restarted broker) may let go before it notices the restart.
+        client = self.clients.seen(ident, now)
         if client is None:
+            self._send(ident, P.UNKNOWN)
             return
         for local in P.field(msg, "ids", list):
             task = self._graph.get(client.ids.pop(local, -1))
