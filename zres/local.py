@@ -171,6 +171,14 @@ class LocalCluster:
     def __repr__(self) -> str:
         return f"<zres.LocalCluster {getattr(self, 'address', '?')} agents={len(self.agents)}>"
 
+    def _repr_html_(self) -> str:
+        from .client.html import cluster
+        address = getattr(self, "address", "?")
+        try:
+            return cluster("zres.LocalCluster", address, self.status(timeout=2.0))
+        except (ZresError, OSError) as exc:
+            return cluster("zres.LocalCluster", address, None, str(exc))
+
 
 def _log_sink() -> Any:
     """Where local processes log: nowhere, unless ZRES_LOCAL_LOGS=1 (then our stderr)."""

@@ -49,3 +49,41 @@ def test_a_future_says_running_once_its_task_runs(make_cluster, make_client, tmp
     Path(release).touch()
     assert held.result(30) == "released"
     assert "finished" in repr(held)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+
+def test_notebooks_show_clients_clusters_futures_and_actors(make_cluster, make_client,
+                                                            tmp_path):
+    cluster = make_cluster(agents=[{"GPU": 1, "MEMORY": "4GiB"}], names=["gpu-a"],
+                           http="127.0.0.1:0")
+    client = make_client(cluster.address)
+    release, marker = str(tmp_path / "release"), str(tmp_path / "marker")
+    held = client.submit(hold, release, marker, resources={"GPU": 1})
+    wait_until(lambda: os.path.exists(marker) and held.running(), message="the task to run")
+
+    card = client._repr_html_()
+    assert cluster.address in card and "gpu-a" in card
+    assert "GPU 0 / 1" in card and "MEMORY 4.295G / 4.295G" in card, card
+    assert "1 running" in card
+    assert f'href="{cluster.dashboard}"' in card, "a link to the dashboard"
+    assert "gpu-a" in cluster._repr_html_()
+    assert "<b>running</b>" in held._repr_html_()
+    infeasible = client.submit(hold, release, marker, resources={"GPU": 2})
+    wait_until(lambda: infeasible.infeasible, message="the infeasible warning")
+    assert "GPU=2" in infeasible._repr_html_()
+    Path(release).touch()
+    held.result(30)
+    assert "<b>finished</b> on gpu-a" in held._repr_html_()
+
+    counter = client.actor(Counter, name="counter")
+    assert "Counter" in counter._repr_html_() and "add" in counter._repr_html_()
+    client.close()
+    assert "closed" in client._repr_html_()

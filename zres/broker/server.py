@@ -79,6 +79,7 @@ class Broker:
         # per cluster, and job ids never repeat on one.
         self.store = store
         self.cluster_id = store.cluster_id() if store else f"{self.epoch:012x}"
+        self.dashboard_url: str | None = None  # where its HTTP server is, if it has one
         self.limits = limits or Limits()
         self.hb_interval = heartbeat_interval
         # Agents start nothing once the broker may have given up on them: their lease ends
@@ -400,7 +401,7 @@ class Broker:
     def status(self) -> dict[str, Any]:
         """Describe agents, task counts and every task that cannot run, as plain data."""
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
-                "cluster": self.cluster_id,
+                "cluster": self.cluster_id, "dashboard": self.dashboard_url,
                 "state": self.store.describe() if self.store is not None else None}
 
     def dashboard(self) -> dict[str, Any]:

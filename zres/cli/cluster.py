@@ -118,6 +118,7 @@ def broker(args: argparse.Namespace) -> int:
                         settings["starvation_after"], prefetch=settings["prefetch"],
                         limits=Limits.from_settings(settings), store=store, keys=keys_dir)
         dashboard = _serve_http(broker, http, given=given is not None)
+        broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
         broker.run(ready=lambda: print(f"zres broker serving {broker.address}" + (
             f"\nzres broker dashboard {dashboard.url}" if dashboard else ""), flush=True))

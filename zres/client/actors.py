@@ -58,6 +58,10 @@ class ActorHandle:
         name = f" name={self._zres_name!r}" if self._zres_name else ""
         return f"<zres.ActorHandle {self._zres_cls} id={self._zres_id[:8]}{name}>"
 
+    def _repr_html_(self) -> str:
+        from .html import actor
+        return actor(self._zres_cls, self._zres_id, self._zres_name, sorted(self._zres_methods))
+
 
 class ActorMethod:
     """One method of an actor: call it to queue a call; ``options`` for retries or a key."""

@@ -24,7 +24,7 @@ from ..core.report import entry_in_user_units, in_user_units  # (what users read
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
 from ..dask.client_methods import DaskMethods
-from . import registry
+from . import html, registry
 from .actor_methods import ActorMethods
 from .annotations import current_annotations
 from .connect import find_broker
@@ -371,6 +371,14 @@ class Client(Shipping, ActorMethods, DaskMethods):
 
     def __repr__(self) -> str:
         return f"<zres.Client {self.address}{' closed' if self._closed else ''}>"
+
+    def _repr_html_(self) -> str:
+        if self._closed:
+            return html.cluster("zres.Client (closed)", self.address, None, "closed")
+        try:
+            return html.cluster("zres.Client", self.address, self.status(timeout=2.0))
+        except ZresError as exc:
+            return html.cluster("zres.Client", self.address, None, str(exc))
 
 
 def _check_infeasible(mode: str) -> None:

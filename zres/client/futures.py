@@ -65,6 +65,10 @@ class Future(cf.Future[T], Generic[T]):
         state = self._state.lower()
         return f"<zres.Future {self.name} id={self.id} {state}>"
 
+    def _repr_html_(self) -> str:
+        from .html import future
+        return future(self.name, self.id, self._state.lower(), self.agent, self.infeasible)
+
     def cancel(self) -> bool:
         """Cancel the task unless it has begun, as concurrent.futures does: True if it is
         cancelled (it will never run), False if it may have begun or has finished.
