@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import wait_until
 from zres.agent import detect
-from zres.core.resources import CPU, UNIT
+from zres.core.resources import CPU
 
 GB = 10**9
 
@@ -108,4 +108,4 @@ def test_an_agent_under_taskset_offers_one_cpu(make_cluster, make_client, spawn)
            "--keys", cluster.keys, "--name", "pinned", "--no-detect"])
     agents = wait_until(lambda: [a for a in client.status()["agents"]
                                  if a["name"] == "pinned"], message="the agent registers")
-    assert [s["total"][CPU] for s in agents[0]["slots"]] == [1 * UNIT]
+    assert [s["total"][CPU] for s in agents[0]["slots"]] == [1.0]
