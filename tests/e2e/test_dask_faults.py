@@ -81,3 +81,26 @@ def test_a_compute_lives_through_a_broker_kill(make_cluster, make_client, tmp_pa
         wait_until(nothing_held, message="nothing kept once the compute returned")
     except AssertionError:
         raise AssertionError(f"still held: {seen['counts']}, {seen['waiting']}") from None
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def test_a_compute_whose_broker_dies_before_keeping_it_is_sent_again_and_let_go(
+        make_cluster, make_client):
+    """compute() lets go of its intermediates at once. Sent to a broker that never reads
+    them (SIGSTOPped, then SIGKILLed), the submits go again to the restarted broker, and
+    so must the releases: without them the intermediates were held until the client
+    left."""
+    import signal
+
+    cluster = make_cluster(agents=[{"CPU": 2}])
+    client = make_client(cluster.address)
+    os.kill(cluster.broker.pid, signal.SIGSTOP)
+    total = client.compute(dask.delayed(sum)([dask.delayed(inc)(i) for i in range(5)]))
+    cluster.restart_broker()
+    assert total.result(60) == 15
+    del total
+    wait_until(lambda: not any(client.status()["counts"].values()),
+               message="nothing held once the output is dropped")

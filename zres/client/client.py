@@ -23,11 +23,11 @@ from ..core.errors import ZresError
 from ..core.report import entry_in_user_units, in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
-from ..dask.client_methods import DaskMethods
 from . import html, registry
 from .actor_methods import ActorMethods
 from .annotations import current_annotations
 from .connect import find_broker
+from .dask_methods import DaskMethods
 from .executor import Executor
 from .futures import Future, R, gather
 from .io import STOP, IOThread
@@ -329,6 +329,24 @@ class Client(Shipping, ActorMethods, DaskMethods):
         except (cf.TimeoutError, ZresError):
             return  # no answer: nothing is known to be cancelled
         cancelled(reply)
+
+    def _forget(self, futures: Iterable[Future[Any]], cancel: bool = False) -> None:
+        """Let go of FUTURES' tasks now, finished or not (not when the futures are
+        dropped): a result stays with the broker only for the tasks that read it. CANCEL:
+        first cancel those that have not begun."""
+        futures = list(futures)
+        if self._closed or not futures:
+            return
+        if cancel:
+            self._cancel([f for f in futures if f._state == _base.PENDING])
+        with self._io.lock:
+            for future in futures:
+                held = self._io.pending.pop(future.id, None) is not None \
+                    or future._release_when_dropped
+                future._release_when_dropped = False
+                if held:
+                    self._io.outbox.append((P.RELEASE, future.id, ()))
+        self._io.wake()
 
     def _release(self, task_id: int) -> None:
         if not self._closed:

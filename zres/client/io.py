@@ -360,6 +360,9 @@ class IOThread:
         for start in range(0, len(waiting), 10_000):
             self._send(P.RESUME, {"ids": waiting[start:start + 10_000]})
         self.outbox.extendleft(reversed(self.unacked))
+        # Those let go of meanwhile: let go again, after they are sent again (the broker
+        # that heard the release had not kept them).
+        self.outbox.extend((P.RELEASE, i, ()) for i in unkept if i not in self.pending)
         self.unacked.clear()
         requests, self.requests = self.requests, {}
         for reply in requests.values():  # the broker that had them is gone
@@ -379,12 +382,15 @@ class IOThread:
 
     def _on_results(self, msg: P.Message) -> None:
         items = msg.body["results"]
-        for (task_id, outcome, _, info), frames in zip(
-                items, P.split_frames(msg.frames, [i[2] for i in items])):
-            future = self.pending.pop(task_id, None)
-            if future is None:
-                continue
-            resolve(future, outcome, frames, info)
+        with self.lock:  # (against a client letting go of them meanwhile: see forget)
+            futures = [self.pending.pop(i[0], None) for i in items]
+            for future in futures:
+                if future is not None:
+                    future._release_when_dropped = True
+        for future, (_, outcome, _, info), frames in zip(
+                futures, items, P.split_frames(msg.frames, [i[2] for i in items])):
+            if future is not None:
+                resolve(future, outcome, frames, info)
 
     def _on_warn(self, msg: P.Message) -> None:
         future = self.pending.get(msg.body.get("id", -1))

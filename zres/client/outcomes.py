@@ -37,7 +37,6 @@ def resolve(future: Future[Any], outcome: str, frames: list[Any], info: dict[str
     """End FUTURE as its task did: OUTCOME, the result's or exception's FRAMES, and INFO
     (where it ran; a zres error's type and message)."""
     future.agent = info.get("agent")
-    future._release_when_dropped = True
     if outcome == P.OK and future.quiet:
         settle(future)  # (its end was asked for, not its result)
     elif outcome == P.OK:

@@ -109,7 +109,7 @@ class Submitter:
 
 def compute(client: Any, plan: Plan) -> dict[Any, Future]:
     """Submit PLAN; return the future of each requested key. The rest are let go at once."""
-    futures = Submitter(client).submit_all(plan, quiet=False)
+    futures = Submitter(client).submit_all(plan, quiet=True)  # (outputs are never quiet)
     outputs = set(plan.outputs.values())
     client._forget(f for key, f in futures.items() if key not in outputs)
     return {key: futures[source] for key, source in plan.outputs.items()}

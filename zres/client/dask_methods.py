@@ -6,22 +6,12 @@ Dask is imported only when these are called: zres itself does not depend on it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from concurrent.futures import _base
-from typing import TYPE_CHECKING, Any
-
-from ..client.futures import Future
-from ..core import protocol as P
+from typing import Any
 
 
 class DaskMethods:
-    """Mixed into ``Client``: run Dask graphs and collections on the cluster."""
-
-    if TYPE_CHECKING:  # (the client's own, used here)
-        _io: Any
-        _closed: bool
-
-        def _cancel(self, futures: list[Future]) -> None: ...
+    """Mixed into ``Client``: run Dask graphs and collections on the cluster (the work is
+    done in ``zres.dask``)."""
 
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         """Compute KEYS of the Dask graph DSK on this cluster: a Dask scheduler.
@@ -37,8 +27,8 @@ class DaskMethods:
         the compute with its own exception, naming its key.
         """
         _need_dask()
-        from .plan import make_plan
-        from .run import general_options, get
+        from ..dask.plan import make_plan
+        from ..dask.run import general_options, get
 
         callbacks = kwargs.get("callbacks")
         plan = make_plan(dsk, keys, general_options(kwargs))
@@ -56,8 +46,8 @@ class DaskMethods:
         _need_dask()
         import dask
 
-        from .plan import make_plan
-        from .run import compute, general_options
+        from ..dask.plan import make_plan
+        from ..dask.run import compute, general_options
 
         if "callbacks" in kwargs:
             raise TypeError("compute() returns at once: follow its futures with "
@@ -70,29 +60,11 @@ class DaskMethods:
                 raise TypeError(f"compute() takes Dask collections, not {type(each).__name__}")
 
         def submit(dsk: Any, keys: Any, **_: Any) -> Any:
-            from .plan import pack
+            from ..dask.plan import pack
             return pack(keys, compute(self, make_plan(dsk, keys, general)))
 
         futures = list(dask.compute(*wanted, scheduler=submit, optimize_graph=optimize_graph))
         return futures[0] if single else type(collections)(futures)
-
-    def _forget(self, futures: Iterable[Future], cancel: bool = False) -> None:
-        """Let go of FUTURES' tasks now, finished or not (not when the futures are
-        dropped): a result stays with the broker only for the tasks that read it. CANCEL:
-        first cancel those that have not begun."""
-        futures = list(futures)
-        if self._closed or not futures:
-            return
-        if cancel:
-            self._cancel([f for f in futures if f._state == _base.PENDING])
-        with self._io.lock:
-            for future in futures:
-                held = self._io.pending.pop(future.id, None) is not None \
-                    or future._release_when_dropped
-                future._release_when_dropped = False
-                if held:
-                    self._io.outbox.append((P.RELEASE, future.id, ()))
-        self._io.wake()
 
 
 def _need_dask() -> None:
