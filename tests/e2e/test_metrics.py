@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import zres
 from tests.conftest import wait_until
 from tests.tasks import hold
 
@@ -175,3 +176,19 @@ def test_the_http_address_comes_from_the_environment_too(tmp_path):
         broker.terminate()
         broker.wait(10)
         broker.stdout.close()
+
+
+def test_the_open_port_shows_no_command_line_error_or_state_directory(make_cluster,
+                                                                      make_client):
+    cluster = make_cluster(agents=[{"foo": 1}], http="127.0.0.1:0")
+    client = make_client(cluster.address)
+    job = client.submit_command(["sh", "-c", "exit 3", "--token=s3cret-value"],
+                                resources={"foo": 1}, name="deploy")
+    with pytest.raises(zres.CommandFailed):
+        job.result(30)
+    wait_until(lambda: '"deploy"' in get(cluster.dashboard + "api/status")[1],
+               message="the job on the dashboard")
+    text = get(cluster.dashboard + "api/status")[1]
+    assert "s3cret" not in text, "a job's command line is served to anyone on the port"
+    assert cluster.state_dir not in text, "where the broker keeps its state"
+    assert json.loads(text)["jobs"][0]["exit_code"] == 3

@@ -46,6 +46,9 @@ from .store import StateUnwritable, Store
 log = get_logger("zres.broker")
 _BATCH = 2000          # messages handled per loop turn before scheduling, at most
 _TURN_BUDGET = 0.05    # seconds of message handling per loop turn, at most
+# What the dashboard shows of a job (see Broker.dashboard).
+_SHOWN_JOB_FIELDS = frozenset({"id", "name", "owner", "state", "reason", "agent", "units", "gpus",
+                               "submitted", "started", "finished", "exit_code"})
 
 Handler = Callable[[bytes, P.Message, float], None]
 
@@ -406,8 +409,12 @@ class Broker:
 
     def dashboard(self) -> dict[str, Any]:
         """Describe the cluster for the dashboard and metrics, amounts in user units: the
-        status, recent command jobs, tasks finished."""
-        return in_user_units({**self.status(), "jobs": self.jobs.listing(),
+        status, recent command jobs, tasks finished. The HTTP port asks no key: a job's
+        command line (which may hold a token), its error and where the state lives stay
+        off it."""
+        jobs = [{k: v for k, v in job.items() if k in _SHOWN_JOB_FIELDS}
+                for job in self.jobs.listing()]
+        return in_user_units({**self.status(), "state": None, "jobs": jobs,
                               "jobs_total": self.jobs.count(), "time": time.time(),
                               "finished": dict(self.graph.finished)})
 
