@@ -27,7 +27,8 @@ def _router() -> tuple[OutputRouter, list[tuple[bytes, str, dict[str, Any]]], Cl
     for ident, local, task_id in ((b"alice", 1, 10), (b"bob", 1, 11)):
         clients.hello(ident, ident.decode(), 0.0)
         clients.get(ident).ids[local] = task_id  # type: ignore[union-attr]
-        graph.add(Task(task_id, ident, local, {}, 0, 0, f"job-{task_id}", False, [], []))
+        graph.add(Task(task_id, ident, local, {}, 0, 0, f"job-{task_id}", False, [], [],
+                       agent="node-a"))
     router = OutputRouter(lambda ident, kind, body=None, frames=(): sent.append(
         (ident, kind, body or {})), agents, graph, clients)
     return router, sent, clients
@@ -73,3 +74,11 @@ def test_a_malformed_item_is_refused():
     router, _, _ = _router()
     with pytest.raises(ProtocolError, match="not \\[task id, 1 or 2, bytes\\]"):
         router.on_output(b"agent", _output([[10, 3, b"x\n"]]), 100.0)
+
+
+def test_an_agent_speaks_only_for_the_tasks_it_was_given():
+    router, sent, _ = _router()
+    router._agents.by_ident[b"other"] = AgentRecord(b"other", "node-b", "host", 1, 0.0, [], [],
+                                                    [], session=3)
+    router.on_output(b"other", _output([[10, 1, b"not yours\n"]], session=3), 100.0)
+    assert sent == [], "an agent wrote into another agent's task's output"

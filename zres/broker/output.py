@@ -52,8 +52,8 @@ class OutputRouter:
                 raise ProtocolError(f"output: an item is not [task id, 1 or 2, bytes]: "
                                     f"{quote(item, 80)}")
             task = self._graph.get(item[0])
-            if task is None:
-                continue
+            if task is None or task.agent != agent.name:
+                continue  # (only the agent it was given to speaks for a task)
             client = self._clients.get(task.client)
             if client is None or not client.output or client.ids.get(task.local_id) != task.id:
                 continue
