@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from .broker.http import parse_address
 from .core import keys
 from .core import protocol as P
 from .core.address import wait_for_answer
@@ -94,7 +95,7 @@ class LocalCluster:
         if not line.startswith("zres broker serving "):
             raise ZresError(f"the local broker did not start (said {line!r})")
         address = line.rsplit(" ", 1)[1]
-        if self._http[1] != "off":
+        if parse_address(self._http[1]) is not None:  # (ValueError: refused before this)
             self.dashboard = self.broker.stdout.readline().decode().strip().rsplit(" ", 1)[1]
         keys.remember(address, self.keys)
         return address

@@ -99,6 +99,7 @@ def test_health_answers_and_nothing_changes_the_cluster(make_cluster):
 def test_a_cluster_has_no_http_port_unless_asked(make_cluster):
     cluster = make_cluster(agents=[{"foo": 1}])
     assert cluster.dashboard is None
+    assert make_cluster(agents=[], http="none").dashboard is None, "any word for off"
 
 
 def _broker(*args: str, cwd: Path) -> subprocess.Popen[str]:
