@@ -20,11 +20,12 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.report import STATES
+
 # Seconds: a scheduling pass takes tens of microseconds to tens of milliseconds; a commit
 # (an fsync) about a millisecond, more on a slow disk.
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
             0.5, 1.0, 2.5)
-_STATES = ("waiting", "queued", "running", "done", "failed")  # shown even when none
 
 
 class Traffic:
@@ -133,7 +134,7 @@ class _SnapshotCollector(Collector):
             return
         tasks = GaugeMetricFamily("zres_tasks", "Tasks the broker holds, by state",
                                   labels=["state"])
-        for state in sorted({*_STATES, *snap["counts"]}):
+        for state in sorted({*STATES, *snap["counts"]}):
             tasks.add_metric([state], snap["counts"].get(state, 0))
         yield tasks
         finished = CounterMetricFamily("zres_tasks_finished", "Tasks finished since the "

@@ -21,8 +21,8 @@ from ..core import protocol as P
 from ..core.address import is_local
 from ..core.errors import ZresError
 from ..core.limits import Limits
-from ..core.report import in_user_units
-from ..core.resources import UNIT, format_amount, format_units, parse_spec
+from ..core.report import format_user_amount, in_user_units
+from ..core.resources import format_units, parse_spec
 from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
 
@@ -268,12 +268,9 @@ WIDTH = 100   # every line of zres status fits in this many columns
 SHOWN = 20    # entries shown per list before "... and N more"
 
 
-def _amount(name: str, value: float) -> str:
-    return format_amount(name, round(value * UNIT))
-
-
 def _request(units: dict[str, float]) -> str:
-    return " ".join(f"{n}={_amount(n, v)}" for n, v in sorted(units.items())) or "nothing"
+    return " ".join(f"{n}={format_user_amount(n, v)}"
+                    for n, v in sorted(units.items())) or "nothing"
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
@@ -319,7 +316,8 @@ def render_status(status: dict[str, Any]) -> str:
         for index, slot in enumerate(agent["slots"]):
             label = agent["name"] if len(agent["slots"]) == 1 else f"{agent['name']}[{index}]"
             amounts = "  ".join(
-                f"{n}={_amount(n, slot['free'].get(n, 0))}/{_amount(n, t)}"
+                f"{n}={format_user_amount(n, slot['free'].get(n, 0))}/"
+                f"{format_user_amount(n, t)}"
                 for n, t in sorted(slot["total"].items()))
             gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
             agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "

@@ -5,9 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from ..core.resources import UNIT, format_amount
-
-_STATES = ("waiting", "queued", "running", "done", "failed")
+from ..core.report import STATES, format_user_amount
 
 
 def cluster(title: str, address: str, status: dict[str, Any] | None,
@@ -23,7 +21,7 @@ def cluster(title: str, address: str, status: dict[str, Any] | None,
                 f"{len(status.get('agents', []))} agents · {status.get('clients', 0)} "
                 f"clients{link}</div>")
     counts = status.get("counts", {})
-    rows.append("<div>tasks: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in _STATES)
+    rows.append("<div>tasks: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATES)
                 + "</div>")
     agents = [_agent_row(agent) for agent in status.get("agents", [])]
     if agents:
@@ -43,15 +41,11 @@ def _agent_row(agent: dict[str, Any]) -> str:
             total[name] = total.get(name, 0) + amount
             free[name] = free.get(name, 0) + slot.get("free", {}).get(name, 0)
         gpus += [str(g) for g in slot.get("gpus", [])]
-    amounts = ", ".join(f"{escape(n)} {_amount(n, free[n])} / {_amount(n, total[n])}"
-                        for n in sorted(total))
+    amounts = ", ".join(escape(f"{n} {format_user_amount(n, free[n])} / "
+                               f"{format_user_amount(n, total[n])}") for n in sorted(total))
     state = " (draining)" if agent.get("draining") else " (away)" if agent.get("away") else ""
     return (f"<tr><td>{escape(str(agent.get('name', '')))}{state}</td><td>{amounts}</td>"
             f"<td>{escape(', '.join(gpus))}</td></tr>")
-
-
-def _amount(name: str, value: float) -> str:
-    return escape(format_amount(name, round(value * UNIT)))
 
 
 def future(name: str, task_id: int, state: str, agent: str | None,

@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .resources import units_to_float
+from .resources import UNIT, format_amount, units_to_float
+
+# Task counts by state that a report shows even when none are in that state.
+STATES = ("waiting", "queued", "running", "done", "failed")
 
 # Where a status report holds amounts: each agent slot's total and free, and each waiting
 # task, group, running task, actor and job's request.
@@ -32,3 +35,8 @@ def entry_in_user_units(entry: Mapping[str, Any]) -> dict[str, Any]:
     units = entry.get("units")
     return {**entry, "units": units_to_float(units)} if isinstance(units, Mapping) \
         else dict(entry)
+
+
+def format_user_amount(name: str, value: float) -> str:
+    """Render an amount in user units for people: 2, 0.25, 4.295G."""
+    return format_amount(name, round(value * UNIT))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 USED = ("resources", "priority", "retries")
-# Annotations Dask's distributed scheduler reads that zres has no use for: said once.
+# Annotations Dask itself uses while building graphs (not placement): ignored without a word.
 _IGNORED_QUIETLY = frozenset({"fuse"})
 
 
