@@ -193,3 +193,39 @@ def test_the_open_port_shows_no_command_line_error_or_state_directory(make_clust
     assert "s3cret" not in text, "a job's command line is served to anyone on the port"
     assert cluster.state_dir not in text, "where the broker keeps its state"
     assert json.loads(text)["jobs"][0]["exit_code"] == 3
+
+
+def test_a_loopback_dashboard_answers_only_to_loopback_names(make_cluster):
+    """A web page elsewhere whose host name is made to point here (DNS rebinding) must not
+    read the cluster through the browser of someone on this machine."""
+    cluster = make_cluster(agents=[{"foo": 1}], http="127.0.0.1:0")
+    port = cluster.dashboard.rsplit(":", 1)[1].strip("/")
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+        request = urllib.request.Request(cluster.dashboard + "api/status",
+                                         headers={"Host": host})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.status == 200
+    request = urllib.request.Request(cluster.dashboard + "api/status",
+                                     headers={"Host": f"attacker.example:{port}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 421
+
+
+def test_connections_past_the_cap_are_closed_and_the_dashboard_lives_on(make_cluster):
+    cluster = make_cluster(agents=[{"foo": 1}], http="127.0.0.1:0")
+    host, port = cluster.dashboard[len("http://"):].strip("/").rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(32)]
+    try:
+        def refused() -> bool:
+            try:
+                get(cluster.dashboard + "health")
+            except (urllib.error.URLError, ConnectionError, OSError):
+                return True
+            return False
+        wait_until(refused, message="a 33rd connection to be closed at once")
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_until(lambda: get(cluster.dashboard + "health")[0] == 200,
+               message="the dashboard to answer again once the idle ones are gone")

@@ -27,6 +27,7 @@ from .metrics import BrokerMetrics, Snapshots
 log = get_logger("zres.broker")
 DEFAULT_HTTP = "127.0.0.1:8787"
 STALLED = 15.0  # seconds without a loop turn after which /health says the broker is stuck
+_CONNECTIONS = 32  # connections served at once; more are closed at once
 _ADDRESS = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
@@ -43,6 +44,13 @@ def parse_address(text: str) -> tuple[str, int] | None:
     if match is None or int(match.group(2)) > 65535:
         raise ValueError(f"--http {text!r}: give HOST:PORT (e.g. 127.0.0.1:8787) or off")
     return match.group(1).strip("[]") or "0.0.0.0", int(match.group(2))
+
+
+def _local_host(header: str) -> bool:
+    """Whether a request's Host header names this machine by a loopback name or address."""
+    host = header.rsplit("]", 1)[0].lstrip("[") if header.startswith("[") \
+        else header.rsplit(":", 1)[0]
+    return is_loopback(host.lower())
 
 
 def is_loopback(host: str) -> bool:
@@ -63,8 +71,11 @@ class DashboardServer:
         pages = {path: ((_PAGES / name).read_bytes(), kind)
                  for path, (name, kind) in _STATIC.items()}
         # STALLED: seconds without a loop turn after which /health says 503.
+        # On loopback, only pages this machine asked for by a loopback name are answered: a
+        # web page elsewhere that points its own host name here (DNS rebinding) is not.
         handler = type("Handler", (_Handler,), {"snapshots": snapshots, "metrics": metrics,
-                                                 "pages": pages, "stalled": stalled})
+                                                 "pages": pages, "stalled": stalled,
+                                                 "local_only": is_loopback(host)})
         server = _Server6 if ":" in host else _Server
         try:
             self._httpd = server((host, port), handler)
@@ -87,6 +98,24 @@ class DashboardServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True   # a client that never finishes its request never holds us up
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Connections served at once, at most: one thread each, so more are closed at once
+        # rather than let a peer pile up threads in the broker's process.
+        self._room = threading.BoundedSemaphore(_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._room.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._room.release()
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
@@ -97,12 +126,16 @@ class _Handler(BaseHTTPRequestHandler):
     metrics: BrokerMetrics
     pages: dict[str, tuple[bytes, str]]
     stalled: float
+    local_only: bool
     server_version = "zres"
     timeout = 30  # seconds a connection may take to send its request
 
     def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
         path = self.path.split("?", 1)[0]
-        if path == "/health":
+        if self.local_only and not _local_host(self.headers.get("Host", "")):
+            self._reply(421, b"this dashboard answers to localhost and loopback addresses "
+                             b"only\n", "text/plain")
+        elif path == "/health":
             stalled = time.monotonic() - self.snapshots.last_turn
             if stalled > self.stalled:
                 self._reply(503, f"stalled: the broker's loop has not turned for "
