@@ -17,10 +17,9 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .broker.http import parse_address
 from .core import keys
 from .core import protocol as P
-from .core.address import wait_for_answer
+from .core.address import parse_http_address, wait_for_answer
 from .core.errors import ZresError
 from .core.report import in_user_units
 from .core.resources import UNIT, mapping_to_units
@@ -95,7 +94,7 @@ class LocalCluster:
         if not line.startswith("zres broker serving "):
             raise ZresError(f"the local broker did not start (said {line!r})")
         address = line.rsplit(" ", 1)[1]
-        if parse_address(self._http[1]) is not None:  # (ValueError: refused before this)
+        if parse_http_address(self._http[1]) is not None:  # (ValueError: refused before this)
             self.dashboard = self.broker.stdout.readline().decode().strip().rsplit(" ", 1)[1]
         keys.remember(address, self.keys)
         return address

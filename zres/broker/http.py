@@ -8,9 +8,7 @@ or hostile HTTP client can neither hold up the broker's loop nor change anything
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 import socket
 import threading
 import time
@@ -20,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ..core.address import is_loopback
 from ..core.errors import ZresError
 from ..logs import get_logger
 from .metrics import BrokerMetrics, Snapshots
@@ -28,22 +27,10 @@ log = get_logger("zres.broker")
 DEFAULT_HTTP = "127.0.0.1:8787"
 STALLED = 15.0  # seconds without a loop turn after which /health says the broker is stuck
 _CONNECTIONS = 32  # connections served at once; more are closed at once
-_ADDRESS = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
            "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8")}
 _PAGES = Path(__file__).with_name("dashboard")
-
-
-def parse_address(text: str) -> tuple[str, int] | None:
-    """Return ``--http``'s HOST and PORT (None for ``off``); ValueError naming TEXT if it
-    is neither ``HOST:PORT`` nor ``off``."""
-    if text.strip().lower() in ("off", "none", "no", "false", ""):
-        return None
-    match = _ADDRESS.fullmatch(text.strip())
-    if match is None or int(match.group(2)) > 65535:
-        raise ValueError(f"--http {text!r}: give HOST:PORT (e.g. 127.0.0.1:8787) or off")
-    return match.group(1).strip("[]") or "0.0.0.0", int(match.group(2))
 
 
 def _local_host(header: str) -> bool:
@@ -51,16 +38,6 @@ def _local_host(header: str) -> bool:
     host = header.rsplit("]", 1)[0].lstrip("[") if header.startswith("[") \
         else header.rsplit(":", 1)[0]
     return is_loopback(host.lower())
-
-
-def is_loopback(host: str) -> bool:
-    """Whether HOST is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class DashboardServer:

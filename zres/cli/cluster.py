@@ -18,7 +18,7 @@ from typing import Any
 from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
-from ..core.address import is_local
+from ..core.address import is_local, is_loopback, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.report import format_user_amount, in_user_units
@@ -86,7 +86,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def broker(args: argparse.Namespace) -> int:
-    from ..broker.http import DEFAULT_HTTP, parse_address
+    from ..broker.http import DEFAULT_HTTP
     from ..broker.server import Broker
     from ..broker.store import Store
     settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch,
@@ -96,7 +96,7 @@ def broker(args: argparse.Namespace) -> int:
     given = "off" if settings["http"] is False else settings["http"]  # (TOML: http = false)
     if not isinstance(given, (str, type(None))):
         raise ValueError(f"http must be HOST:PORT or off, got {given!r}")
-    http = parse_address(given or DEFAULT_HTTP)  # (ValueError: exit 2)
+    http = parse_http_address(given or DEFAULT_HTTP)  # (ValueError: exit 2)
     keys_dir = _broker_keys(args, settings["listen"])
     directory = settings["state"]
     temporary = directory is None
@@ -133,7 +133,7 @@ def broker(args: argparse.Namespace) -> int:
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
     """Start the broker's HTTP server on ADDRESS (None: none). A port taken fails the
     broker when the address was GIVEN; the default one taken, it serves without HTTP."""
-    from ..broker.http import DashboardServer, is_loopback
+    from ..broker.http import DashboardServer
     if address is None:
         return None
     log = get_logger("zres.broker")

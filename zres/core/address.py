@@ -18,6 +18,7 @@ from .errors import ZresError
 
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d+)")
 _TRANSPORTS = ("tcp", "ipc", "inproc")
+_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
 
 
 def normalize(address: str) -> str:
@@ -52,13 +53,28 @@ def is_local(address: str) -> bool:
     if scheme != "tcp":
         return True
     match = _HOST_PORT.fullmatch(rest.rpartition(";")[2])
-    host = match.group(1).strip("[]") if match else ""
+    return is_loopback(match.group(1).strip("[]") if match else "")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether HOST is reachable from this machine only."""
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host or interface name: it may face a network
         return False
+
+
+def parse_http_address(text: str) -> tuple[str, int] | None:
+    """Return ``--http``'s HOST and PORT (None for ``off``); ValueError naming TEXT if it
+    is neither ``HOST:PORT`` nor ``off``."""
+    if text.strip().lower() in ("off", "none", "no", "false", ""):
+        return None
+    match = _HTTP.fullmatch(text.strip())
+    if match is None or int(match.group(2)) > 65535:
+        raise ValueError(f"--http {text!r}: give HOST:PORT (e.g. 127.0.0.1:8787) or off")
+    return match.group(1).strip("[]") or "0.0.0.0", int(match.group(2))
 
 
 def unreachable(address: str, timeout: float = 0.5) -> str | None:
