@@ -46,7 +46,7 @@ def test_what_goes_over_a_tasks_share_is_counted_where_it_was_dropped():
     assert items[2] == [2, STDOUT, b"another task's own share\n"]
 
 
-def test_only_a_tasks_thread_is_caught():
+def test_only_a_tasks_thread_is_caught_and_the_agent_log_keeps_everything():
     buf, _ = _buffer()
     original = io.StringIO()
     stream = TaskStream(buf, STDOUT, original)  # type: ignore[arg-type]
@@ -62,4 +62,5 @@ def test_only_a_tasks_thread_is_caught():
     thread.join()
     stream.write("from elsewhere\n")
     assert buf.take() == [[9, STDOUT, b"from the task\n"]]
-    assert original.getvalue() == "after it\nfrom elsewhere\n"
+    assert original.getvalue() == "from the task\nafter it\nfrom elsewhere\n", \
+        "the agent's log keeps what tasks print too"

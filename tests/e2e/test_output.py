@@ -265,3 +265,17 @@ def test_an_agent_killed_while_its_task_prints_fails_the_task(
         cluster.add_agent({"CPU": 1}, name="node-b")
         assert client.submit(shout, 1).result(timeout=30) == 2
         assert printed().endswith("(shout-2 node-b) hello 1\n")
+
+
+def test_an_agents_log_keeps_what_tasks_print_forwarded_or_not(make_cluster, spawn, tmp_path):
+    cluster = make_cluster(agents=[])
+    log = tmp_path / "agent.out"
+    with open(log, "wb") as out:
+        spawn([sys.executable, "-m", "zres", "agent", cluster.address, "--name", "logged",
+               "--keys", str(cluster.keys), "--resources", "CPU=1", "--no-detect"],
+              stdout=out)
+    cluster.wait_for_agents(["logged"])
+    with zres.Client(cluster.address, forward_output=False) as client:
+        client.submit(print, "kept in the agent's log").result(30)
+    wait_until(lambda: "kept in the agent's log" in log.read_text(),
+               message="the print in the agent's output")

@@ -8,6 +8,8 @@ there is some, and always before the task's result (the rest of a line the task 
 unfinished goes when it ends). Output written outside any task (by threads a task started,
 by zres itself), and whatever is written to the descriptors 1 and 2 directly (``os.write``,
 C libraries, subprocesses), goes to the worker's own streams as before: the agent's log.
+What a task writes through ``sys.stdout`` goes there too, as it did before it was forwarded:
+an agent's log keeps what its tasks printed, whether or not their clients hear it.
 
 Everything is bounded: each task may send ``RATE`` bytes a second (``BURST`` at once), a
 line not ended within ``LINE_MAX`` characters is cut there, and the process keeps at most
@@ -131,8 +133,10 @@ class OutputBuffer:
 
 
 class TaskStream:
-    """Stand in for ``sys.stdout`` or ``sys.stderr``: a task's writes go to BUFFER, any
-    other thread's to the stream it replaced."""
+    """Stand in for ``sys.stdout`` or ``sys.stderr``: a task's writes go to BUFFER and, as
+    before output was forwarded, to the stream it replaced (the agent's log: where an
+    operator finds them, also when the client does not forward output); any other
+    thread's to that stream alone."""
 
     def __init__(self, buffer: OutputBuffer, stream: int, original: TextIO) -> None:
         self._buffer = buffer
@@ -147,6 +151,7 @@ class TaskStream:
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if text:
             self._buffer.write(task.task_id, self._stream, text)
+            self._original.write(text)
         return len(text)
 
     def writelines(self, lines: Any) -> None:
@@ -154,8 +159,7 @@ class TaskStream:
             self.write(line)
 
     def flush(self) -> None:
-        if current_task() is None:
-            self._original.flush()
+        self._original.flush()
 
     def isatty(self) -> bool:
         return False if current_task() is not None else self._original.isatty()
