@@ -279,3 +279,36 @@ def test_an_agents_log_keeps_what_tasks_print_forwarded_or_not(make_cluster, spa
         client.submit(print, "kept in the agent's log").result(30)
     wait_until(lambda: "kept in the agent's log" in log.read_text(),
                message="the print in the agent's output")
+
+
+class Stalled:
+    """A stream that blocks every write until released: a paused terminal."""
+
+    def __init__(self) -> None:
+        import threading
+        self.release = threading.Event()
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.release.wait(60)
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_stalled_terminal_stalls_no_heartbeat_and_output_still_comes_first(
+        make_cluster, monkeypatch):
+    cluster = make_cluster(agents=[{"CPU": 1}])
+    stalled = Stalled()
+    monkeypatch.setattr(sys, "stdout", stalled)
+    with zres.Client(cluster.address) as client:
+        printed = client.submit(shout, 5)
+        # The client's I/O thread is not stuck behind the terminal: the broker answers it.
+        wait_until(lambda: client.status()["counts"].get("done", 0) >= 1,
+                   message="the task to end while the terminal is paused")
+        assert not printed.done(), "its result came before its output was printed"
+        stalled.release.set()
+        assert printed.result(30) == 10
+    assert any("shout" in text for text in stalled.text)

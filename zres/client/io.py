@@ -30,7 +30,7 @@ from ..core.limits import Limits
 from ..logs import get_logger
 from .futures import Future
 from .outcomes import resolve, settle
-from .output import print_output
+from .output import Printer
 
 log = get_logger("zres.client")
 
@@ -48,6 +48,7 @@ class IOThread:
                  key: keys.PeerKey | None = None, forward_output: bool = True) -> None:
         self.client_name = client_name
         self.forward_output = forward_output  # print what our tasks print (see output)
+        self.printer = Printer()
         self.address = address
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -277,7 +278,7 @@ class IOThread:
         if msg.kind == P.RESULTS:
             self._on_results(msg)
         elif msg.kind == P.OUTPUT and self.forward_output:
-            print_output(msg.body.get("items", []))
+            self.printer.output(msg.body.get("items", []))
         elif msg.kind == P.RUNNING:
             for task_id in msg.body.get("ids", ()):
                 future = self.pending.get(task_id)
@@ -387,10 +388,13 @@ class IOThread:
             for future in futures:
                 if future is not None:
                     future._release_when_dropped = True
-        for future, (_, outcome, _, info), frames in zip(
-                futures, items, P.split_frames(msg.frames, [i[2] for i in items])):
-            if future is not None:
-                resolve(future, outcome, frames, info)
+        batch = list(zip(futures, items, P.split_frames(msg.frames, [i[2] for i in items])))
+
+        def settle_all() -> None:
+            for future, (_, outcome, _, info), frames in batch:
+                if future is not None:
+                    resolve(future, outcome, frames, info)
+        self.printer.after_output(settle_all)  # (after the output that came before them)
 
     def _on_warn(self, msg: P.Message) -> None:
         future = self.pending.get(msg.body.get("id", -1))
