@@ -25,6 +25,15 @@ def broker_on(state: Path) -> Broker:
     return Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(state)))
 
 
+def restarted(broker: Broker, state: Path, *peers: Peer) -> Broker:
+    """Stop BROKER and its PEERS (as a crash would leave them: nothing said) and start a
+    broker on the same STATE."""
+    broker.close()
+    for peer in peers:
+        peer.close()
+    return broker_on(state)
+
+
 def hello(broker: Broker) -> tuple[Peer, P.Message]:
     client = Peer(broker, ident=CLIENT)
     client.send(P.HELLO, {"client": "c"})
@@ -77,11 +86,7 @@ def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
     results(client)
     submit(client, 2, deps=[1])
     assert client.take(P.ACCEPTED).body["upto"] == 3, "(2 came after 3)"
-    broker.close()
-    for peer in (client, agent):
-        peer.close()
-
-    broker = broker_on(tmp_path)
+    broker = restarted(broker, tmp_path, client, agent)
     client, welcome = hello(broker)
     agent = Peer(broker)
     try:
@@ -254,11 +259,7 @@ def test_a_quiet_task_is_told_ended_without_its_result_before_and_after_a_restar
     report(agent, 2, 1, [b"oops"], held=[second], started=[second],
            results=[[second, P.RAISED, 1, {}]])
     assert results(client) == {2: (P.RAISED, [b"oops"])}, "an error's frames say what it was"
-    broker.close()
-    for peer in (client, agent):
-        peer.close()
-
-    broker = broker_on(tmp_path)
+    broker = restarted(broker, tmp_path, client, agent)
     client, _ = hello(broker)
     agent = Peer(broker)
     try:
@@ -286,11 +287,7 @@ def test_a_release_heard_before_the_hello_of_a_restored_client_is_kept(tmp_path)
     [(first, *_)] = agent.take(P.ASSIGN).body["tasks"]
     finish(agent, 1, 1, first, b"one")
     results(client)
-    broker.close()
-    for peer in (client, agent):
-        peer.close()
-
-    broker = broker_on(tmp_path)
+    broker = restarted(broker, tmp_path, client, agent)
     client = Peer(broker, ident=CLIENT)
     try:
         assert broker.graph.get(first) is not None, "kept while its client holds it"
