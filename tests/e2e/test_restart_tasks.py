@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import zres
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,3 +81,60 @@ def test_a_submission_the_broker_never_read_is_sent_again(make_cluster, make_cli
     wait_until(lambda: client._io.unacked, message="the submission to be sent")
     cluster.restart_broker()
     assert future.result(60) == 42
+
+
+def test_tasks_submitted_while_the_client_reconnects_are_kept(make_cluster, make_client):
+    """A thread submits all through a broker restart. Those submitted while the client's
+    hello to the new broker waits for its welcome wait in the client's queue, never sent:
+    they must be sent then, not reported as tasks the broker did not keep."""
+    import threading
+
+    cluster = make_cluster(agents=[{"foo": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    futures: list[zres.Future[int]] = []
+    restarting, stop = threading.Event(), threading.Event()
+
+    def keep_submitting() -> None:
+        while not stop.is_set() and len(futures) < 20_000:
+            if len(futures) == 2_000:
+                restarting.wait(60)  # (the rest submitted through the restart)
+            futures.append(client.submit(inc, len(futures)))
+
+    submitter = threading.Thread(target=keep_submitting)
+    submitter.start()
+    try:
+        wait_until(lambda: len(futures) >= 2_000, message="submits to begin")
+        epoch = client._io.epoch
+        restarting.set()
+        cluster.restart_broker()
+        wait_until(lambda: client._io.epoch != epoch, message="the client to reconnect")
+        after = len(futures)
+        wait_until(lambda: len(futures) > min(after + 500, 19_999), message="submits to go on")
+    finally:
+        restarting.set()
+        stop.set()
+        submitter.join(30)
+    failed = [(i, f.exception(120)) for i, f in enumerate(futures) if f.exception(120)]
+    assert not failed, f"{len(failed)} of {len(futures)} failed, first: {failed[0]}"
+    assert [f.result() for f in futures] == list(range(1, len(futures) + 1))
+
+
+def test_a_result_let_go_of_as_the_broker_dies_is_not_kept_for_ever(make_cluster,
+                                                                    make_client):
+    """The client lets go of a result; its release reaches a broker that never reads it
+    (SIGSTOPped, then SIGKILLed). The restarted broker restores the result as the
+    client's, and the client's resume (all it still holds) lets go of it: it was held
+    until the client left."""
+    cluster = make_cluster(agents=[{"foo": 1}])
+    client = make_client(cluster.address)
+    kept, let_go = client.submit(inc, 1), client.submit(inc, 2)
+    assert (kept.result(30), let_go.result(30)) == (2, 3)
+    os.kill(cluster.broker.pid, signal.SIGSTOP)
+    epoch = client._io.epoch
+    del let_go
+    wait_until(lambda: not client._io.outbox, message="the release to be sent")
+    cluster.restart_broker()
+    wait_until(lambda: client._io.epoch != epoch, message="the client to reconnect")
+    wait_until(lambda: client.status()["counts"] == {"done": 1},
+               message="only the result still held to be kept")
+    assert client.submit(inc, kept).result(30) == 3, "the result still held was kept"

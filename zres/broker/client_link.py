@@ -106,6 +106,23 @@ class ClientLink:
             elif task is not None and task.state in FINISHED:
                 # (None: a job that waits for its agent to offer it back)
                 self._tell(ident, task)
+        holds = msg.body.get("holds")
+        if holds is not None:
+            self._resume_holds(client, holds, msg.body.get("last") is True)
+
+    def _resume_holds(self, client: ClientRecord, holds: Any, last: bool) -> None:
+        """CLIENT holds HOLDS (local ids) of its tasks; once LAST, let go of the rest: it
+        let go of them before the restart, and this broker had not written that."""
+        if type(holds) is not list or any(type(local) is not int for local in holds):
+            raise ProtocolError("resume: holds must be task ids")
+        if client.holds is None:
+            client.holds = set()
+        client.holds.update(holds)
+        if not last:
+            return
+        kept, client.holds = client.holds, None
+        for local in [local for local in client.ids if local not in kept]:
+            self._let_go(client, local)
 
     def drop(self, client: ClientRecord, event: str) -> None:
         """CLIENT left (or was silent too long): cancel what it leaves behind."""
@@ -181,11 +198,14 @@ class ClientLink:
             self._send(ident, P.UNKNOWN)
             return
         for local in P.field(msg, "ids", list):
-            task = self._graph.get(client.ids.pop(local, -1))
-            if task is not None:
-                self._graph.unhold(task)
-                if self._graph.get(task.id) is task:  # still held: its client lets go
-                    self._keeper.changed(task)
+            self._let_go(client, local)
+
+    def _let_go(self, client: ClientRecord, local: int) -> None:
+        task = self._graph.get(client.ids.pop(local, -1))
+        if task is not None:
+            self._graph.unhold(task)
+            if self._graph.get(task.id) is task:  # still held: its client lets go
+                self._keeper.changed(task)
 
     def on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self.client(ident, now)

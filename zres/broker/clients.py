@@ -28,6 +28,8 @@ class ClientRecord:
     owner: str = ""     # the name of its key (with keys): its tasks', jobs' and actors' owner
     output: bool = True  # it wants its tasks' output (hello{output})
     output_allowance: tuple[float, float] = (0.0, 0.0)  # bytes it may be sent, as of when
+    # The local ids it says it holds, while it says so after a restart (resume{holds}).
+    holds: set[int] | None = None
 
 
 class ClientRegistry:

@@ -318,6 +318,7 @@ class Client(Shipping, ActorMethods, DaskMethods):
                 future = by_id.get(task_id)
                 if future is not None:
                     future._release_when_dropped = True
+                    self._io.held.add(task_id)
                     self._io.pending.pop(task_id, None)
                     future._end_cancelled(_base.PENDING)
 
@@ -344,11 +345,13 @@ class Client(Shipping, ActorMethods, DaskMethods):
                 held = self._io.pending.pop(future.id, None) is not None \
                     or future._release_when_dropped
                 future._release_when_dropped = False
+                self._io.held.discard(future.id)
                 if held:
                     self._io.outbox.append((P.RELEASE, future.id, ()))
         self._io.wake()
 
     def _release(self, task_id: int) -> None:
+        self._io.held.discard(task_id)
         if not self._closed:
             self._io.outbox.append((P.RELEASE, task_id, ()))
             self._io.wake()

@@ -33,6 +33,7 @@ from .outcomes import resolve, settle
 from .output import Printer
 
 log = get_logger("zres.client")
+_RESUME_IDS = 10_000  # task ids per resume message (within the broker's header limit)
 
 
 class InfeasibleWarning(UserWarning):
@@ -62,6 +63,10 @@ class IOThread:
         self.sock.connect(address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
+        # Ended tasks whose results the broker keeps for us (their futures not let go of):
+        # told to a restarted broker, which drops what it restored that we let go of (a
+        # release it heard but had not written before it died would be lost).
+        self.held: set[int] = set()
         # Submissions sent and not yet acknowledged as kept by a broker that keeps its
         # state: sent again should it restart before writing them.
         self.unacked: deque[tuple[str, Any, Any]] = deque()
@@ -355,11 +360,21 @@ class IOThread:
         """The broker restarted on its state: say which kept tasks we still wait for (it
         tells again how those that ended ended), then send again what it had not kept."""
         unkept = {item[0] for _, item, _ in self.unacked}
-        waiting = [i for i in list(self.pending) if i not in unkept]
+        with self.lock:  # (against submits queued meanwhile: never sent, so never kept)
+            queued = {item[0] for kind, item, _ in list(self.outbox) if kind == P.SUBMIT}
+            waiting = [i for i in self.pending if i not in unkept and i not in queued]
+            # (copied in one call: a future dropped on another thread may let go meanwhile)
+            holds = [*self.pending, *self.held.copy()]
         if waiting and not restored:
             log.warning("broker_restarted_without_client", tasks=len(waiting))
-        for start in range(0, len(waiting), 10_000):
-            self._send(P.RESUME, {"ids": waiting[start:start + 10_000]})
+        for start in range(0, len(waiting), _RESUME_IDS):
+            self._send(P.RESUME, {"ids": waiting[start:start + _RESUME_IDS]})
+        # Then all we hold: the broker lets go of the rest it restored as ours.
+        for start in range(0, len(holds), _RESUME_IDS):
+            self._send(P.RESUME, {"ids": [], "holds": holds[start:start + _RESUME_IDS],
+                                  "last": start + _RESUME_IDS >= len(holds)})
+        if not holds:
+            self._send(P.RESUME, {"ids": [], "holds": [], "last": True})
         self.outbox.extendleft(reversed(self.unacked))
         # Those let go of meanwhile: let go again, after they are sent again (the broker
         # that heard the release had not kept them).
@@ -388,6 +403,7 @@ class IOThread:
             for future in futures:
                 if future is not None:
                     future._release_when_dropped = True
+                    self.held.add(future.id)
         batch = list(zip(futures, items, P.split_frames(msg.frames, [i[2] for i in items])))
 
         def settle_all() -> None:
