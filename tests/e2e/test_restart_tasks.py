@@ -87,6 +87,7 @@ def test_tasks_submitted_while_the_client_reconnects_are_kept(make_cluster, make
     """A thread submits all through a broker restart. Those submitted while the client's
     hello to the new broker waits for its welcome wait in the client's queue, never sent:
     they must be sent then, not reported as tasks the broker did not keep."""
+    import concurrent.futures as cf
     import threading
 
     cluster = make_cluster(agents=[{"foo": 1}], nthreads=2)
@@ -114,7 +115,10 @@ def test_tasks_submitted_while_the_client_reconnects_are_kept(make_cluster, make
         restarting.set()
         stop.set()
         submitter.join(30)
-    failed = [(i, f.exception(120)) for i, f in enumerate(futures) if f.exception(120)]
+    _, stuck = cf.wait(futures, timeout=90)
+    assert not stuck, f"{len(stuck)} of {len(futures)} never ended, the first task " \
+        f"{min(f.id for f in stuck)} (the broker has {client.status()['counts']})"
+    failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception()]
     assert not failed, f"{len(failed)} of {len(futures)} failed, first: {failed[0]}"
     assert [f.result() for f in futures] == list(range(1, len(futures) + 1))
 
