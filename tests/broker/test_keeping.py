@@ -239,19 +239,27 @@ def submit_quiet(client: Peer, local: int) -> None:
                                       {"quiet": True}]]}, [b"fn", b"args%d" % local])
 
 
+def one_task_ended(state: Path, value: bytes,
+                   quiet: bool = False) -> tuple[Broker, Peer, Peer, int]:
+    """A broker on STATE, its client and agent: the client's task 1 (QUIET or not) ended
+    on the agent with VALUE. Return them and the task's id."""
+    broker = broker_on(state)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    (submit_quiet if quiet else submit)(client, 1)
+    client.take(P.ACCEPTED)
+    [(task, *_)] = agent.take(P.ASSIGN).body["tasks"]
+    finish(agent, 1, 1, task, value)
+    return broker, client, agent, task
+
+
 def test_a_quiet_task_is_told_ended_without_its_result_before_and_after_a_restart(tmp_path):
     """A quiet task (a Dask graph's intermediate: its client follows its end, only its
     readers read its result) ends: its client hears "ok" with no frames. After a restart
     its result, too large to keep, is not computed again for the client's resume: the
     client is told it ended, which is all it asked."""
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    register(agent, session=1)
-    submit_quiet(client, 1)
-    client.take(P.ACCEPTED)
-    [(first, *_)] = agent.take(P.ASSIGN).body["tasks"]
-    finish(agent, 1, 1, first, b"x" * (KEEP_RESULT + 1))
+    broker, client, agent, _ = one_task_ended(tmp_path, b"x" * (KEEP_RESULT + 1), quiet=True)
     assert results(client) == {1: (P.OK, [])}, "a quiet task's result went to its client"
     submit_quiet(client, 2)
     client.take(P.ACCEPTED)
@@ -278,14 +286,7 @@ def test_a_release_heard_before_the_hello_of_a_restored_client_is_kept(tmp_path)
     """A restarted broker tells a restored client its tasks' results at once; the client
     may let go of one before it notices the restart (and says hello). That release counts:
     dropped, the task would be held until the client leaves."""
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    register(agent, session=1)
-    submit(client, 1)
-    client.take(P.ACCEPTED)
-    [(first, *_)] = agent.take(P.ASSIGN).body["tasks"]
-    finish(agent, 1, 1, first, b"one")
+    broker, client, agent, first = one_task_ended(tmp_path, b"one")
     results(client)
     broker = restarted(broker, tmp_path, client, agent)
     client = Peer(broker, ident=CLIENT)

@@ -370,11 +370,9 @@ class IOThread:
         for start in range(0, len(waiting), _RESUME_IDS):
             self._send(P.RESUME, {"ids": waiting[start:start + _RESUME_IDS]})
         # Then all we hold: the broker lets go of the rest it restored as ours.
-        for start in range(0, len(holds), _RESUME_IDS):
+        for start in range(0, len(holds) or 1, _RESUME_IDS):  # (one message if none)
             self._send(P.RESUME, {"ids": [], "holds": holds[start:start + _RESUME_IDS],
                                   "last": start + _RESUME_IDS >= len(holds)})
-        if not holds:
-            self._send(P.RESUME, {"ids": [], "holds": [], "last": True})
         self.outbox.extendleft(reversed(self.unacked))
         # Those let go of meanwhile: let go again, after they are sent again (the broker
         # that heard the release had not kept them).
