@@ -275,7 +275,7 @@ def _warn_if_open(directory: str) -> None:
 def _private_files(path: str) -> None:
     """Make the database at PATH (0600, if missing) and its -wal and -shm files, if any,
     readable by this user only; never through a link."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)
     finally:
