@@ -39,7 +39,7 @@ DEFAULT_HTTP = "127.0.0.1:8787"
 STALLED = 15.0  # seconds without a loop turn after which /health says the broker is stuck
 REQUEST_TIMEOUT = 5.0  # seconds a connection has to send its whole request
 _HANDLERS = 32     # requests answered at once in threads of their own; more get 503
-_PENDING = 512     # connections still sending their request; past it, the oldest is closed
+_PENDING = 128     # connections still sending their request; past it, the oldest is closed
 _HEAD_MAX = 16 * 1024  # bytes of a request's line and headers
 _SEND_TIMEOUT = 10.0   # seconds a reply may take to send (/health's: 1)
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
@@ -128,8 +128,12 @@ class DashboardServer:
                 sock, peer = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of descriptors, say: the next turn tries again
-                log.warning("http_accept_failed", error=str(exc))
+            except OSError as exc:  # out of descriptors, say: free one, or let the loop
+                log.warning("http_accept_failed", error=str(exc))  # breathe, then again
+                if self._pending:
+                    self._drop(next(iter(self._pending)))
+                else:
+                    time.sleep(0.1)  # (the listener stays readable: no spinning on it)
                 return
             sock.setblocking(False)
             self._pending[sock] = _Pending(peer, time.monotonic() + self._request_timeout)
