@@ -72,14 +72,15 @@ def private_dir(path: str, what: str, parent: int | None = None,
     (its missing parents too); return its descriptor. UnsafeDirectory, naming WHAT and
     SHOWN (PATH), if it is another user's or open to others, or (under PARENT) a link."""
     shown = shown or path
-    if parent is None:
-        _make_parents(path)
     try:
+        if parent is None:
+            _make_parents(path)
         os.mkdir(path, 0o700, dir_fd=parent)
     except FileExistsError:
         pass  # ours from an earlier run, or not: looked at below
     except OSError as exc:
-        raise UnsafeDirectory(f"cannot make {what} {shown}: {exc.strerror}") from None
+        raise UnsafeDirectory(f"cannot make {what} {shown}: {exc.strerror} (name "
+                              "another)") from None
     try:
         fd = os.open(path, _DIR | (0 if parent is None else os.O_NOFOLLOW), dir_fd=parent)
     except OSError as exc:
@@ -288,8 +289,6 @@ def _make_parents(path: str) -> None:
             os.mkdir(directory, 0o700)
         except FileExistsError:
             pass
-        except OSError as exc:
-            raise UnsafeDirectory(f"cannot make {directory}: {exc.strerror}") from None
 
 
 def _short_dir(note: int) -> str:
