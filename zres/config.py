@@ -41,7 +41,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "http": None},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-              "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0},
+              "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0,
+              # The agent's own files (job logs, its workers' lease and socket); None:
+              # $XDG_STATE_HOME/zres/agent-NAME (zres.agent.files).
+              "state": None},
     "client": {"broker": None, "broker_timeout": 300.0, "forward_output": True},
     # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
     # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).

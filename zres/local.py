@@ -112,8 +112,12 @@ class LocalCluster:
     def add_agent(self, resources: Mapping[str, Any] | None = None, *, name: str,
                   wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         """Start one more agent offering RESOURCES, e.g. {"GPU": 2} (None: detect them)."""
+        from .agent.files import safe_name
+        # Its files beside the broker's state, gone with the cluster: two local clusters
+        # each with an agent-0 never share (nor fight over) one directory.
+        state = os.path.join(self.state_dir, f"agent-{safe_name(name)}")
         args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
-                *self._key_args,
+                "--state", state, *self._key_args,
                 "--nworkers", str(self.nworkers), "--log-format", "json", *self._exit_with,
                 "--drain-grace", str(self.drain_grace), *extra_args]
         if self.nthreads:

@@ -4,6 +4,8 @@ the loop publishes, wakes the loop for a fresh snapshot, and says when the loop 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 import urllib.error
@@ -50,5 +52,59 @@ def test_a_snapshot_is_made_when_asked_and_a_stuck_loop_is_reported():
         broker.poll_once(time.monotonic())
         assert get(server.url + "health") == (200, b"ok\n")
     finally:
+        server.close()
+        broker.close()
+
+
+def test_a_trickling_request_is_closed_when_its_time_is_up():
+    """A request that never ends (one header line now and then, as slowloris sends) is
+    closed once it has had the request timeout, however often it sends."""
+    broker = Broker("tcp://127.0.0.1:0")
+    server = DashboardServer("127.0.0.1", 0, broker.snapshots, broker.metrics,
+                             request_timeout=1.0)
+    host, port = server.url[len("http://"):].strip("/").rsplit(":", 1)
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+
+        def closed() -> bool:
+            try:
+                sock.sendall(b"X-More: yes\r\n")
+                if not select.select([sock], [], [], 0.2)[0]:  # (the trickle's pace)
+                    return False
+                return sock.recv(1024) == b""
+            except OSError:  # reset, or a broken pipe: closed
+                return True
+        wait_until(closed, timeout=10, message="the trickling connection to be closed")
+        sock.close()
+        assert get(server.url + "health")[0] in (200, 503)  # (the loop is not stepped)
+    finally:
+        server.close()
+        broker.close()
+
+
+def test_health_answers_while_every_request_thread_waits():
+    """Status requests waiting for a loop that does not turn take every request thread:
+    one more is told to come back (503), and /health is still answered."""
+    broker = Broker("tcp://127.0.0.1:0")
+    server = DashboardServer("127.0.0.1", 0, broker.snapshots, broker.metrics)
+    stop = threading.Event()
+
+    def ask_again_and_again() -> None:
+        while not stop.is_set():
+            get(server.url + "api/status")
+
+    askers = [threading.Thread(target=ask_again_and_again) for _ in range(40)]
+    try:
+        broker.poll_once(time.monotonic())
+        for asker in askers:
+            asker.start()
+        wait_until(lambda: get(server.url + "api/status") ==
+                   (503, b"busy: try again in a moment\n"), message="every thread taken")
+        assert get(server.url + "health") == (200, b"ok\n")
+    finally:
+        stop.set()
+        while any(asker.is_alive() for asker in askers):
+            broker.poll_once(time.monotonic(), timeout=0.05)  # answers those waiting
         server.close()
         broker.close()

@@ -4,6 +4,10 @@ repeat, and a store that cannot write refuses new jobs instead of pretending to 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import sqlite3
+import stat
 import time
 from pathlib import Path
 
@@ -51,6 +55,54 @@ def test_a_commit_that_cannot_be_written_is_kept_for_later_and_said(tmp_path):
     assert "full" in (store.error or "")
     assert store.describe()["error"] == store.error
     assert store.dirty(), "what could not be written was dropped"
+
+
+def modes(directory: Path) -> dict[str, int]:
+    """The permission bits of the database's files in DIRECTORY, by name."""
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()
+            if p.name.startswith("state.sqlite3")}
+
+
+def test_the_database_is_private_whatever_its_directory(tmp_path, caplog):
+    """Task pickles and job commands are readable by the broker's user only: its files
+    are 0600 in a 0755 directory (mkdir's, systemd's), made so or found otherwise; the
+    directory open to others is warned about, naming it and its mode."""
+    directory = tmp_path / "state"
+    mask = os.umask(0o022)  # (an ordinary user's: files 0644 unless made otherwise)
+    try:
+        directory.mkdir(mode=0o755)
+        with caplog.at_level(logging.WARNING, logger="zres.broker"):
+            store = Store(str(directory))
+        store.cluster_id()
+        store.put_job({"id": 1, "state": "queued", "argv": ["echo", "a secret"]})
+        assert store.commit()
+        assert modes(directory) == {"state.sqlite3": 0o600, "state.sqlite3-wal": 0o600,
+                                    "state.sqlite3-shm": 0o600}
+        store.close()
+        (warned,) = [r for r in caplog.records if "state_dir_not_private" in r.getMessage()]
+        assert warned.zres_event["dir"] == str(directory)  # type: ignore[attr-defined]
+        assert warned.zres_event["mode"] == "0755"  # type: ignore[attr-defined]
+
+        # Files an older broker left readable by all are made private when opened.
+        os.chmod(directory / "state.sqlite3", 0o644)
+        left = sqlite3.connect(directory / "state.sqlite3")  # (its -wal and -shm: 0644)
+        left.execute("PRAGMA journal_mode=WAL")
+        left.execute("INSERT INTO meta (key, value) VALUES ('x', x'00')")
+        assert set(modes(directory).values()) == {0o644}
+        again = Store(str(directory))
+        assert modes(directory) == {"state.sqlite3": 0o600, "state.sqlite3-wal": 0o600,
+                                    "state.sqlite3-shm": 0o600}
+        assert again.jobs()[0]["argv"] == ["echo", "a secret"]
+        again.close()
+        left.close()
+    finally:
+        os.umask(mask)
+    caplog.clear()
+    private = tmp_path / "private"
+    with caplog.at_level(logging.WARNING, logger="zres.broker"):
+        Store(str(private)).close()
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert not [r for r in caplog.records if "state_dir_not_private" in r.getMessage()]
 
 
 def job_submit(local: int) -> tuple[dict, list]:

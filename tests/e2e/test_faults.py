@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -241,7 +242,13 @@ def test_a_job_outlives_every_worker_process_and_keeps_its_gpu(make_cluster, mak
 
 def test_an_agent_restarted_after_a_kill_stops_the_jobs_it_left(make_cluster, make_client,
                                                                 tmp_path):
-    cluster = make_cluster(agents=[{"gpu0": 1}], names=["node"], **FAST)
+    # ... and the files it left: its lease, start logs and socket, in its state directory
+    # (never the temporary directory).
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cluster = make_cluster(agents=[{"gpu0": 1}], names=["node"], env={"TMPDIR": str(tmp)},
+                           **FAST)
+    run = Path(cluster.state_dir) / "agent-node" / "run"
     client = make_client(cluster.address)
     pid_file = tmp_path / "pid"
     client.submit_command(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 120"],
@@ -256,9 +263,44 @@ def test_an_agent_restarted_after_a_kill_stops_the_jobs_it_left(make_cluster, ma
     cluster.agents["node"].kill()
     cluster.agents["node"].wait(10)
     assert not process_gone(job), "the job should outlive its agent's kill"
+    left = {p.name for p in run.iterdir()}
+    assert {"lease", "workers"} < left and any(n.startswith("starts-") for n in left)
     cluster.add_agent({"gpu0": 1}, name="node")
     wait_until(lambda: process_gone(job), message="the restarted agent to stop it")
     assert client.submit_command(["true"], resources={"gpu0": 1}).result(30).exit_code == 0
+    assert not (left - {"lease", "workers"}) & {p.name for p in run.iterdir()}, \
+        "the killed agent's files are still there"
+    assert list(tmp.iterdir()) == []
+
+
+def test_an_agent_whose_socket_path_is_too_long_keeps_it_in_a_short_private_directory(
+        make_cluster, make_client, tmp_path):
+    """An ipc socket's path has room for 107 bytes: an agent whose state directory lies
+    deeper keeps its workers' socket in a private directory of the temporary directory,
+    removed by its next start after a kill, and when it stops."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    deep = tmp_path / ("d" * 50) / ("e" * 50)
+    assert len(str(deep / "run" / "workers")) > 107
+    cluster = make_cluster(agents=[], env={"TMPDIR": str(tmp)}, **FAST)
+    client = make_client(cluster.address)
+    sockets = []
+    for _ in range(2):  # started, killed; started again
+        agent = cluster.add_agent({"foo": 1}, name="deep", extra_args=["--state", str(deep)])
+        assert client.submit(noop, 7, resources={"foo": 1}).result(30) == 7
+        (socket_dir,) = tmp.iterdir()  # (the killed one's, gone)
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+        assert (deep / "run" / "elsewhere").read_text() == str(socket_dir)
+        assert (socket_dir / "workers").is_socket()
+        sockets.append(socket_dir)
+        if len(sockets) == 1:
+            agent.kill()
+            agent.wait(10)
+    assert sockets[0] != sockets[1]
+    agent.terminate()
+    agent.wait(30)
+    assert list(tmp.iterdir()) == [] and not (deep / "run").exists()
+    assert stat.S_IMODE(deep.stat().st_mode) == 0o700
 
 
 # -- 5. pipelining never blocks ready work, and priority holds ---------------------------------

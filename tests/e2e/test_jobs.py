@@ -5,7 +5,9 @@ the test's sleeps."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.cli.test_cli import clean_env, zres_cli
+from tests.cli.test_cli import assert_one_line_error, clean_env, free_port, zres_cli
 from tests.conftest import process_gone, wait_until
 from tests.e2e.test_scheduling import FAKE_GPUS
 
@@ -406,3 +408,59 @@ def test_two_clusters_on_one_host_keep_their_job_logs_apart(make_cluster, tmp_pa
     assert said["first"][1] == said["second"][1] == 1
     for word, (env, job) in said.items():
         assert zres_cli("logs", str(job), env=env).stdout == f"{word}\n"
+
+
+# -- where logs live: private, never written through a link -------------------------------------
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_job_logs_are_private_and_never_written_through_a_link(cli, tmp_path):
+    logs = tmp_path / "logs"
+    cluster, run = cli([{"foo": 1}], env={"ZRES_AGENT__JOB_LOGS": str(logs)})
+    first = int(run("submit", "--", "echo", "first").stdout)
+    assert run("wait", str(first)).returncode == 0
+    (log,) = logs.glob(f"*/{first}.log")
+    assert [mode(p) for p in (logs, log.parent, log, logs / "running-agent-0.json")] == \
+        [0o700, 0o700, 0o600, 0o600]
+    # Where the next two jobs will log (ids come in order): a link to a file the agent's
+    # user can write, and an older log. Neither is written to; each job fails, naming it.
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    linked, older = log.parent / f"{first + 1}.log", log.parent / f"{first + 2}.log"
+    linked.symlink_to(precious)
+    older.write_text("an older log\n")
+    for path in (linked, older):
+        job = int(run("submit", "--", "echo", "written over").stdout)
+        assert job == int(path.stem)
+        said = run("wait", str(job), check=1).stderr
+        assert f"its log {path}: it is there already" in said, said
+    assert precious.read_text() == "keep me\n" and older.read_text() == "an older log\n"
+    assert run("wait", run("submit", "--", "echo", "fine").stdout.strip()).returncode == 0
+
+
+def test_job_log_and_state_directories_open_to_others_are_refused_naming_them(tmp_path):
+    """An agent keeps its files only in directories of its own that nobody else may read:
+    one already there that is open to others, or another user's, is refused at start (exit
+    status 2, one line naming it), before anything is written there."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o755)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)  # nobody's
+    else:
+        foreign = Path("/")  # root's: another user's for anyone else
+    address = f"tcp://127.0.0.1:{free_port()}"  # (nothing there: refused before it asks)
+    for flag, path, why in (("--job-logs", open_dir, "is open to others (mode 0755)"),
+                            ("--job-logs", foreign, "belongs to "),
+                            ("--state", open_dir, "is open to others (mode 0755)")):
+        result = zres_cli("agent", address, "--name", "refused", "--resources", "foo=1",
+                          "--no-detect", "--log-level", "error", flag, str(path), timeout=30)
+        said = assert_one_line_error(result)
+        assert result.returncode == 2, said
+        assert f" {path} {why}" in said and said.startswith("zres agent: the "), said
+    assert list(open_dir.iterdir()) == []

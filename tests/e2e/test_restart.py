@@ -6,8 +6,10 @@ directory carries on: queued jobs run, finished ones are still listed, ids conti
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +124,27 @@ def test_fresh_starts_empty_and_says_what_it_discarded(spawn, tmp_path):  # noqa
     cluster.broker.terminate()
     _, err = cluster.broker.communicate(timeout=10)
     assert f"--fresh discarded the state in {cluster.state} (jobs done: 1)" in err
+
+
+def test_the_state_is_private_in_a_directory_open_to_others(spawn, tmp_path):  # noqa: F811
+    """A --state directory made 0755 beforehand (mkdir's, systemd's): the database holding
+    job commands is 0600 all the same, and the broker warns, naming the directory."""
+    mask = os.umask(0o022)
+    try:
+        (tmp_path / "state").mkdir(mode=0o755)
+        cluster = Cluster(spawn, tmp_path)
+        job = cluster.submit("echo a-token-on-the-command-line")
+        assert cluster.run("wait", str(job)).returncode == 0
+    finally:
+        os.umask(mask)
+    files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in cluster.state.iterdir()
+             if p.name.startswith("state.sqlite3")}
+    assert files == {"state.sqlite3": 0o600, "state.sqlite3-wal": 0o600,
+                     "state.sqlite3-shm": 0o600}
+    cluster.broker.terminate()
+    _, err = cluster.broker.communicate(timeout=10)
+    (warning,) = [line for line in err.splitlines() if "state_dir_not_private" in line]
+    assert str(cluster.state) in warning and "0755" in warning
 
 
 def test_an_unusable_state_directory_is_refused_naming_it(tmp_path):

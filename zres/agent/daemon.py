@@ -29,8 +29,9 @@ from .actors import ActorSupervisor
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
 from .deferred import DeferredGrants
+from .files import open_files
 from .grants import Grant
-from .jobs import GRACE, JobRunner, default_log_dir
+from .jobs import GRACE, JobRunner
 from .reports import Reports
 from .running import TaskRunner
 from .session import ReachWarning, Session
@@ -47,10 +48,10 @@ class Agent:
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0,
                  job_logs: str | None = None, job_grace: float = GRACE,
-                 drain_grace: float = DRAIN_GRACE, key: keys.PeerKey | None = None) -> None:
+                 drain_grace: float = DRAIN_GRACE, key: keys.PeerKey | None = None,
+                 state: str | None = None) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
-        self.job_logs = job_logs or default_log_dir()
-        os.makedirs(self.job_logs, exist_ok=True)
+        self.files, self.logs = open_files(self.name, state, job_logs)
         self.slots = slots
         self.broker_address = broker
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
@@ -60,19 +61,18 @@ class Agent:
         self.poller.register(self.broker, zmq.POLLIN)
         self.poller.register(self._connection.monitor, zmq.POLLIN)
         self.reports = Reports()
-        self.pool = WorkerPool(self.ctx, slots, broker, self.job_logs)
+        self.pool = WorkerPool(self.ctx, slots, broker, self.logs.path, self.files)
         self.session = Session(self.pool.lease)
         self._reach = ReachWarning(broker)
         self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid)
         self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
                                       self.reports.exited)
-        self.jobs = JobRunner(self.job_logs, self.name, self._job_ended, job_grace,
+        self.jobs = JobRunner(self.logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                               unwatch=self.poller.unregister)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
         self.poller.register(self.pool.sock, zmq.POLLIN)
-        self.hb_interval = heartbeat_interval
-        self.hb_timeout = heartbeat_timeout
+        self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         self.drain_grace = drain_grace
         self._last_heard = time.monotonic()
         self._last_beat = 0.0
@@ -91,7 +91,8 @@ class Agent:
             # Only a flag: the loop sends; a handler must not interleave a message.
             signal.signal(sig, lambda *_: self._ask_drain())
         log.info("agent_started", agent=self.name, broker=self.broker_address,
-                 slots=[format_units(s.units) for s in self.slots])
+                 slots=[format_units(s.units) for s in self.slots], state=self.files.path,
+                 leftovers_removed=self.files.left)  # (an agent of this name was killed)
         self.jobs.stop_leftovers()
         # One GPU-less worker per slot starts now, so the first task does not wait for it.
         for index in range(len(self.slots)):
@@ -127,6 +128,7 @@ class Agent:
         self.pool.close(self.actors.workers())
         self.actors.by_id.clear()
         self._connection.close()
+        self.files.close(self.logs)
         log.info("agent_stopped", agent=self.name)
 
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
@@ -379,7 +381,7 @@ class Agent:
             elif "job" in opts:
                 self.runner.hold(slot, task_id, taken)
                 self.reports.held(task_id)
-                self.reports.then(functools.partial(self._start_job, task_id, opts["job"],
+                self.reports.then(functools.partial(self._start_job, task_id, opts,
                                                     list(devices), (slot, gpus, taken)))
             else:
                 grants.append(Grant(task_id, slot, taken, devices, item, frames,
@@ -387,10 +389,10 @@ class Agent:
                                     now, direct=not opts.get("queued")))
         self.runner.add(grants)
 
-    def _start_job(self, task_id: int, spec: dict[str, Any], gpus: list[str],
+    def _start_job(self, task_id: int, opts: dict[str, Any], gpus: list[str],
                    place: tuple[int, list[int], dict[str, int]]) -> None:
         if task_id in self.runner.placements:  # (not cancelled while the broker heard)
-            self.jobs.start(task_id, spec, gpus, place)
+            self.jobs.start(task_id, opts["job"], gpus, place, int(opts.get("attempt", 1)))
             if task_id in self.jobs.jobs:
                 self.reports.started(task_id)
 

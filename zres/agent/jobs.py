@@ -2,7 +2,8 @@
 
 The agent, not a worker process, owns every job's process group: it starts the job with
 CUDA_VISIBLE_DEVICES set to the granted devices and its output in a log file on the agent
-(``<job logs>/<job id>.log``, kept after the job ends), follows it, stops it on cancel
+(``<job logs>/<cluster>/<job id>.log``, 0600, made anew for each job and never written
+through a link: see ``files``; kept after the job ends), follows it, stops it on cancel
 (SIGTERM to the group, SIGKILL once the grace has passed), and reports the job ended only
 when no process of its group is left, whatever else died meanwhile: a job's resources
 are never granted to another while any of its processes runs. Processes the job leaves
@@ -11,12 +12,9 @@ behind in its group when its leader exits are stopped the same way.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from ..core import protocol as P
 from ..core.errors import CommandFailed
 from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
+from .files import JobLogs
 
 log = get_logger("zres.agent")
 
@@ -46,25 +45,6 @@ class CommandResult:
     agent: str
 
 
-def default_log_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"zres-jobs-{os.getuid()}")
-
-
-def log_path(log_dir: str, cluster: str, job_id: int) -> str:
-    """Where job JOB_ID of CLUSTER logs: one directory per cluster, so that the jobs of
-    several brokers on one host (or of one broker's successive lives, until ids survive
-    restarts) never share a file."""
-    return os.path.join(log_dir, cluster, f"{int(job_id)}.log")
-
-
-def read_log(log_dir: str, cluster: str, job_id: int, offset: int,
-             limit: int = 256 * 1024) -> bytes:
-    """Return up to LIMIT bytes of JOB_ID's log from OFFSET; FileNotFoundError if none."""
-    with open(log_path(log_dir, cluster, job_id), "rb") as fh:
-        fh.seek(offset)
-        return fh.read(limit)
-
-
 @dataclass(slots=True)
 class Job:
     task: int
@@ -76,6 +56,7 @@ class Job:
     slot: int = 0                    # where it was granted, on which GPU positions,
     positions: list[int] = field(default_factory=list)  # taking what: told to a
     taken: dict[str, int] = field(default_factory=dict)  # restarted broker
+    cluster: str = ""                # the cluster it logs under
 
 
 RECENT = 1000  # job outcomes remembered for a restarted broker
@@ -85,10 +66,10 @@ class JobRunner:
     """The command jobs running on this node. REPORT(id, outcome, frames, info) gives a
     job's end to the broker."""
 
-    def __init__(self, log_dir: str, agent: str, report: Report, grace: float = GRACE,
+    def __init__(self, logs: JobLogs, agent: str, report: Report, grace: float = GRACE,
                  watch: Callable[[int], None] | None = None,
                  unwatch: Callable[[int], None] | None = None) -> None:
-        self.log_dir = log_dir
+        self.logs = logs
         self.cluster = "unknown"   # the broker's cluster id, once it has welcomed us
         self.agent = agent
         self.grace = grace
@@ -100,17 +81,14 @@ class JobRunner:
         # the agent's loop wakes at once; elsewhere the loop looks every tenth of a second.
         self._watch, self._unwatch = watch, unwatch
         self._pidfds: dict[int, int] = {}    # job -> pidfd
-        # The running jobs' process groups, on disk: an agent killed outright leaves its
-        # jobs running; the next agent of this name stops them before it offers anything.
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", agent)[:100]
-        self._record = os.path.join(log_dir, f"running-{safe}.json")
+        # The running jobs' process groups are kept on disk (``logs``' record): an agent
+        # killed outright leaves its jobs running; the next agent of this name stops them
+        # before it offers anything.
 
     def stop_leftovers(self) -> int:
         """Stop the jobs a previous agent of this name left running; return how many."""
-        try:
-            with open(self._record) as fh:
-                left = json.load(fh)
-        except (OSError, ValueError):
+        left = self.logs.load_record()
+        if not isinstance(left, dict):
             return 0
         stopped = 0
         for job_id, pgid in left.items():
@@ -124,44 +102,52 @@ class JobRunner:
         return stopped
 
     def _save(self) -> None:
-        tmp = f"{self._record}.{os.getpid()}"
         try:
-            with open(tmp, "w") as fh:
-                json.dump({str(j.task): j.proc.pid for j in self.jobs.values()}, fh)
-            os.replace(tmp, self._record)
+            self.logs.save_record({str(j.task): j.proc.pid for j in self.jobs.values()})
         except OSError as exc:
             log.warning("jobs_record_failed", error=str(exc))
 
     def start(self, task_id: int, spec: dict[str, Any], gpus: list[str],
-              place: tuple[int, list[int], dict[str, int]] = (0, [], {})) -> None:
+              place: tuple[int, list[int], dict[str, int]] = (0, [], {}),
+              attempt: int = 1) -> None:
         """Start TASK_ID's command as SPEC {argv, env, cwd} says, on GPUS (at PLACE: slot,
         GPU positions, what it takes); a job that cannot start is reported failed at once,
-        naming what was missing."""
+        naming what was missing. Its log is made anew: one already there fails it, unless
+        this is a later ATTEMPT (the earlier one's log, on this agent, is replaced)."""
         argv = list(spec["argv"])
-        path = log_path(self.log_dir, self.cluster, task_id)
+        path = self.logs.path_of(self.cluster, task_id)
         env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
                "ZRES_AGENT": self.agent, "ZRES_GPU_IDS": ",".join(gpus),
                "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as out:
-                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
-                                        start_new_session=True)  # its own process group
-        except Exception as exc:  # no such program or directory, a bad env, no log space
+            out = self.logs.create(self.cluster, task_id, replace=attempt > 1)
+        except (OSError, ValueError) as exc:  # a log there already (a link, say), no space
+            reason = "it is there already (a job's log is never written over)" \
+                if isinstance(exc, FileExistsError) else getattr(exc, "strerror", None) or exc
+            self._cannot_start(task_id, f"cannot start {argv[0]!r}: its log {path}: {reason}",
+                               path)
+            return
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
+                                    start_new_session=True)  # its own process group
+        except Exception as exc:  # no such program or directory, a bad env
             # Popen names the missing thing: the program, or the working directory.
             filename = getattr(exc, "filename", None)
-            where = ("" if filename in (None, argv[0]) else f" (its log {path})"
-                     if filename == path else f": {filename}")
+            where = "" if filename in (None, argv[0]) else f": {filename}"
             reason = getattr(exc, "strerror", None) or exc
             why = f"cannot start {argv[0]!r}: {reason}{where}"
-            _append(path, f"zres: {why}\n")
-            self._ended(task_id, P.RAISED, dumps_exception(
-                CommandFailed(f"job {task_id}: {why}", None, path, "")),
-                {"error": why, "log": path})
+            try:
+                os.write(out, f"zres: {why}\n".encode())
+            except OSError:
+                pass
+            self._cannot_start(task_id, why, path)
             return
+        finally:
+            os.close(out)
         self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
-                                 positions=list(place[1]), taken=dict(place[2]))
+                                 positions=list(place[1]), taken=dict(place[2]),
+                                 cluster=self.cluster)
         self._save()
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
@@ -172,6 +158,11 @@ class JobRunner:
                 self._pidfds[task_id] = fd
                 self._watch(fd)
         log.info("job_started", job=task_id, pid=proc.pid, gpus=",".join(gpus) or "-")
+
+    def _cannot_start(self, task_id: int, why: str, path: str) -> None:
+        self._ended(task_id, P.RAISED, dumps_exception(
+            CommandFailed(f"job {task_id}: {why}", None, path, "")),
+            {"error": why, "log": path})
 
     def exited(self, events: dict[Any, int]) -> bool:
         """Whether a job leader has exited, by the poller's EVENTS."""
@@ -227,7 +218,7 @@ class JobRunner:
             self._ended(job.task, P.OK, dumps(CommandResult(job.task, 0, job.log,
                                                             self.agent)), info)
         else:
-            tail = _tail(job.log)
+            tail = self.logs.tail(job.cluster, job.task, _TAIL_LINES)
             how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
                    else f"exited with code {code}")
             self._ended(job.task, P.RAISED, dumps_exception(CommandFailed(
@@ -251,7 +242,7 @@ class JobRunner:
         job, offset = P.field(msg, "job", int), P.field(msg, "offset", int)
         body: dict[str, Any] = {"token": msg.body.get("token"), "job": job}
         try:
-            body["data"] = read_log(self.log_dir, self.cluster, job, max(offset, 0))
+            body["data"] = self.logs.read(self.cluster, job, max(offset, 0))
         except OSError as exc:
             body["error"] = f"agent {self.agent} has no log for job {job}: " \
                             f"{exc.strerror or exc}"
@@ -314,23 +305,4 @@ def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: str, lines: int = _TAIL_LINES, limit: int = 64 * 1024) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.path.getsize(path) - limit))
-            data = fh.read()
-    except OSError:
-        return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
-
-
-def _append(path: str, text: str) -> None:
-    """Add TEXT to the log at PATH, if it can be written at all."""
-    try:
-        with open(path, "ab") as fh:
-            fh.write(text.encode())
-    except OSError:
         pass

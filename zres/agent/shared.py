@@ -19,7 +19,7 @@ _LOG_ENTRIES = 4096          # starts kept; far more than a worker can hold unre
 
 
 def _map(path: str, size: int, create: bool) -> mmap.mmap:
-    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = os.open(path, flags, 0o600)
     try:
         if create:

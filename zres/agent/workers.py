@@ -8,11 +8,9 @@ device; an actor gets a process of its own.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ import zmq
 
 from ..core import protocol as P
 from ..logs import get_logger
+from .files import AgentFiles
 from .shared import Lease, StartLog
 from .slots import SlotSpec
 
@@ -69,16 +68,18 @@ class WorkerPool:
     """
 
     def __init__(self, ctx: zmq.Context[Any], slots: list[SlotSpec], broker_address: str,
-                 job_logs: str) -> None:
+                 job_logs: str, files: AgentFiles) -> None:
         self._slots = slots
         self._broker_address = broker_address
         self._job_logs = job_logs
-        self._tmp = tempfile.mkdtemp(prefix="zres-agent-")
+        # The lease, start logs and socket live in the agent's run directory (``files``):
+        # removed when it stops, and by its next start after a kill.
+        self._run = files.run
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.address = f"ipc://{self._tmp}/workers"
+        self.address = f"ipc://{files.socket}"
         self.sock.bind(self.address)
-        self.lease = Lease(f"{self._tmp}/lease", create=True)  # lapsed until renewed
+        self.lease = Lease(f"{self._run}/lease", create=True)  # lapsed until renewed
         self.by_slot: dict[tuple[int, tuple[str, ...]], Worker] = {}
         self.by_ident: dict[bytes, Worker] = {}
         self._runs: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
@@ -104,7 +105,7 @@ class WorkerPool:
                     kill(other.proc)
                     self.forget(other)
         ident = uuid.uuid4().hex.encode()
-        starts = StartLog(f"{self._tmp}/starts-{ident.decode()}", create=True)
+        starts = StartLog(f"{self._run}/starts-{ident.decode()}", create=True)
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
@@ -187,12 +188,12 @@ class WorkerPool:
         P.send(self.sock, [ident, *P.encode(P.RUN, body, frames)])
 
     def close(self, workers: list[Worker]) -> None:
-        """Stop WORKERS and every pooled process; close the socket."""
+        """Stop WORKERS and every pooled process; close the socket (the agent's files
+        then go: ``AgentFiles.close``)."""
         for worker in [*list(self.by_slot.values()), *workers]:
             kill(worker.proc)
             self.forget(worker)
         self.sock.close(0)
-        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def exit_cause(code: int) -> str:

@@ -19,6 +19,10 @@ cut, not only a crash); one that changes only Python tasks is not (see ``commit`
 Whatever tells a submitter that its job was accepted waits for that commit. A commit
 that fails (disk full, directory gone) keeps its changes for the next try and is
 reported in ``error``: the broker then refuses new jobs, naming why, and serves the rest.
+
+The database holds task pickles and job commands and environments: it and its ``-wal`` and
+``-shm`` files are 0600 whatever the directory's mode (a directory made by ``mkdir`` or
+systemd is 0755), and a directory others may read or write is warned about at start.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import stat
 import time
 from typing import Any
 
@@ -51,12 +56,21 @@ class Store:
     def __init__(self, directory: str, fresh: bool = False, max_pages: int = 0) -> None:
         self.directory = os.path.abspath(directory)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        _warn_if_open(self.directory)
         self.path = os.path.join(self.directory, FILENAME)
         self.discarded: dict[str, int] = {}
         if fresh:
             self.discarded = _discard(self.path)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # SQLite makes the -wal and -shm files with the database's own mode; the umask
+        # covers any it makes before it looks (it is this process's for a moment only).
+        _private_files(self.path)
+        mask = os.umask(0o077)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None,
+                                       check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(mask)
         self._db.execute("PRAGMA synchronous=FULL")
         self._sync = "FULL"
         # Fewer, larger checkpoints (each one fsyncs): the log may grow to ~40 MB.
@@ -247,6 +261,34 @@ class Store:
     def close(self) -> None:
         self.commit()
         self._db.close()
+
+
+def _warn_if_open(directory: str) -> None:
+    """Warn when others may read or write DIRECTORY (they could list, or replace, the
+    database's files)."""
+    mode = stat.S_IMODE(os.stat(directory).st_mode)
+    if mode & 0o066:
+        log.warning("state_dir_not_private", dir=directory, mode=f"{mode:04o}",
+                    why="others may read or write it; its files are 0600, but chmod 700 it")
+
+
+def _private_files(path: str) -> None:
+    """Make the database at PATH (0600, if missing) and its -wal and -shm files, if any,
+    readable by this user only; never through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        try:
+            fd = os.open(path + suffix, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def _discard(path: str) -> dict[str, int]:

@@ -56,8 +56,12 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument("--nworkers", type=int, help="worker processes (slots), default 1")
     agent.add_argument("--nthreads", type=int, help="threads per worker (default: cores)")
     agent.add_argument("--name", help="agent name (default host-pid)")
-    agent.add_argument("--job-logs", help="where command jobs' logs are kept "
-                       "(default: zres-jobs-UID in the temporary directory)")
+    agent.add_argument("--state", metavar="DIR", help="keep this agent's files here (job "
+                       "logs, its workers' lease and socket), a directory of its own that "
+                       "nobody else may read (default: $XDG_STATE_HOME/zres/agent-NAME, "
+                       "else ~/.local/state/zres/agent-NAME)")
+    agent.add_argument("--job-logs", metavar="DIR", help="keep command jobs' logs here "
+                       "instead (private too; default: jobs in the --state directory)")
     agent.add_argument("--job-grace", type=seconds, help="seconds a cancelled command job "
                        "has between SIGTERM and SIGKILL (default 5)")
     agent.add_argument("--drain-grace", type=float, metavar="SECONDS",
@@ -202,7 +206,8 @@ def agent(args: argparse.Namespace) -> int:
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
                                      "name": args.name, "job_logs": args.job_logs,
                                      "job_grace": args.job_grace,
-                                     "drain_grace": args.drain_grace},
+                                     "drain_grace": args.drain_grace,
+                                     "state": args.state},
                            path=args.config)
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
@@ -211,7 +216,8 @@ def agent(args: argparse.Namespace) -> int:
     key = config.find_key(None, ("agent",), address, args.config)
     agent = Agent(address, slots, settings["name"],
                   settings["heartbeat_interval"], settings["heartbeat_timeout"],
-                  settings["job_logs"], settings["job_grace"], settings["drain_grace"], key)
+                  settings["job_logs"], settings["job_grace"], settings["drain_grace"], key,
+                  settings["state"])
     _exit_with(args, agent.stop)
     agent.run()
     return agent.exit_code
