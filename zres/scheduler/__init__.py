@@ -19,8 +19,9 @@ Rules
   or fail alike, so one failed fit blocks a whole shape for the pass.
 - Fit is checked against each slot's *free* amounts, subtracted at grant and returned at
   release; concurrent grants never exceed any slot's capacity.
-- No starvation: a task that has waited ``starvation_after`` seconds while blocked gets a
-  reservation on the slot where it will fit soonest (the least still to be freed). From
+- No starvation: a task that has been blocked for ``starvation_after`` seconds (counted
+  from the first pass that found it blocked, not from when it was queued: a task behind a
+  long queue that moves is not starving) gets a reservation on the slot where it will fit soonest (the least still to be freed). From
   then on, in every pass, tasks ordered after it may take from that slot only what
   leaves its whole request free; it starts as soon as the tasks running there finish.
   Tasks ordered before it (higher priority) are not fenced.

@@ -109,9 +109,11 @@ class Scheduler:
                 queueable: bool = True, kind: Hashable | None = None) -> None:
         """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor).
 
-        KIND groups tasks expected to take alike (see ``finished``)."""
+        KIND groups tasks expected to take alike (see ``finished``). NOW, when it was
+        queued, starts no clock: its wait for a reservation counts from the first pass that
+        finds it blocked (a task queued behind many that run in turn is not starving)."""
         self._changed = True
-        self.queue.add(task_id, units, priority, now,
+        self.queue.add(task_id, units, priority,
                        queueable and GPU not in units and GPU_MEMORY not in units, kind)
 
     @property
@@ -318,9 +320,14 @@ class Scheduler:
         return grant, fenced
 
     def _fence(self, task: Waiting, fences: dict[int, Units], now: float) -> None:
-        """Keep a starving task's reserved slot from being taken by tasks after it."""
+        """Keep a starving task's reserved slot from being taken by tasks after it.
+
+        TASK is blocked in this pass: it starves once it has been blocked for
+        ``starvation_after`` seconds, counted from the first pass that found it so."""
+        if task.blocked_since is None:
+            task.blocked_since = now
         if task.reserved_slot is None:
-            if (now - task.since < self.starvation_after
+            if (now - task.blocked_since < self.starvation_after
                     or task.reserve_failed == self._reservation_epoch):
                 return
             choice = self._soonest_slot(task, fences)

@@ -30,12 +30,12 @@ class WaitingQueue:
         self._stale: dict[Shape, int] = {}     # removed entries left in a shape's heap
         self._on_forget = on_forget
 
-    def add(self, task_id: int, units: Units, priority: int, now: float, queueable: bool,
+    def add(self, task_id: int, units: Units, priority: int, queueable: bool,
             kind: Hashable | None) -> Waiting:
         """Queue a task behind every task of higher or equal priority."""
         self._seq += 1
         shape = shape_of(units)
-        task = Waiting(task_id, dict(units), priority, self._seq, shape, now,
+        task = Waiting(task_id, dict(units), priority, self._seq, shape,
                        queueable=queueable, kind=kind)
         self.tasks[task_id] = task
         heapq.heappush(self.by_shape.setdefault(shape, []), (-priority, self._seq, task_id))

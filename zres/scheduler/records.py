@@ -39,7 +39,9 @@ class Waiting:
     priority: int
     seq: int
     shape: Shape
-    since: float
+    # The first pass that found it blocked (it fit nowhere it could run): its wait for a
+    # reservation counts from here, not from when it was queued (None: not blocked yet).
+    blocked_since: float | None = None
     reserved_slot: int | None = None
     reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
     queueable: bool = True       # may be granted into a slot's queue (pipelining)
