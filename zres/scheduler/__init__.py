@@ -21,9 +21,10 @@ Rules
   release; concurrent grants never exceed any slot's capacity.
 - No starvation: a task that has been blocked for ``starvation_after`` seconds (counted
   from the first pass that found it blocked, not from when it was queued: a task behind a
-  long queue that moves is not starving) gets a reservation on the slot where it will fit soonest (the least still to be freed). From
-  then on, in every pass, tasks ordered after it may take from that slot only what
-  leaves its whole request free; it starts as soon as the tasks running there finish.
+  long queue that moves is not starving) gets a reservation on the slot where it will fit
+  soonest (the least still to be freed). From then on, in every pass, tasks ordered
+  after it may take from that slot only what leaves its whole request free; it starts as
+  soon as the tasks running there finish.
   Tasks ordered before it (higher priority) are not fenced.
 - GPUs are accounted per device: GPU=k (whole) takes k devices that are wholly free,
   with all their memory; a fraction below 1 packs onto the busiest device with room,
