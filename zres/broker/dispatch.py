@@ -243,7 +243,7 @@ class Dispatcher:
             task.started_at = now
             grant = self._sched.running[task_id]
             if not grant.started:
-                self._sched.started(task_id)
+                self._sched.started(task_id, now)
             if task.id in self._jobs.active:
                 slot_index = agent.slots.index(grant.slot)
                 self._jobs.started(task, agent.name,

@@ -9,7 +9,8 @@ Modules: ``policy`` (the Scheduler: passes, reservations, slot queues), ``table`
 slot's capacity and free amounts), ``queue`` (waiting tasks by shape), ``records`` (Slot,
 Waiting, Grant), ``devices`` (GPUs per device, and whether a request could ever fit),
 ``index`` (slots sorted by free amount), ``durations`` (how long each kind of task takes,
-for pipelining), ``explain`` (why a task waits, in words).
+for pipelining and backfill), ``reservations`` (what a reservation keeps from later
+tasks), ``explain`` (why a task waits, in words).
 
 Rules
 - Order: higher priority first; equal priority in submission order (``seq``). Ties never
@@ -22,10 +23,14 @@ Rules
 - No starvation: a task that has been blocked for ``starvation_after`` seconds (counted
   from the first pass that found it blocked, not from when it was queued: a task behind a
   long queue that moves is not starving) gets a reservation on the slot where it will fit
-  soonest (the least still to be freed). From then on, in every pass, tasks ordered
-  after it may take from that slot only what leaves its whole request free; it starts as
-  soon as the tasks running there finish.
-  Tasks ordered before it (higher priority) are not fenced.
+  soonest (the least still to be freed). From then on, in every pass, a task ordered after
+  it may start on that slot only if it cannot delay it (see ``reservations``): it takes
+  nothing of what the holder is short of, and of the rest leaves what the holder will
+  need once the tasks that must end first have given theirs back; or it is expected to
+  end before the holder could start (EASY backfill, from ``durations``). The holder starts
+  as soon as the tasks running there that hold what it lacks finish. Tasks ordered before
+  it (higher priority) are not fenced. Tasks of one shape wait in order: a later task of
+  a shorter kind does not pass a head that cannot backfill.
 - GPUs are accounted per device: GPU=k (whole) takes k devices that are wholly free,
   with all their memory; a fraction below 1 packs onto the busiest device with room,
   never spanning two. GPU_MEMORY=m takes m bytes on one device (with the fraction, if

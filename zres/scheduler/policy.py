@@ -7,7 +7,7 @@ See the package's docstring for the rules it keeps.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from ..core.resources import GPU, GPU_MEMORY, Units, fits
 from . import explain
@@ -15,6 +15,7 @@ from .devices import could_ever_fit, devices_at, pick_devices
 from .durations import Durations
 from .queue import WaitingQueue
 from .records import Grant, Shape, Slot, Waiting, add_to
+from .reservations import Fence, fence
 from .table import NewSlot, SlotTable
 
 _CANDIDATES = 8   # fitting slots compared for best fit per decision
@@ -39,6 +40,7 @@ class Scheduler:
         self._reserved: set[int] = set()              # slots held for a starving task
         self._reservation_epoch = 0                   # bumps when a reservation ends
         self._changed = False                         # since the last pass
+        self._now = 0.0                               # the time of the latest pass
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
@@ -134,14 +136,16 @@ class Scheduler:
         self._unreserve(task)
         return True
 
-    def started(self, task_id: int) -> None:
-        """A grant queued on a slot has started there (its agent says so): take its
-        resources now. (The agent starts queued grants as room frees; the broker learns
-        it from the agent's reports, in order, and never predicts it.)"""
+    def started(self, task_id: int, now: float | None = None) -> None:
+        """A grant queued on a slot has started there (its agent says so; NOW, default the
+        latest pass's time): take its resources now. (The agent starts queued grants as
+        room frees; the broker learns it from the agent's reports, in order, and never
+        predicts it.)"""
         grant = self.running.get(task_id)
         slot = self.slots.get(grant.slot) if grant is not None else None
         if grant is None or slot is None or grant.started:
             return
+        grant.since = self._now if now is None else now
         del slot.queue[task_id]
         add_to(slot.queued_taken, grant.taken, -1)
         self._start(slot, grant)
@@ -170,7 +174,7 @@ class Scheduler:
             if sum(memory):
                 taken[GPU_MEMORY] = sum(memory)
         grant = Grant(task_id, slot.id, units, gpus, taken, shares, memory,
-                      priority=priority, short=False)
+                      priority=priority, short=False, since=self._now)
         self._start(slot, grant)
         self.running[task_id] = grant
         self._changed = True
@@ -197,13 +201,14 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> list[Grant]:
         """Place every waiting task that fits now, best first; return the grants."""
         self._changed = False
+        self._now = now
         heads: list[tuple[int, int, Shape]] = []
         for shape in self.queue.shapes():
             head = self.queue.head(shape)
             if head is not None:
                 heads.append((-head.priority, head.seq, shape))
         heapq.heapify(heads)
-        fences: dict[int, Units] = {}
+        fences: dict[int, Fence] = {}
         grants: list[Grant] = []
         blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
@@ -250,7 +255,7 @@ class Scheduler:
                 self._unreserve(task)
                 grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
                               started=False, priority=task.priority, seq=task.seq,
-                              short=True)
+                              short=True, kind=task.kind)
                 slot.queue[task.id] = None
                 add_to(slot.queued_taken, grant.taken)
                 self.running[task.id] = grant
@@ -275,7 +280,7 @@ class Scheduler:
         self._blocked.discard(shape)
         self.table.forget_shape(shape)
 
-    def _place(self, task: Waiting, fences: dict[int, Units],
+    def _place(self, task: Waiting, fences: dict[int, Fence],
                only: list[Slot] | None = None) -> tuple[Grant | None, bool]:
         """Grant TASK the best fitting slot; also say whether a fence turned one away.
 
@@ -283,12 +288,12 @@ class Scheduler:
         its agent may start them any moment."""
         best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
         best, found, fenced = None, 0, False
+        end = self._expected_end(task) if fences else None
         for slot in self.table.candidates(task.units) if only is None else only:
             if not slot.open:
                 continue
-            fence = fences.get(slot.id)
-            if fence is not None and not all(
-                    slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
+            fence_ = fences.get(slot.id)
+            if fence_ is not None and not fence_.admits(slot, task.units, end):
                 fenced = True
                 continue
             if not fits(slot.free, task.units) or (slot.queue and not all(
@@ -314,12 +319,22 @@ class Scheduler:
                 taken[GPU_MEMORY] = sum(memory)
         grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory,
                       priority=task.priority, seq=task.seq,
-                      short=self.durations.short(task.kind))
+                      short=self.durations.short(task.kind), kind=task.kind, since=self._now)
         self._start(slot, grant)
         self.running[task.id] = grant
         return grant, fenced
 
-    def _fence(self, task: Waiting, fences: dict[int, Units], now: float) -> None:
+    def _expected_end(self, task: Waiting) -> float | None:
+        """When TASK would end if it started now, by its kind's recent runs (None: unknown)."""
+        expected = self.durations.expected(task.kind)
+        return None if expected is None else self._now + expected
+
+    def _fence_of(self, slot: Slot, task: Waiting) -> Fence:
+        """What TASK's reservation of SLOT keeps from the tasks after it, now."""
+        return fence(slot, task.units, task.id, (self.running[t] for t in slot.running),
+                     self.durations, self._now)
+
+    def _fence(self, task: Waiting, fences: dict[int, Fence], now: float) -> None:
         """Keep a starving task's reserved slot from being taken by tasks after it.
 
         TASK is blocked in this pass: it starves once it has been blocked for
@@ -338,9 +353,9 @@ class Scheduler:
             choice.reserved_by = task.id
             self._reserved.add(choice.id)
         if task.reserved_slot not in fences:
-            fences[task.reserved_slot] = task.units
+            fences[task.reserved_slot] = self._fence_of(self.slots[task.reserved_slot], task)
 
-    def _soonest_slot(self, task: Waiting, fences: dict[int, Units]) -> Slot | None:
+    def _soonest_slot(self, task: Waiting, fences: dict[int, Fence]) -> Slot | None:
         # Walk the slots with the most free of the task's scarcest resource first and
         # compare a few: a full scan would make each reservation cost O(agents).
         fitting = self._fitting(task)
@@ -377,8 +392,9 @@ class Scheduler:
         """Say why no registered slot could ever run UNITS, or None if one could."""
         return self.table.infeasible_reason(units)
 
-    def why(self, task_id: int, count_ahead: bool = True) -> str:
-        """Say why a waiting task is not running yet.
+    def why(self, task_id: int, count_ahead: bool = True,
+            name: Callable[[int], str] = lambda task_id: f"task {task_id}") -> str:
+        """Say why a waiting task is not running yet; NAME(id) calls another task by name.
 
         COUNT_AHEAD walks the task's shape queue (O(waiting)): fine for one question,
         left out when describing many tasks at once.
@@ -400,7 +416,18 @@ class Scheduler:
             return f"infeasible: {reason}"
         ahead = self.queue.ahead(task) if count_ahead else 0
         reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
-        return explain.waiting_task(task, self.slots.values(), reserved, ahead)
+        return explain.waiting_task(task, self.slots.values(), reserved, ahead,
+                                    lambda slot: self._fenced(task, slot), name)
+
+    def _fenced(self, task: Waiting, slot: Slot) -> bool:
+        """Whether another task's reservation of SLOT keeps TASK off it now (TASK fits
+        what is free there: else what it lacks says more)."""
+        holder = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
+        if holder is None or holder is task or not fits(slot.free, task.units) \
+                or (-task.priority, task.seq) < (-holder.priority, holder.seq):
+            return False  # a reservation binds only the tasks ordered after its holder
+        return not self._fence_of(slot, holder).admits(slot, task.units,
+                                                        self._expected_end(task))
 
 
 def _frees_soon(slot: Slot, units: Units) -> bool:

@@ -63,6 +63,8 @@ class Grant:
     priority: int = 0            # the task's, and its place in submission order: the
     seq: int = 0                 # agent starts queued grants in this order too
     short: bool = True           # of a kind known to run briefly
+    kind: Hashable | None = None  # what it runs, for its expected end (see ``reservations``)
+    since: float = 0.0           # when it started (as the scheduler was told the time)
 
 
 def shape_of(units: Mapping[str, int]) -> Shape:
