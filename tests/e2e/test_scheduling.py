@@ -177,6 +177,46 @@ def test_runtime_capacity_change_starts_waiting_tasks(make_cluster, make_client,
         client.set_resources("node", {"GPU": 1})
 
 
+def held_until(path: str, marker: str) -> float:
+    """Announce the start by creating MARKER, block until PATH exists; return the end."""
+    announce_and_wait(path, marker, timeout=30)
+    return time.time()
+
+
+def test_a_reservation_leaves_cpus_it_does_not_need_to_cpu_tasks(make_cluster, make_client,
+                                                                 tmp_path):
+    """Issue 27 item 5: a gpu task reserving gpu-node (gpu is a token standing for a GPU)
+    does not idle the CPUs there; CPU tasks run beside it while it waits for the gpu, a
+    task that would delay it is kept off and told why, by name, and it starts as soon as
+    the gpu's task ends."""
+    cluster = make_cluster(agents=[{"CPU": 3, "gpu": 1}], names=["gpu-node"], nthreads=4,
+                           env={"ZRES_BROKER__STARVATION_AFTER": "0.2"})
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    first = client.submit(held_until, release, str(tmp_path / "first"),
+                          resources={"gpu": 1, "CPU": 1})
+    wait_until(lambda: (tmp_path / "first").exists(), message="the first gpu task running")
+    big = client.submit(interval, 0, resources={"gpu": 1, "CPU": 2}, key="big-gpu")
+
+    def reserved() -> bool:  # (a pass runs when something changes: a task asking nothing)
+        client.submit(interval, 0, resources={"CPU": 0}).result(30)
+        return "holds a reservation on gpu-node" in client.why(big)
+    wait_until(reserved, message="the waiting gpu task reserving gpu-node")
+    # 2 CPUs are free; big needs 2, and the first gpu task gives one back with the gpu:
+    # one CPU may be lent, to one CPU=1 task at a time.
+    cpu_tasks = [client.submit(interval, 0, key=f"cpu-{i}") for i in range(3)]
+    assert all(f.result(30) for f in cpu_tasks), "the CPU tasks ran beside the reservation"
+    assert not first.done() and not big.done()
+    both = client.submit(interval, 0, resources={"CPU": 2}, key="two-cpus")
+    wait_until(lambda: "reserved for task big-gpu" in client.why(both),
+               message="a task taking both free CPUs kept off, naming the holder")
+    assert "gpu-node is reserved for task big-gpu" in client.why(both)
+    Path(release).touch()
+    first_end = first.result(30)
+    assert big.result(30)[0] >= first_end - 0.05, "big started once the gpu was free"
+    assert both.result(30)
+
+
 CONFIG_ROUTES = [
     ("flag", ["--resources", "gpu0=1 Licence=2"], {}, None),
     ("file", ["--config", "{dir}/zres.toml"], {}, '[agent]\nresources = "gpu0=1 Licence=2"\n'),

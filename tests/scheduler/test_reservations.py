@@ -188,7 +188,9 @@ def test_a_running_task_of_unknown_run_time_lends_nothing_by_the_clock():
     sched.enqueue(1, req(gpu=1), now=0.0)       # no kind: no estimate
     assert placed(sched.schedule(0.0)) == {1: 1}
     assert reserve(sched, 2, req(gpu=2), now=0.0) == 1
+    sched.finished("instant", 0.0)  # (ended within the report that said it began)
     sched.enqueue(10, req(gpu=1), now=6.0, kind="quick")
+    sched.enqueue(11, req(gpu=1, CPU=2), now=6.0, kind="instant")
     assert sched.schedule(6.0) == []
 
 

@@ -48,7 +48,7 @@ class Fence:
     def admits(self, slot: Slot, units: Units, end: float | None) -> bool:
         """Whether a later task asking UNITS, expected to end at END (None: unknown), may
         start on SLOT now (it fits there: checked apart)."""
-        if end is not None and end <= self.start:
+        if end is not None and end < self.start:  # (an estimate of 0 s never passes "now")
             return True
         keep = self.keep
         return all(slot.free.get(n, 0) - a >= keep.get(n, 0) for n, a in units.items())
