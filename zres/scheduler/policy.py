@@ -11,14 +11,15 @@ from collections.abc import Callable, Hashable
 
 from ..core.resources import GPU, GPU_MEMORY, Units, fits
 from . import explain
-from .devices import could_ever_fit, devices_at, pick_devices
+from .devices import could_ever_fit, devices_at
 from .durations import Durations
+from .fit import best_slot
+from .pipelining import QueueChoice
 from .queue import WaitingQueue
-from .records import Grant, Shape, Slot, Waiting, add_to
-from .reservations import Fence, fence
+from .records import Grant, Shape, Slot, Waiting, Workers, add_to, workers_of
+from .reservations import Fence, fence, soonest_slot
 from .table import NewSlot, SlotTable
 
-_CANDIDATES = 8   # fitting slots compared for best fit per decision
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 
 
@@ -29,9 +30,10 @@ class Scheduler:
         self.starvation_after = starvation_after
         self.prefetch = prefetch
         self.durations = Durations()
-        self.table = SlotTable()
+        self.table = SlotTable(prefetch)
         self.slots = self.table.slots
         self.queue = WaitingQueue(self._forget_shape)
+        self._queues = QueueChoice(self.table)
         self.running: dict[int, Grant] = {}     # every grant, started or queued on a slot
         # Shapes that failed to fit everywhere in an earlier pass: such a shape can only
         # fit on a slot that has gained room since, so a pass probes just those instead of
@@ -79,6 +81,7 @@ class Scheduler:
         """Open or close SLOT_ID to new grants (closed while its agent drains or is away);
         what runs there is not disturbed."""
         self.table.set_open(slot_id, open_)
+        self._queues.forget()
         self._changed = True
 
     def queued(self, slot_id: int) -> list[int]:
@@ -87,6 +90,7 @@ class Scheduler:
 
     def _topology_changed(self) -> None:
         self._changed = True
+        self._queues.forget()
         self._reservation_epoch += 1
         for slot_id in list(self._reserved):  # a slot that can no longer fit its reserver
             slot = self.slots[slot_id]
@@ -108,15 +112,17 @@ class Scheduler:
 
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
-                queueable: bool = True, kind: Hashable | None = None) -> None:
+                queueable: bool = True, kind: Hashable | None = None,
+                where: Workers | None = None) -> None:
         """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor).
 
-        KIND groups tasks expected to take alike (see ``finished``). NOW, when it was
+        KIND groups tasks expected to take alike (see ``finished``). WHERE: the agents it
+        may run on, or prefers (None: any; see ``records.workers``). NOW, when it was
         queued, starts no clock: its wait for a reservation counts from the first pass that
         finds it blocked (a task queued behind many that run in turn is not starving)."""
         self._changed = True
         self.queue.add(task_id, units, priority,
-                       queueable and GPU not in units and GPU_MEMORY not in units, kind)
+                       queueable and GPU not in units and GPU_MEMORY not in units, kind, where)
 
     @property
     def waiting(self) -> dict[int, Waiting]:
@@ -146,13 +152,14 @@ class Scheduler:
         if grant is None or slot is None or grant.started:
             return
         grant.since = self._now if now is None else now
-        del slot.queue[task_id]
-        add_to(slot.queued_taken, grant.taken, -1)
-        self._start(slot, grant)
+        self.table.start_queued(slot, grant)
+        self._start(slot, grant, queued=True)
 
-    def _start(self, slot: Slot, grant: Grant) -> None:
+    def _start(self, slot: Slot, grant: Grant, queued: bool = False) -> None:
+        """GRANT starts on SLOT; QUEUED: from its queue (what it takes was kept for it)."""
         grant.started = True
-        self.table.take(slot, grant)
+        if not queued:
+            self.table.take(slot, grant)
         slot.running.add(grant.task)
         if grant.short:
             add_to(slot.short_taken, grant.taken)
@@ -189,8 +196,7 @@ class Scheduler:
             return
         self._changed = True
         if not grant.started:
-            del slot.queue[task_id]
-            add_to(slot.queued_taken, grant.taken, -1)
+            self.table.unqueue(slot, grant)
             return
         slot.running.discard(task_id)
         if grant.short:
@@ -212,13 +218,24 @@ class Scheduler:
         grants: list[Grant] = []
         blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
+        if self.prefetch:
+            self._queues.touched(self.table.gained | self.table.queue_freed)
+            self.table.queue_freed.clear()
         self.table.gained.clear()
+        # A blocked shape probes only the slots that gained room, each shape its own copy:
+        # a slot that does not fit a shape cannot fit it later in the pass (room only
+        # shrinks), so it is dropped from that shape's copy, never walked twice.
+        probes: dict[Shape, list[Slot]] = {}
         while heads:
             _, _, shape = heapq.heappop(heads)
             task = self.queue.head(shape)
             assert task is not None, "a shape in heads has a head"
-            grant, fenced = self._place(task, fences,
-                                        gained if shape in self._blocked else None)
+            only = None
+            if shape in self._blocked:
+                only = probes.get(shape)
+                if only is None:
+                    only = probes[shape] = list(gained)
+            grant, fenced = self._place(task, fences, only)
             if grant is None:
                 if not fenced:  # a fence binds only tasks after its owner: not a later head
                     self._blocked.add(shape)
@@ -236,82 +253,69 @@ class Scheduler:
         return grants
 
     def _fill_queues(self, blocked: list[Waiting]) -> list[Grant]:
-        """Grant blocked tasks, best first, into slot queues with room (pipelining).
+        """Grant blocked tasks, best first, into slot queues with room (pipelining): each
+        on the slot with the shortest queue (then the lowest id) whose short tasks will
+        soon free what it needs (never one held up by long work).
 
         A slot that a blocked task before it could use, but not queue on, is left alone:
-        later tasks must not start there ahead of it.
+        later tasks must not start there ahead of it. The slots are taken from those with
+        a free place in their queue (kept by the table), in a heap per shape.
         """
         grants: list[Grant] = []
-        claimed: set[int] = set()
+        claimed: list[set[int]] = []  # what the blocked tasks before could use
         for head in blocked[:_QUEUE_HEADS]:
             shape = head.shape
+            room: list[tuple[int, int]] | None = None
             while (task := self.queue.head(shape)) is not None:
-                queueable = task.queueable and self.durations.short(task.kind)
-                slot = self._queue_slot(task, claimed) if queueable else None
-                if slot is None:
-                    claimed |= self._fitting(task)
+                if room is None and task.queueable and self.durations.short(task.kind):
+                    room = self._queues.heap(shape, task.units, claimed)
+                if not room or not (task.queueable and self.durations.short(task.kind)):
+                    claimed.append(self._fitting(task))
                     break
+                queued, slot_id = heapq.heappop(room)
+                slot = self.slots[slot_id]
                 self.queue.take(task)
-                self._unreserve(task)
+                if task.reserved_slot is not None:
+                    self._unreserve(task)
+                    room = None  # (built again: the slot it held may take queued grants)
                 grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
                               started=False, priority=task.priority, seq=task.seq,
                               short=True, kind=task.kind)
-                slot.queue[task.id] = None
-                add_to(slot.queued_taken, grant.taken)
+                self.table.queue(slot, grant)
                 self.running[task.id] = grant
                 grants.append(grant)
+                if room is not None and queued + 1 < self.prefetch:
+                    heapq.heappush(room, (queued + 1, slot_id))
         return grants
-
-    def _queue_slot(self, task: Waiting, claimed: set[int]) -> Slot | None:
-        """The slot to queue TASK on: one with room in its queue whose short tasks will
-        soon free what TASK needs (never one held up by long work), shortest queue first."""
-        best: Slot | None = None
-        for slot_id in self._fitting(task):
-            slot = self.slots[slot_id]
-            if (len(slot.queue) >= self.prefetch or slot.reserved_by is not None
-                    or slot_id in claimed or not _frees_soon(slot, task.units)):
-                continue
-            if best is None or (len(slot.queue), slot.id) < (len(best.queue), best.id):
-                best = slot
-        return best
 
     def _forget_shape(self, shape: Shape) -> None:
         """No task of SHAPE waits any more: drop what is cached about it."""
         self._blocked.discard(shape)
         self.table.forget_shape(shape)
+        self._queues.forget(shape)
 
     def _place(self, task: Waiting, fences: dict[int, Fence],
                only: list[Slot] | None = None) -> tuple[Grant | None, bool]:
         """Grant TASK the best fitting slot; also say whether a fence turned one away.
 
-        On a slot with queued grants, a task takes only what leaves room for all of them:
-        its agent may start them any moment."""
-        best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
-        best, found, fenced = None, 0, False
+        ONLY: the slots to probe (else the index's candidates); those that do not fit are
+        dropped from it. A task restricted to some agents probes only theirs; one that
+        prefers them probes theirs first."""
+        where = workers_of(task.shape)
         end = self._expected_end(task) if fences else None
-        for slot in self.table.candidates(task.units) if only is None else only:
-            if not slot.open:
-                continue
-            fence_ = fences.get(slot.id)
-            if fence_ is not None and not fence_.admits(slot, task.units, end):
-                fenced = True
-                continue
-            if not fits(slot.free, task.units) or (slot.queue and not all(
-                    slot.free.get(n, 0) - slot.queued_taken.get(n, 0) >= a
-                    for n, a in task.units.items())):
-                continue
-            devices = pick_devices(slot, task.units)
-            if devices is None:
-                continue
-            score = (_unused_kinds(slot, task.units), _leftover(slot, task.units), slot.id)
-            if best is None or score < best[0]:
-                best = (score, slot, devices)
-            found += 1
-            if found >= _CANDIDATES:
-                break
-        if best is None:
+        anywhere = self.table.candidates(task.units) if only is None else only
+        if where is None:
+            found, fenced = best_slot(task.units, anywhere, fences, end, only)
+        else:
+            named = self.table.named(where) if only is None else [
+                s for s in only if s.agent in where.names]
+            found, fenced = best_slot(task.units, named, fences, end)
+            if found is None and where.loose:
+                found, also = best_slot(task.units, anywhere, fences, end, only)
+                fenced = fenced or also
+        if found is None:
             return None, fenced
-        _, slot, (gpus, shares, memory) = best
+        slot, (gpus, shares, memory) = found
         taken = dict(task.units)
         if gpus:
             taken[GPU] = sum(shares)
@@ -345,7 +349,8 @@ class Scheduler:
             if (now - task.blocked_since < self.starvation_after
                     or task.reserve_failed == self._reservation_epoch):
                 return
-            choice = self._soonest_slot(task, fences)
+            choice = soonest_slot(task.units, self._fitting(task), self.table, fences,
+                                  workers_of(task.shape))
             if choice is None:
                 task.reserve_failed = self._reservation_epoch
                 return
@@ -355,42 +360,21 @@ class Scheduler:
         if task.reserved_slot not in fences:
             fences[task.reserved_slot] = self._fence_of(self.slots[task.reserved_slot], task)
 
-    def _soonest_slot(self, task: Waiting, fences: dict[int, Fence]) -> Slot | None:
-        # Walk the slots with the most free of the task's scarcest resource first and
-        # compare a few: a full scan would make each reservation cost O(agents).
-        fitting = self._fitting(task)
-        if not fitting or not task.units:
-            return None
-        name = min(task.units, key=self.table.index.offering)
-        best: tuple[tuple[float, int, int], Slot] | None = None
-        seen = 0
-        for slot_id in self.table.index.most_free(name):
-            slot = self.slots[slot_id]
-            if slot.id not in fitting or slot.reserved_by is not None or slot.id in fences:
-                continue
-            short = sum(max(0, a - slot.free.get(n, 0)) / slot.total[n]
-                        for n, a in task.units.items())
-            key = (short, len(slot.running), slot.id)
-            if best is None or key < best[0]:
-                best = (key, slot)
-            seen += 1
-            if seen >= _CANDIDATES:
-                break
-        return best[1] if best else None
-
     def _unreserve(self, task: Waiting) -> None:
         slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
         if slot is not None and slot.reserved_by == task.id:
             slot.reserved_by = None
             self._reserved.discard(slot.id)
             self.table.gained.add(slot.id)
+            self._queues.touched([slot.id])  # (it may take queued grants in this pass)
             self._reservation_epoch += 1
         task.reserved_slot = None
 
     # -- explaining -----------------------------------------------------------------
-    def infeasible_reason(self, units: Units) -> str | None:
-        """Say why no registered slot could ever run UNITS, or None if one could."""
-        return self.table.infeasible_reason(units)
+    def infeasible_reason(self, units: Units, where: Workers | None = None) -> str | None:
+        """Say why no registered slot could ever run UNITS (on the agents WHERE names, if
+        it may run only there), or None if one could."""
+        return self.table.infeasible_reason(units, where)
 
     def why(self, task_id: int, count_ahead: bool = True,
             name: Callable[[int], str] = lambda task_id: f"task {task_id}") -> str:
@@ -411,12 +395,14 @@ class Scheduler:
             return "running" if grant is not None else "not waiting"
         if not self.slots:
             return "no agent has joined the broker yet"
-        reason = self.infeasible_reason(task.units)
+        where = workers_of(task.shape)
+        reason = self.infeasible_reason(task.units, where)
         if reason is not None:
             return f"infeasible: {reason}"
         ahead = self.queue.ahead(task) if count_ahead else 0
         reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
-        return explain.waiting_task(task, self.slots.values(), reserved, ahead,
+        slots = self.slots.values() if where is None or where.loose else self.table.named(where)
+        return explain.waiting_task(task, slots, reserved, ahead,
                                     lambda slot: self._fenced(task, slot), name)
 
     def _fenced(self, task: Waiting, slot: Slot) -> bool:
@@ -429,19 +415,3 @@ class Scheduler:
         return not self._fence_of(slot, holder).admits(slot, task.units,
                                                         self._expected_end(task))
 
-
-def _frees_soon(slot: Slot, units: Units) -> bool:
-    """Whether what UNITS needs on SLOT is free or held by short tasks only (queued grants
-    are short too): only then is a queue there worth joining, not behind long work."""
-    return all(slot.free.get(n, 0) + slot.short_taken.get(n, 0) >= a
-               for n, a in units.items())
-
-
-def _unused_kinds(slot: Slot, units: Units) -> int:
-    """How many kinds of resource SLOT offers that UNITS does not use (O(len(units)))."""
-    return len(slot.total) - sum(1 for name in units if name in slot.total)
-
-
-def _leftover(slot: Slot, units: Units) -> float:
-    return sum((slot.free[name] - amount) / slot.total[name]
-               for name, amount in units.items() if slot.total.get(name))

@@ -34,7 +34,10 @@ from dataclasses import dataclass
 
 from ..core.resources import GPU, GPU_MEMORY, Units
 from .durations import Durations
-from .records import Grant, Slot
+from .records import Grant, Slot, Workers
+from .table import SlotTable
+
+_COMPARED = 8   # slots compared when choosing where to reserve
 
 
 @dataclass(slots=True)
@@ -90,3 +93,39 @@ def _start(short: Units, holding: list[Grant], durations: Durations, now: float)
 def _end(grant: Grant, durations: Durations, now: float) -> float:
     expected = durations.expected(grant.kind)
     return now if expected is None else max(now, grant.since + expected)
+
+
+def soonest_slot(units: Units, fitting: set[int], table: SlotTable, fences: dict[int, Fence],
+                 where: Workers | None = None) -> Slot | None:
+    """The slot where a task asking UNITS will fit soonest (the least still to be freed,
+    then the fewest tasks running, then slot id), of FITTING (the open slots that could
+    ever run it) not reserved already. WHERE: the agents it may run on, if restricted."""
+    # Walk the slots with the most room of the task's scarcest resource first and compare
+    # a few: a full scan would make each reservation cost O(agents). A task restricted to
+    # a few agents walks their slots alone.
+    if not fitting or not units:
+        return None
+    name = min(units, key=table.index.offering)
+    slots = table.slots
+    if where is None or where.loose:
+        order = table.index.most_free(name)
+    else:
+        order = iter(sorted(fitting, key=lambda i: (_room(slots[i], name), i), reverse=True))
+    best: tuple[tuple[float, int, int], Slot] | None = None
+    seen = 0
+    for slot_id in order:
+        slot = slots[slot_id]
+        if slot.id not in fitting or slot.reserved_by is not None or slot.id in fences:
+            continue
+        short = sum(max(0, a - slot.free.get(n, 0)) / slot.total[n] for n, a in units.items())
+        key = (short, len(slot.running), slot.id)
+        if best is None or key < best[0]:
+            best = (key, slot)
+        seen += 1
+        if seen >= _COMPARED:
+            break
+    return best[1] if best else None
+
+
+def _room(slot: Slot, name: str) -> int:
+    return slot.free.get(name, 0) - slot.queued_taken.get(name, 0)
