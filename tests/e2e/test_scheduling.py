@@ -217,6 +217,46 @@ def test_a_reservation_leaves_cpus_it_does_not_need_to_cpu_tasks(make_cluster, m
     assert both.result(30)
 
 
+def agent_of(_: object = None) -> str:
+    return zres.get_task_context().agent
+
+
+def test_workers_place_tasks_only_on_the_named_agents(make_cluster, make_client, tmp_path):
+    """Dask's workers= and allow_other_workers= (issue 27 item 11): agent names."""
+    cluster = make_cluster(agents=[{"CPU": 2}, {"CPU": 2}], names=["agent-a", "agent-b"],
+                           nthreads=2)
+    client = make_client(cluster.address)
+    assert {client.submit(agent_of, workers="agent-b").result(30) for _ in range(3)} == {
+        "agent-b"}
+    assert set(zres.gather(client.map(agent_of, range(6), workers=["agent-a"]))) == {
+        "agent-a"}
+    # agent-b busy: a task for it waits, saying why; one that only prefers it goes to a.
+    release = str(tmp_path / "release")
+    busy = [client.submit(hold_until, release, str(tmp_path / f"b{i}"), workers=["agent-b"])
+            for i in range(2)]
+    wait_until(lambda: all((tmp_path / f"b{i}").exists() for i in range(2)),
+               message="agent-b's CPUs both held")
+    waits = client.submit(agent_of, workers=["agent-b"])
+    assert client.submit(agent_of, workers=["agent-b"], allow_other_workers=True
+                         ).result(30) == "agent-a"
+    wait_until(lambda: "agent-b has CPU=0 free" in client.why(waits),
+               message="the task for agent-b waiting for it")
+    assert "agent-a" not in client.why(waits)
+    Path(release).touch()
+    assert waits.result(30) == "agent-b" and all(f.result(30) for f in busy)
+    # Names no agent has: infeasible, as any request no agent could meet.
+    with pytest.raises(zres.InfeasibleError, match="no agent named gpu-9 has joined"):
+        client.submit(agent_of, workers=["gpu-9"], infeasible="error").result(30)
+    with pytest.warns(zres.InfeasibleWarning, match="no agent named gpu-9"):
+        lost = client.submit(agent_of, workers="gpu-9")
+        wait_until(lambda: lost.infeasible is not None, message="infeasible warning")
+    client.cancel([lost])
+    with pytest.raises(ValueError, match="needs workers="):
+        client.submit(agent_of, allow_other_workers=True)
+    with pytest.raises(TypeError, match="workers must name agents"):
+        client.submit(agent_of, workers=[1])
+
+
 CONFIG_ROUTES = [
     ("flag", ["--resources", "gpu0=1 Licence=2"], {}, None),
     ("file", ["--config", "{dir}/zres.toml"], {}, '[agent]\nresources = "gpu0=1 Licence=2"\n'),

@@ -12,6 +12,7 @@ from ..scheduler.policy import Scheduler
 from ..scheduler.records import shape_of
 from .actors import ActorRouting, ActorState
 from .agents import AgentRegistry
+from .dispatch import where
 from .graph import TaskGraph
 
 _LISTED = 200           # waiting tasks listed in a status reply
@@ -84,7 +85,7 @@ class Explainer:
             counts["queued" if pending else task.state.value] += 1
             state = task.state
             if state is TaskState.QUEUED:
-                reason = self._sched.infeasible_reason(task.units)
+                reason = self._sched.infeasible_reason(task.units, where(task))
                 if len(blocked) < _LISTED or (reason is not None
                                               and len(blocked) < _LISTED_INFEASIBLE):
                     blocked.append({"id": task.id, "name": task.name, "units": task.units,
