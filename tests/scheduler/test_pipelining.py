@@ -237,3 +237,20 @@ def test_a_queued_grant_given_back_unstarted_gives_its_room_to_a_blocked_task():
     sched.release(2)                               # cancelled before it started
     assert placed(sched.schedule()) == {3: 1}
     check_started_fit(sched)
+
+
+def test_a_queued_grant_starting_calls_for_a_pass_that_fills_its_place():
+    """The agent started a queued grant (room freed earlier): its queue has a free place,
+    which the next pass fills, though no task ended since the last one."""
+    sched = Scheduler(prefetch=1)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.finished("short", 0.001)
+    for task in (1, 2, 3):
+        sched.enqueue(task, req(CPU=1), kind="short")
+    assert [(g.task, g.started) for g in sched.schedule()] == [(1, True), (2, False)]
+    sched.release(1)
+    assert sched.schedule() == [], "the queue is full"
+    assert agent_starts(sched, 1) == [2]
+    assert sched.needs_pass()
+    assert [(g.task, g.started) for g in sched.schedule()] == [(3, False)]
+    assert not sched.needs_pass()

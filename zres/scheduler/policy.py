@@ -103,8 +103,9 @@ class Scheduler:
 
     def needs_pass(self) -> bool:
         """Return whether anything changed since the last pass that a pass could act on:
-        a task queued or gone, a slot added, changed or gaining room (run schedule again)."""
-        return self._changed or bool(self.table.gained)
+        a task queued or gone, a slot added, changed, gaining room or a place in its queue
+        (run schedule again)."""
+        return self._changed or bool(self.table.gained) or bool(self.table.queue_freed)
 
     def _fitting(self, task: Waiting) -> set[int]:
         """Ids of the open slots whose total capacity could ever run TASK's shape."""
