@@ -304,15 +304,16 @@ class Scheduler:
         prefers them probes theirs first."""
         where = workers_of(task.shape)
         end = self._expected_end(task) if fences else None
-        anywhere = self.table.candidates(task.units) if only is None else only
         if where is None:
-            found, fenced = best_slot(task.units, anywhere, fences, end, only)
+            found, fenced = best_slot(task.units, self.table.candidates(task.units)
+                                      if only is None else only, fences, end, only)
         else:
             named = self.table.named(where) if only is None else [
                 s for s in only if s.agent in where.names]
             found, fenced = best_slot(task.units, named, fences, end)
             if found is None and where.loose:
-                found, also = best_slot(task.units, anywhere, fences, end, only)
+                found, also = best_slot(task.units, self.table.candidates(task.units)
+                                        if only is None else only, fences, end, only)
                 fenced = fenced or also
         if found is None:
             return None, fenced
