@@ -298,3 +298,44 @@ def test_a_release_heard_before_the_hello_of_a_restored_client_is_kept(tmp_path)
     finally:
         client.close()
         broker.close()
+
+
+def test_a_task_for_named_agents_keeps_them_across_a_restart(tmp_path):
+    """workers= is kept with the task: after a restart it still runs only on its agent."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 0, [], 2, "t1", False,
+                                      {"workers": ["other"]}]]}, [b"fn", b"args"])
+    client.take(P.ACCEPTED)
+    assert client.take(P.WARN).body["reason"] == "no agent named other has joined"
+    assert not [m for m in agent.sync() if m.kind == P.ASSIGN]
+    broker = restarted(broker, tmp_path, client, agent)
+    client, _ = hello(broker)
+    node, other = Peer(broker), Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1]})
+        register(node, session=2)
+        assert not [m for m in node.sync() if m.kind == P.ASSIGN], "not on the named agent"
+        register(other, session=1, name="other")
+        assert [t[0] for t in other.take(P.ASSIGN).body["tasks"]] == [
+            broker.client_link.clients.get(CLIENT).ids[1]]
+    finally:
+        for peer in (client, node, other):
+            peer.close()
+        broker.close()
+
+
+def test_workers_that_are_not_agent_names_are_refused(tmp_path):
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    try:
+        client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 0, [], 2, "t1", False,
+                                          {"workers": "node"}]]}, [b"fn", b"args"])
+        refused = client.take(P.REFUSED)
+        assert "workers must be a list of agent names" in refused.body["error"]
+        assert broker.graph.tasks == {}
+    finally:
+        client.close()
+        broker.close()

@@ -244,6 +244,21 @@ def test_legacy_graphs_keys_in_lists_and_bad_input(client):
         client.get(graph, "y", resources={"GPU": -1})
 
 
+def ran_on(_: object) -> str:
+    return zres.get_task_context().agent
+
+
+def test_get_and_compute_place_every_task_on_the_named_agents(client):
+    """Dask's workers= and allow_other_workers= on get and compute: agent names."""
+    graph = {f"x{i}": (ran_on, i) for i in range(4)}
+    assert set(client.get(graph, list(graph), workers=["cpu-b"])) == {"cpu-b"}
+    assert set(client.get(graph, list(graph), workers="gpu-a")) == {"gpu-a"}
+    assert set(client.get(graph, list(graph), workers="nobody",
+                          allow_other_workers=True)) <= {"gpu-a", "cpu-b"}
+    delayed = dask.delayed(ran_on)(0)
+    assert client.compute(delayed, workers=["gpu-a"]).result(30) == "gpu-a"
+
+
 def test_progress_callbacks_hear_every_task(client):
     from dask.callbacks import Callback
     from dask.diagnostics import ProgressBar

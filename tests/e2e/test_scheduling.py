@@ -177,6 +177,86 @@ def test_runtime_capacity_change_starts_waiting_tasks(make_cluster, make_client,
         client.set_resources("node", {"GPU": 1})
 
 
+def held_until(path: str, marker: str) -> float:
+    """Announce the start by creating MARKER, block until PATH exists; return the end."""
+    announce_and_wait(path, marker, timeout=30)
+    return time.time()
+
+
+def test_a_reservation_leaves_cpus_it_does_not_need_to_cpu_tasks(make_cluster, make_client,
+                                                                 tmp_path):
+    """Issue 27 item 5: a gpu task reserving gpu-node (gpu is a token standing for a GPU)
+    does not idle the CPUs there; CPU tasks run beside it while it waits for the gpu, a
+    task that would delay it is kept off and told why, by name, and it starts as soon as
+    the gpu's task ends."""
+    cluster = make_cluster(agents=[{"CPU": 3, "gpu": 1}], names=["gpu-node"], nthreads=4,
+                           env={"ZRES_BROKER__STARVATION_AFTER": "0.2"})
+    client = make_client(cluster.address)
+    release = str(tmp_path / "release")
+    first = client.submit(held_until, release, str(tmp_path / "first"),
+                          resources={"gpu": 1, "CPU": 1})
+    wait_until(lambda: (tmp_path / "first").exists(), message="the first gpu task running")
+    big = client.submit(interval, 0, resources={"gpu": 1, "CPU": 2}, key="big-gpu")
+
+    def reserved() -> bool:  # (a pass runs when something changes: a task asking nothing)
+        client.submit(interval, 0, resources={"CPU": 0}).result(30)
+        return "holds a reservation on gpu-node" in client.why(big)
+    wait_until(reserved, message="the waiting gpu task reserving gpu-node")
+    # 2 CPUs are free; big needs 2, and the first gpu task gives one back with the gpu:
+    # one CPU may be lent, to one CPU=1 task at a time.
+    cpu_tasks = [client.submit(interval, 0, key=f"cpu-{i}") for i in range(3)]
+    assert all(f.result(30) for f in cpu_tasks), "the CPU tasks ran beside the reservation"
+    assert not first.done() and not big.done()
+    both = client.submit(interval, 0, resources={"CPU": 2}, key="two-cpus")
+    wait_until(lambda: "reserved for task big-gpu" in client.why(both),
+               message="a task taking both free CPUs kept off, naming the holder")
+    assert "gpu-node is reserved for task big-gpu" in client.why(both)
+    Path(release).touch()
+    first_end = first.result(30)
+    assert big.result(30)[0] >= first_end - 0.05, "big started once the gpu was free"
+    assert both.result(30)
+
+
+def agent_of(_: object = None) -> str:
+    return zres.get_task_context().agent
+
+
+def test_workers_place_tasks_only_on_the_named_agents(make_cluster, make_client, tmp_path):
+    """Dask's workers= and allow_other_workers= (issue 27 item 11): agent names."""
+    cluster = make_cluster(agents=[{"CPU": 2}, {"CPU": 2}], names=["agent-a", "agent-b"],
+                           nthreads=2)
+    client = make_client(cluster.address)
+    assert {client.submit(agent_of, workers="agent-b").result(30) for _ in range(3)} == {
+        "agent-b"}
+    assert set(zres.gather(client.map(agent_of, range(6), workers=["agent-a"]))) == {
+        "agent-a"}
+    # agent-b busy: a task for it waits, saying why; one that only prefers it goes to a.
+    release = str(tmp_path / "release")
+    busy = [client.submit(hold_until, release, str(tmp_path / f"b{i}"), workers=["agent-b"])
+            for i in range(2)]
+    wait_until(lambda: all((tmp_path / f"b{i}").exists() for i in range(2)),
+               message="agent-b's CPUs both held")
+    waits = client.submit(agent_of, workers=["agent-b"])
+    assert client.submit(agent_of, workers=["agent-b"], allow_other_workers=True
+                         ).result(30) == "agent-a"
+    wait_until(lambda: "agent-b has CPU=0 free" in client.why(waits),
+               message="the task for agent-b waiting for it")
+    assert "agent-a" not in client.why(waits)
+    Path(release).touch()
+    assert waits.result(30) == "agent-b" and all(f.result(30) for f in busy)
+    # Names no agent has: infeasible, as any request no agent could meet.
+    with pytest.raises(zres.InfeasibleError, match="no agent named gpu-9 has joined"):
+        client.submit(agent_of, workers=["gpu-9"], infeasible="error").result(30)
+    with pytest.warns(zres.InfeasibleWarning, match="no agent named gpu-9"):
+        lost = client.submit(agent_of, workers="gpu-9")
+        wait_until(lambda: lost.infeasible is not None, message="infeasible warning")
+    client.cancel([lost])
+    with pytest.raises(ValueError, match="needs workers="):
+        client.submit(agent_of, allow_other_workers=True)
+    with pytest.raises(TypeError, match="workers must name agents"):
+        client.submit(agent_of, workers=[1])
+
+
 CONFIG_ROUTES = [
     ("flag", ["--resources", "gpu0=1 Licence=2"], {}, None),
     ("file", ["--config", "{dir}/zres.toml"], {}, '[agent]\nresources = "gpu0=1 Licence=2"\n'),

@@ -16,12 +16,19 @@ def started(sched: Scheduler) -> set[int]:
 
 
 def check_started_fit(sched: Scheduler) -> None:
-    """What has started never exceeds a slot's capacity (queued grants take nothing)."""
+    """What has started never exceeds a slot's capacity (queued grants take nothing); the
+    index of room (free less queued) and the slots with a free place in their queue are
+    what the slots say."""
+    index = sched.table.index._by_name
     for slot in sched.slots.values():
         for name, total in slot.total.items():
             used = sum(g.taken.get(name, 0) for g in sched.running.values()
                        if g.slot == slot.id and g.started)
             assert used <= total and slot.free.get(name, 0) == total - used
+        for name, amount in slot.free.items():
+            assert (amount - slot.queued_taken.get(name, 0), slot.id) in index[name]
+        assert (slot.id in sched.table.queue_room) == (len(slot.queue) < sched.prefetch)
+    assert sum(map(len, index.values())) == sum(len(s.free) for s in sched.slots.values())
 
 
 def agent_starts(sched: Scheduler, slot_id: int) -> list[int]:
@@ -214,3 +221,36 @@ def test_random_workload_never_starts_beyond_capacity():
         for slot in sched.slots:
             agent_starts(sched, slot)
         check_started_fit(sched)
+
+
+def test_a_queued_grant_given_back_unstarted_gives_its_room_to_a_blocked_task():
+    """Room a queued grant kept comes back when it goes unstarted (cancelled, or given
+    back by its agent): a task blocked for that room starts at the next pass."""
+    sched = Scheduler(prefetch=2)
+    sched.add_slot(1, "a", cap(CPU=2))
+    sched.finished("short", 0.001)
+    sched.enqueue(1, req(CPU=1), kind="short")
+    sched.enqueue(2, req(CPU=2), kind="short")
+    assert [(g.task, g.started) for g in sched.schedule()] == [(1, True), (2, False)]
+    sched.enqueue(3, req(CPU=1), kind="long")      # never queued: its room is kept for 2
+    assert sched.schedule() == []
+    sched.release(2)                               # cancelled before it started
+    assert placed(sched.schedule()) == {3: 1}
+    check_started_fit(sched)
+
+
+def test_a_queued_grant_starting_calls_for_a_pass_that_fills_its_place():
+    """The agent started a queued grant (room freed earlier): its queue has a free place,
+    which the next pass fills, though no task ended since the last one."""
+    sched = Scheduler(prefetch=1)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.finished("short", 0.001)
+    for task in (1, 2, 3):
+        sched.enqueue(task, req(CPU=1), kind="short")
+    assert [(g.task, g.started) for g in sched.schedule()] == [(1, True), (2, False)]
+    sched.release(1)
+    assert sched.schedule() == [], "the queue is full"
+    assert agent_starts(sched, 1) == [2]
+    assert sched.needs_pass()
+    assert [(g.task, g.started) for g in sched.schedule()] == [(3, False)]
+    assert not sched.needs_pass()

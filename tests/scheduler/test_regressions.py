@@ -19,6 +19,7 @@ def test_a_shape_blocked_only_by_a_fence_runs_when_the_reservation_moves_elsewhe
         sched.enqueue(task, task_request({"GPU": 1}))
     sched.schedule(0.0)  # 10, 11 on x? best fit packs: x gets two, y one
     sched.enqueue(1, task_request({"GPU": 2}), now=0.0)
+    sched.schedule(0.0)  # 1 is blocked from here on
     sched.enqueue(2, task_request({"GPU": 1}), now=0.0)
     grants = sched.schedule(2.0)  # 1 reserves a slot; 2 is fenced there but fits elsewhere
     placed = {g.task for g in grants}
@@ -41,6 +42,7 @@ def test_a_reservation_that_can_no_longer_fit_is_dropped():
     sched.enqueue(10, task_request({"GPU": 1}))
     sched.schedule(0.0)
     sched.enqueue(1, task_request({"GPU": 2}), now=0.0)
+    sched.schedule(0.0)  # blocked from here on
     sched.schedule(2.0)
     assert sched.slots[1].reserved_by == 1
     sched.set_capacity(1, units(CPU=8, GPU=1))  # GPU=2 can never fit here now

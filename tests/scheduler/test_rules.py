@@ -89,7 +89,8 @@ def test_without_waiting_long_enough_there_is_no_reservation():
     sched.enqueue(1, task_request({"GPU": 1}), now=0.0)
     assert [g.task for g in sched.schedule(0.0)] == [1]
     sched.enqueue(2, task_request({"GPU": 2}), now=0.0)
-    sched.enqueue(3, task_request({"GPU": 1}), now=0.0)
+    assert sched.schedule(0.1) == []  # blocked from here on
+    sched.enqueue(3, task_request({"GPU": 1}), now=4.9)
     assert [g.task for g in sched.schedule(4.9)] == [3]  # backfill, no reservation yet
     assert "reservation" not in sched.why(2)
     sched.release(1)
@@ -107,7 +108,9 @@ def test_higher_priority_is_not_fenced_by_a_lower_reservation():
     sched.enqueue(1, task_request({"GPU": 1}))
     sched.schedule(0.0)
     sched.enqueue(2, task_request({"GPU": 2}), now=0.0)
-    sched.schedule(2.0)  # 2 now holds a reservation
+    sched.schedule(0.0)  # blocked from here on
+    sched.schedule(2.0)
+    assert sched.slots[1].reserved_by == 2
     sched.enqueue(3, task_request({"GPU": 1}), priority=5, now=2.0)
     assert [g.task for g in sched.schedule(2.0)] == [3]
 

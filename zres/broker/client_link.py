@@ -158,6 +158,7 @@ class ClientLink:
             task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, [],
                         kind=sub.kind, quiet=sub.quiet)
+            task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
             self._graph.add(task)
             client.ids[sub.local] = task.id
             if sub.job is not None:

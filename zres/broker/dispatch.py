@@ -23,7 +23,7 @@ from ..core.resources import token_devices
 from ..core.tasks import FINISHED, Task, TaskState, set_state
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
-from ..scheduler.records import Grant
+from ..scheduler.records import Grant, Workers, workers
 from .actors import ActorRouting, ActorState
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
@@ -66,7 +66,7 @@ class Dispatcher:
         if task.actor:
             self._actors.call_ready(task)
             return
-        reason = self._sched.infeasible_reason(task.units)
+        reason = self._sched.infeasible_reason(task.units, where(task))
         if reason is not None and task.strict:
             self._graph.fail(task, "InfeasibleError",
                              f"task {task.name} is infeasible: {reason}")
@@ -81,7 +81,7 @@ class Dispatcher:
         # of its own, usually long: neither waits in a slot's queue.
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
                             queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind)
+                            kind=task.kind, where=where(task))
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
         """Tell TASK's client, once per reason, that no agent could ever run it."""
@@ -97,7 +97,7 @@ class Dispatcher:
             task = self._graph.get(task_id)
             if task is None:
                 continue  # an actor's restart: it waits for a fitting agent to join
-            reason = self._sched.infeasible_reason(task.units)
+            reason = self._sched.infeasible_reason(task.units, where(task))
             if reason is None:
                 task.warned = ""
             elif task.strict:
@@ -243,7 +243,7 @@ class Dispatcher:
             task.started_at = now
             grant = self._sched.running[task_id]
             if not grant.started:
-                self._sched.started(task_id)
+                self._sched.started(task_id, now)
             if task.id in self._jobs.active:
                 slot_index = agent.slots.index(grant.slot)
                 self._jobs.started(task, agent.name,
@@ -421,6 +421,11 @@ class Dispatcher:
                     and task.creates not in self._actors.actors \
                     and not self._jobs.detached(task):
                 self.drop(task)
+
+
+def where(task: Task) -> Workers | None:
+    """The agents TASK may run on, or prefers, as the scheduler takes them (None: any)."""
+    return workers(task.workers, task.allow_other_workers) if task.workers else None
 
 
 def _ids(value: Any) -> list[int]:

@@ -60,7 +60,8 @@ class TaskKeeper:
         client = self._clients.get(task.client)
         record = _pack([task.client, (client.owner or client.name) if client else "",
                         task.local_id, task.units, task.priority, task.name, task.strict,
-                        task.kind, deps, task.creates, task.actor, task.quiet])
+                        task.kind, deps, task.creates, task.actor, task.quiet,
+                        list(task.workers), task.allow_other_workers])
         payload = _pack([P.buffer(f) for f in task.payload])
         self._store.new_task(task.id, record, payload, self._state(task))
 
@@ -151,9 +152,11 @@ class TaskKeeper:
             task = Task(task_id, ident, local, units, priority, retries, name, strict, [],
                         [], kind=kind, holders=int(holds))
             task.kept = True
-            # (records written before quiet tasks existed end at the actor's fields)
-            task.creates, task.actor, *quiet = of_actor or ("", "")
-            task.quiet = bool(quiet and quiet[0])
+            # (records written before quiet tasks, or workers=, existed end sooner)
+            task.creates, task.actor, *more = of_actor or ("", "")
+            task.quiet = bool(more and more[0])
+            if len(more) >= 3:
+                task.workers, task.allow_other_workers = tuple(more[1]), bool(more[2])
             if outcome and (outcome != P.OK or result is not None):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []

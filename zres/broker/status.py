@@ -12,6 +12,7 @@ from ..scheduler.policy import Scheduler
 from ..scheduler.records import shape_of
 from .actors import ActorRouting, ActorState
 from .agents import AgentRegistry
+from .dispatch import where
 from .graph import TaskGraph
 
 _LISTED = 200           # waiting tasks listed in a status reply
@@ -44,11 +45,11 @@ class Explainer:
             state = actor.state.value if actor is not None else "dead"
             return f"queued for actor {task.actor[:8]} ({state}) behind the caller's earlier calls"
         if task.state is TaskState.QUEUED:
-            return self._sched.why(task.id, count_ahead)
+            return self._sched.why(task.id, count_ahead, self._label)
         if task.state is TaskState.RUNNING:
             grant = self._sched.running.get(task.id)
             if grant is not None and not grant.started:
-                text = self._sched.why(task.id)
+                text = self._sched.why(task.id, name=self._label)
                 # Handed to the worker process, it starts there the moment room frees.
                 return text + "; its worker holds it" if task.held else text
             return f"running on {task.agent}"
@@ -84,7 +85,7 @@ class Explainer:
             counts["queued" if pending else task.state.value] += 1
             state = task.state
             if state is TaskState.QUEUED:
-                reason = self._sched.infeasible_reason(task.units)
+                reason = self._sched.infeasible_reason(task.units, where(task))
                 if len(blocked) < _LISTED or (reason is not None
                                               and len(blocked) < _LISTED_INFEASIBLE):
                     blocked.append({"id": task.id, "name": task.name, "units": task.units,
@@ -122,7 +123,8 @@ class Explainer:
                     if slot.reserved_by in self._sched.waiting]
         for task_id in reserved:
             task = self._sched.waiting[task_id]
-            found.append((task.shape, 1, [self._name(task_id)], self._sched.why(task_id, False),
+            found.append((task.shape, 1, [self._name(task_id)],
+                          self._sched.why(task_id, False, self._label),
                           task.units))
         for shape, count, ids in self._sched.queue.census():
             ids = sorted(i for i in ids if i not in reserved) or [
@@ -131,7 +133,8 @@ class Explainer:
             count -= sum(1 for i in reserved if self._sched.waiting[i].shape == shape)
             if count > 0 and ids:
                 found.append((shape, count, [self._name(i) for i in ids],
-                              self._sched.why(ids[0], False), self._sched.waiting[ids[0]].units))
+                              self._sched.why(ids[0], False, self._label),
+                              self._sched.waiting[ids[0]].units))
         groups: dict[tuple[Any, str], dict[str, Any]] = {}
         for shape, count, names, reason, units in found:
             group = groups.get((shape, reason))
@@ -142,6 +145,11 @@ class Explainer:
             group["count"] += count
             group["names"] = (group["names"] + names)[:3]
         return sorted(groups.values(), key=lambda g: (-g["count"], g["request"], g["reason"]))
+
+    def _label(self, task_id: int) -> str:
+        """Call waiting task TASK_ID by its name in a reason: "task load-3", "actor ..."."""
+        task = self._graph.get(task_id)
+        return f"task {task.name}" if task is not None else self._name(task_id)
 
     def _name(self, task_id: int) -> str:
         """The name of waiting task TASK_ID (an actor's construction has none of its own)."""
@@ -160,7 +168,7 @@ class Explainer:
                      "starts": actor.starts, "running": len(actor.inflight),
                      "queued": sum(len(q) for q in actor.queues.values())}
             if actor.placement in self._sched.waiting:
-                entry["reason"] = self._sched.why(actor.placement, count_ahead=False)
+                entry["reason"] = self._sched.why(actor.placement, False, self._label)
             elif actor.state is ActorState.PENDING:
                 entry["reason"] = self.why(self._graph.get(actor.ready_task), False)
             elif actor.state is ActorState.ADOPTING:

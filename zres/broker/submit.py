@@ -30,6 +30,8 @@ class Submission:
     call: str | None = None              # it calls a method of this actor
     job: dict[str, Any] | None = None    # it is this command job
     quiet: bool = False                  # its client wants no result, only its end
+    workers: tuple[str, ...] = ()        # the agents it runs on, by name (none: any)
+    allow_other_workers: bool = False    # ... or only prefers
 
 
 def parse_submit(msg: P.Message, limits: Limits) -> list[Submission]:
@@ -57,6 +59,9 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submissi
     if call is not None and not isinstance(call, str):
         raise ProtocolError("submit: call must name an actor id")
     check_count(len(deps), limits.deps, "submit: a task's dependencies", "max_deps")
+    workers = extra.get("workers", [])
+    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+        raise ProtocolError("submit: workers must be a list of agent names")
     return Submission(
         local, check_units(units, limits, "submit"), priority, max(retries, 0), deps,
         check_name(name, limits, "submit: a task's name"),
@@ -64,7 +69,10 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submissi
         actor=check_actor_spec(extra["actor"], limits.name_bytes) if "actor" in extra else None,
         call=call,
         job=check_job_spec(extra["job"]) if "job" in extra else None,
-        quiet=extra.get("quiet") is True)
+        quiet=extra.get("quiet") is True,
+        workers=tuple(check_name(w, limits, "submit: an agent name in workers")
+                      for w in workers),
+        allow_other_workers=extra.get("allow_other_workers") is True)
 
 
 def kind_of(function: Any) -> int:

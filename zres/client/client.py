@@ -93,20 +93,26 @@ class Client(Shipping, ActorMethods, DaskMethods):
     def submit(self, fn: Callable[..., R], /, *args: Any,
                resources: Mapping[str, Any] | None = None, retries: int | None = None,
                priority: int | None = None, infeasible: str | None = None,
-               key: str | None = None,
-               **kwargs: Any) -> Future[R]:
+               key: str | None = None, workers: str | Iterable[str] | None = None,
+               allow_other_workers: bool = False, **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
-        (For a function taking one of these keywords itself, use ``executor()``.)
+        WORKERS (an agent's name, or several) places it only on those agents, as Dask's
+        ``workers=`` does; with ALLOW_OTHER_WORKERS it prefers them, and runs anywhere
+        when none of them has room. (For a function taking one of these keywords itself,
+        use ``executor()``.)
         """
-        return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key)
+        return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
+                            workers, allow_other_workers)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
-                key: str | None = None) -> Future:
-        opts = self._options(resources, retries, priority, infeasible, key)
+                key: str | None = None, workers: str | Iterable[str] | None = None,
+                allow_other_workers: bool = False) -> Future:
+        opts = self._options(resources, retries, priority, infeasible, key, workers,
+                             allow_other_workers)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -118,19 +124,24 @@ class Client(Shipping, ActorMethods, DaskMethods):
     def map(self, fn: Callable[..., R], *iterables: Iterable[Any],
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
-            key: str | None = None, **kwargs: Any) -> list[Future[R]]:
+            key: str | None = None, workers: str | Iterable[str] | None = None,
+            allow_other_workers: bool = False, **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call. (``executor().map`` is the standard's: an iterator of
-        results, with ``timeout``.)
+        KWARGS go to every call; WORKERS and ALLOW_OTHER_WORKERS as for ``submit``.
+        (``executor().map`` is the standard's: an iterator of results, with ``timeout``.)
         """
-        return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key)
+        return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
+                         workers, allow_other_workers)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
              retries: int | None = None, priority: int | None = None,
-             infeasible: str | None = None, key: str | None = None) -> list[Future]:
-        opts = self._options(resources, retries, priority, infeasible, key)
+             infeasible: str | None = None, key: str | None = None,
+             workers: str | Iterable[str] | None = None,
+             allow_other_workers: bool = False) -> list[Future]:
+        opts = self._options(resources, retries, priority, infeasible, key, workers,
+                             allow_other_workers)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -156,7 +167,8 @@ class Client(Shipping, ActorMethods, DaskMethods):
 
     def _options(self, resources: Mapping[str, Any] | None, retries: int | None = None,
                  priority: int | None = None, infeasible: str | None = None,
-                 key: str | None = None) -> dict[str, Any]:
+                 key: str | None = None, workers: str | Iterable[str] | None = None,
+                 allow_other_workers: bool = False) -> dict[str, Any]:
         self._check_open()
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
@@ -172,7 +184,8 @@ class Client(Shipping, ActorMethods, DaskMethods):
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         return {"units": task_request(resources), "retries": retries, "priority": priority,
-                "strict": infeasible == "error"}
+                "strict": infeasible == "error",
+                "where": _where(workers, allow_other_workers)}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -187,6 +200,8 @@ class Client(Shipping, ActorMethods, DaskMethods):
             future.quiet = True
         item = [task_id, opts["units"], opts["priority"], opts["retries"],
                 [d.id for d in deps], len(frames), label, opts["strict"]]
+        if opts.get("where"):
+            extra = {**(extra or {}), **opts["where"]}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending
@@ -413,3 +428,22 @@ def default_client() -> Client:
 
 
 registry.set_factory(Client)
+
+
+def _where(workers: str | Iterable[str] | None, allow_other_workers: bool
+           ) -> dict[str, Any] | None:
+    """A submit's workers= and allow_other_workers=, checked, as the wire carries them."""
+    if not isinstance(allow_other_workers, bool):
+        raise TypeError("allow_other_workers must be True or False, not "
+                        f"{type(allow_other_workers).__name__}")
+    if workers is None:
+        if allow_other_workers:
+            raise ValueError("allow_other_workers=True needs workers= (the agents to prefer)")
+        return None
+    names = [workers] if isinstance(workers, str) else list(workers)
+    bad = next((n for n in names if not isinstance(n, str)), None)
+    if bad is not None:
+        raise TypeError(f"workers must name agents (a str, or an iterable of str), got {bad!r}")
+    if not names or not all(names):
+        raise ValueError(f"workers must name at least one agent, got {names!r}")
+    return {"workers": names, **({"allow_other_workers": True} if allow_other_workers else {})}

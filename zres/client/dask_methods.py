@@ -21,34 +21,37 @@ class DaskMethods:
         with the ``resources``, ``priority`` and ``retries`` annotations of the tasks it was
         made of, read before Dask optimises the graph (see ``zres.dask.annotations`` for the
         rule); KWARGS ``resources``, ``priority``, ``retries`` apply to every task under its
-        own annotations, as ``dask.annotate`` or ``zres.annotate`` around the compute do.
+        own annotations, as ``dask.annotate`` or ``zres.annotate`` around the compute do;
+        ``workers`` and ``allow_other_workers`` place every task as ``submit``'s do.
         ``callbacks`` (or active ``dask.callbacks.Callback`` objects, such as
         ``dask.diagnostics.ProgressBar``) hear each task begin and end. A failed task fails
         the compute with its own exception, naming its key.
         """
         _need_dask()
         from ..dask.plan import make_plan
-        from ..dask.run import general_options, get
+        from ..dask.run import WHERE_KEYWORDS, general_options, get
 
         callbacks = kwargs.get("callbacks")
+        where = {k: kwargs.pop(k) for k in WHERE_KEYWORDS if k in kwargs}
         plan = make_plan(dsk, keys, general_options(kwargs))
-        return get(self, plan, keys, callbacks)
+        return get(self, plan, keys, callbacks, where)
 
     def compute(self, collections: Any, *, optimize_graph: bool = True,
                 **kwargs: Any) -> Any:
         """Start computing COLLECTIONS (one Dask collection, or a list or tuple of them);
         return a zres future for each, which ``submit`` takes as an argument like any other.
 
-        Annotations are honoured as in ``get``; KWARGS are ``resources``, ``priority`` and
-        ``retries`` for every task. Intermediate results are freed as soon as the tasks
-        that read them have ended.
+        Annotations are honoured as in ``get``; KWARGS are ``resources``, ``priority``,
+        ``retries``, ``workers`` and ``allow_other_workers`` for every task. Intermediate
+        results are freed as soon as the tasks that read them have ended.
         """
         _need_dask()
         import dask
 
         from ..dask.plan import make_plan
-        from ..dask.run import compute, general_options
+        from ..dask.run import WHERE_KEYWORDS, compute, general_options
 
+        where = {k: kwargs.pop(k) for k in WHERE_KEYWORDS if k in kwargs}
         if "callbacks" in kwargs:
             raise TypeError("compute() returns at once: follow its futures with "
                             "zres.wait or as_completed rather than callbacks")
@@ -61,7 +64,7 @@ class DaskMethods:
 
         def submit(dsk: Any, keys: Any, **_: Any) -> Any:
             from ..dask.plan import pack
-            return pack(keys, compute(self, make_plan(dsk, keys, general)))
+            return pack(keys, compute(self, make_plan(dsk, keys, general), where))
 
         futures = list(dask.compute(*wanted, scheduler=submit, optimize_graph=optimize_graph))
         return futures[0] if single else type(collections)(futures)

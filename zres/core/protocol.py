@@ -29,6 +29,11 @@ client -> broker
                {call: actor id} makes it a method call (payload: method name, arguments)
                {job: {argv, env, cwd, detached}} makes it a command job (no payload);
                a detached job outlives the client that submitted it
+               {workers: [agent name...], allow_other_workers?: bool} (a Python task):
+               it runs only on agents of those names (infeasible while none of them
+               could), or, allow_other_workers, on one of them when one fits, else
+               anywhere
+               {quiet: true}: its client wants to hear it ended, not its result
     jobs       {all?: bool, unreported?: bool, jobs?: [job id...], ids?: [id...],
                 reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
                reported: a wait has said how these ended (unreported lists the others)

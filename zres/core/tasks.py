@@ -57,6 +57,10 @@ class Task:
     actor: str = ""          # for a method call: the actor it goes to
     creates: str = ""        # for an actor's construction: the actor it makes
     kind: int = 0            # hash of the pickled function: tasks of a kind run alike
+    # The agents it runs on, by name (Dask's workers=; none: any); allow_other_workers:
+    # it only prefers them.
+    workers: tuple[str, ...] = ()
+    allow_other_workers: bool = False
     started_at: float = 0.0  # when its grant started, by the broker's clock
     attempt: int = 0         # grants so far: the current one's number
     # What its agent has said of the current grant: handed to a worker process (so it may

@@ -27,6 +27,7 @@ from .annotations import Options, options
 from .plan import Plan, Step, pack, run_node
 
 _GET_KEYWORDS = frozenset({"resources", "priority", "retries", "callbacks"})
+WHERE_KEYWORDS = ("workers", "allow_other_workers")  # (Dask's: the agents, by name)
 _RAN, _ENDED = "ran", "ended"
 
 
@@ -66,10 +67,12 @@ class NodePickler(cloudpickle.Pickler):
 
 
 class Submitter:
-    """Submits steps on CLIENT: each a call of ``run_node`` with its inputs' futures."""
+    """Submits steps on CLIENT: each a call of ``run_node`` with its inputs' futures; WHERE:
+    ``workers=`` and ``allow_other_workers=`` for every step, as ``submit`` takes them."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, where: Mapping[str, Any] | None = None) -> None:
         self.client = client
+        self._where = dict(where or {})
         self._function = client._pickler.function(run_node, [], {})
         self._opts: dict[Options, dict[str, Any]] = {}  # (tasks asking alike check once)
         self._functions: dict[Any, Any] = {}
@@ -80,7 +83,8 @@ class Submitter:
         if opts is None:
             given = step.options
             opts = self._opts[given] = client._options(
-                dict(given.resources), given.retries or 0, given.priority or 0, None, None)
+                dict(given.resources), given.retries or 0, given.priority or 0, None, None,
+                **self._where)
         buf = io.BytesIO()
         NodePickler(buf, self._functions).dump(step.node)
         deps: list[Any] = []
@@ -107,21 +111,23 @@ class Submitter:
         return futures
 
 
-def compute(client: Any, plan: Plan) -> dict[Any, Future]:
+def compute(client: Any, plan: Plan, where: Mapping[str, Any] | None = None
+            ) -> dict[Any, Future]:
     """Submit PLAN; return the future of each requested key. The rest are let go at once."""
-    futures = Submitter(client).submit_all(plan, quiet=True)  # (outputs are never quiet)
+    futures = Submitter(client, where).submit_all(plan, quiet=True)  # (outputs never quiet)
     outputs = set(plan.outputs.values())
     client._forget(f for key, f in futures.items() if key not in outputs)
     return {key: futures[source] for key, source in plan.outputs.items()}
 
 
-def get(client: Any, plan: Plan, keys: Any, callbacks: Any = None) -> Any:
+def get(client: Any, plan: Plan, keys: Any, callbacks: Any = None,
+        where: Mapping[str, Any] | None = None) -> Any:
     """Compute PLAN; return the values of KEYS in their nesting, as Dask's schedulers do."""
     from dask.callbacks import local_callbacks, unpack_callbacks
 
     with local_callbacks(callbacks) as active:
         start, start_state, pretask, posttask, finish = unpack_callbacks(active)
-        run = _FollowedRun(client, plan)
+        run = _FollowedRun(client, plan, where)
         for call in start:
             call(plan.graph)
         for call in start_state:
@@ -140,9 +146,10 @@ def get(client: Any, plan: Plan, keys: Any, callbacks: Any = None) -> Any:
 class _FollowedRun:
     """One ``get``: its steps' futures, and Dask's callback state (ready, running, ...)."""
 
-    def __init__(self, client: Any, plan: Plan) -> None:
+    def __init__(self, client: Any, plan: Plan, where: Mapping[str, Any] | None) -> None:
         self.client = client
         self.plan = plan
+        self.where = where
         self.outputs = set(plan.outputs.values())
         self.events: queue.SimpleQueue[tuple[str, Future]] = queue.SimpleQueue()
         self.futures: dict[Any, Future] = {}
@@ -159,7 +166,7 @@ class _FollowedRun:
             "dependencies": {s.key: set(s.sources) for s in plan.steps}}
 
     def submit(self) -> None:
-        self.futures = Submitter(self.client).submit_all(self.plan, quiet=True)
+        self.futures = Submitter(self.client, self.where).submit_all(self.plan, quiet=True)
         for step in self.plan.steps:
             future = self.futures[step.key]
             self.step_of[future.id] = step

@@ -6,32 +6,53 @@ to send. Tested with plain data and a fake clock (``tests/scheduler/``), and sim
 scale in one process (``bench/simulate.py``).
 
 Modules: ``policy`` (the Scheduler: passes, reservations, slot queues), ``table`` (every
-slot's capacity and free amounts), ``queue`` (waiting tasks by shape), ``records`` (Slot,
-Waiting, Grant), ``devices`` (GPUs per device, and whether a request could ever fit),
-``index`` (slots sorted by free amount), ``durations`` (how long each kind of task takes,
-for pipelining), ``explain`` (why a task waits, in words).
+slot's capacity and free amounts, each agent's slots), ``queue`` (waiting tasks by shape),
+``records`` (Slot, Waiting, Grant, Workers), ``devices`` (GPUs per device, and whether a
+request could ever fit), ``index`` (slots sorted by room), ``fit`` (the best slot for a
+task now), ``durations`` (how long each kind of task takes, for pipelining and backfill),
+``reservations`` (where a starving task reserves, and what that keeps from later tasks),
+``pipelining`` (which slot's queue a blocked task joins), ``explain`` (why a task waits,
+in words).
 
 Rules
 - Order: higher priority first; equal priority in submission order (``seq``). Ties never
   depend on dict or set order, so the same events always give the same schedule.
 - Backfill: a task that cannot start is skipped, never blocking later tasks that can.
-  Waiting tasks are indexed by the *shape* of their request: all tasks of one shape fit
-  or fail alike, so one failed fit blocks a whole shape for the pass.
+  Waiting tasks are indexed by the *shape* of their request (its amounts, and the agents
+  it may run on): all tasks of one shape fit or fail alike, so one failed fit blocks a
+  whole shape for the pass.
+- Agents by name (``workers=``): a task restricted to some agents is placed only on their
+  slots, and is infeasible (saying which agents it may run on) when none of them could
+  ever run it, or none has joined; one that only prefers them (``allow_other_workers``)
+  takes one of theirs when it fits now, else any slot. A task with no such restriction
+  pays nothing for it.
 - Fit is checked against each slot's *free* amounts, subtracted at grant and returned at
   release; concurrent grants never exceed any slot's capacity.
-- No starvation: a task that has waited ``starvation_after`` seconds while blocked gets a
-  reservation on the slot where it will fit soonest (the least still to be freed). From
-  then on, in every pass, tasks ordered after it may take from that slot only what
-  leaves its whole request free; it starts as soon as the tasks running there finish.
-  Tasks ordered before it (higher priority) are not fenced.
+- No starvation: a task that has been blocked for ``starvation_after`` seconds (counted
+  from the first pass that found it blocked, not from when it was queued: a task behind a
+  long queue that moves is not starving) gets a reservation on the slot where it will fit
+  soonest (the least still to be freed). From then on, in every pass, a task ordered after
+  it may start on that slot only if it cannot delay it (see ``reservations``): it takes
+  nothing of what the holder is short of, and of the rest leaves what the holder will
+  need once the tasks that must end first have given theirs back; or it is expected to
+  end before the holder could start (EASY backfill, from ``durations``). The holder starts
+  as soon as the tasks running there that hold what it lacks finish. Tasks ordered before
+  it (higher priority) are not fenced. Tasks of one shape wait in order: a later task of
+  a shorter kind does not pass a head that cannot backfill.
 - GPUs are accounted per device: GPU=k (whole) takes k devices that are wholly free,
   with all their memory; a fraction below 1 packs onto the busiest device with room,
   never spanning two. GPU_MEMORY=m takes m bytes on one device (with the fraction, if
   both are asked), packing onto the device with least memory left that fits.
 - Among slots that fit, prefer the one that strands least: fewest resource kinds the task
   does not use (keep GPU nodes for GPU work), then least left over, then slot id.
-- Cost: each decision looks up candidates in a per-resource index of slots sorted by free
-  amount (bisect), examining at most a few fitting slots; passes touch one head per shape.
+- Cost: each decision looks up candidates in a per-resource index of slots sorted by room
+  (free less what queued grants will take: slots whose room is promised to their queues
+  are never walked), examining at most a few fitting slots; passes touch one head per
+  shape. A blocked shape probes only the slots that gained room since, each at most once
+  a pass (one that does not fit is dropped from the shape's list). Choosing a queue walks
+  a shape's candidate slots, kept as slots gain room or a queue place (``pipelining``),
+  never every slot that could run it. So a decision costs about the same at 1,000 agents
+  as at 100 (``bench/simulate.py``).
 - Pipelining (``prefetch`` > 0): a *short* task that fits nowhere now may be granted to a
   slot whose capacity could run it, into that slot's queue of at most ``prefetch`` grants,
   if what it needs there is free or held by short tasks (never behind long work). The

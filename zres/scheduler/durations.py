@@ -1,4 +1,5 @@
-"""How long each kind of task takes lately: pipelining queues only short kinds."""
+"""How long each kind of task takes lately: pipelining queues only short kinds, and a
+reservation's backfill estimates when tasks end."""
 
 from __future__ import annotations
 
@@ -27,3 +28,7 @@ class Durations:
     def short(self, kind: Hashable | None) -> bool:
         """Whether tasks of KIND are expected to be short (no kind, or not seen: yes)."""
         return kind is None or self._average.get(kind, SHORT_TASK) < SHORT_TASK
+
+    def expected(self, kind: Hashable | None) -> float | None:
+        """How long a task of KIND is expected to run (None: no kind, or never seen)."""
+        return None if kind is None else self._average.get(kind)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ..core.resources import GPU, GPU_MEMORY, format_amount, format_units
 from .devices import could_ever_fit
@@ -26,18 +26,20 @@ def queued_grant(grant: Grant, slot: Slot, ahead: int) -> str:
 
 
 def waiting_task(task: Waiting, slots: Iterable[Slot], reserved: Slot | None,
-                 ahead: int) -> str:
+                 ahead: int, fenced: Callable[[Slot], bool],
+                 name: Callable[[int], str]) -> str:
     """Explain a feasible task that fits on none of SLOTS now.
 
     RESERVED is the slot it holds a reservation on; AHEAD how many tasks of its shape come
-    before it.
+    before it; FENCED(slot) whether another task's reservation keeps it off SLOT, NAME(id)
+    how to call that task ("task load-3").
     """
     short = []
     for slot in sorted(slots, key=lambda s: s.id):
         if not could_ever_fit(slot, task.units):
             continue
-        if slot.reserved_by not in (None, task.id):
-            short.append(f"{slot.agent} is reserved for task {slot.reserved_by}")
+        if slot.reserved_by is not None and fenced(slot):
+            short.append(f"{slot.agent} is reserved for {name(slot.reserved_by)}")
         elif not slot.open:
             short.append(f"{slot.agent} takes no new work now (leaving, or not heard from)")
         elif lacking := _lacking(slot, task.units):

@@ -7,17 +7,19 @@ See the package's docstring for the rules it keeps.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from ..core.resources import GPU, GPU_MEMORY, Units, fits
 from . import explain
-from .devices import could_ever_fit, devices_at, pick_devices
+from .devices import could_ever_fit, devices_at
 from .durations import Durations
+from .fit import best_slot
+from .pipelining import QueueChoice
 from .queue import WaitingQueue
-from .records import Grant, Shape, Slot, Waiting, add_to
+from .records import Grant, Shape, Slot, Waiting, Workers, add_to, workers_of
+from .reservations import Fence, fence, soonest_slot
 from .table import NewSlot, SlotTable
 
-_CANDIDATES = 8   # fitting slots compared for best fit per decision
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 
 
@@ -28,9 +30,10 @@ class Scheduler:
         self.starvation_after = starvation_after
         self.prefetch = prefetch
         self.durations = Durations()
-        self.table = SlotTable()
+        self.table = SlotTable(prefetch)
         self.slots = self.table.slots
         self.queue = WaitingQueue(self._forget_shape)
+        self._queues = QueueChoice(self.table)
         self.running: dict[int, Grant] = {}     # every grant, started or queued on a slot
         # Shapes that failed to fit everywhere in an earlier pass: such a shape can only
         # fit on a slot that has gained room since, so a pass probes just those instead of
@@ -39,6 +42,7 @@ class Scheduler:
         self._reserved: set[int] = set()              # slots held for a starving task
         self._reservation_epoch = 0                   # bumps when a reservation ends
         self._changed = False                         # since the last pass
+        self._now = 0.0                               # the time of the latest pass
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
@@ -77,6 +81,7 @@ class Scheduler:
         """Open or close SLOT_ID to new grants (closed while its agent drains or is away);
         what runs there is not disturbed."""
         self.table.set_open(slot_id, open_)
+        self._queues.forget()
         self._changed = True
 
     def queued(self, slot_id: int) -> list[int]:
@@ -85,6 +90,7 @@ class Scheduler:
 
     def _topology_changed(self) -> None:
         self._changed = True
+        self._queues.forget()
         self._reservation_epoch += 1
         for slot_id in list(self._reserved):  # a slot that can no longer fit its reserver
             slot = self.slots[slot_id]
@@ -97,8 +103,9 @@ class Scheduler:
 
     def needs_pass(self) -> bool:
         """Return whether anything changed since the last pass that a pass could act on:
-        a task queued or gone, a slot added, changed or gaining room (run schedule again)."""
-        return self._changed or bool(self.table.gained)
+        a task queued or gone, a slot added, changed, gaining room or a place in its queue
+        (run schedule again)."""
+        return self._changed or bool(self.table.gained) or bool(self.table.queue_freed)
 
     def _fitting(self, task: Waiting) -> set[int]:
         """Ids of the open slots whose total capacity could ever run TASK's shape."""
@@ -106,13 +113,17 @@ class Scheduler:
 
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
-                queueable: bool = True, kind: Hashable | None = None) -> None:
+                queueable: bool = True, kind: Hashable | None = None,
+                where: Workers | None = None) -> None:
         """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor).
 
-        KIND groups tasks expected to take alike (see ``finished``)."""
+        KIND groups tasks expected to take alike (see ``finished``). WHERE: the agents it
+        may run on, or prefers (None: any; see ``records.workers``). NOW, when it was
+        queued, starts no clock: its wait for a reservation counts from the first pass that
+        finds it blocked (a task queued behind many that run in turn is not starving)."""
         self._changed = True
-        self.queue.add(task_id, units, priority, now,
-                       queueable and GPU not in units and GPU_MEMORY not in units, kind)
+        self.queue.add(task_id, units, priority,
+                       queueable and GPU not in units and GPU_MEMORY not in units, kind, where)
 
     @property
     def waiting(self) -> dict[int, Waiting]:
@@ -132,21 +143,24 @@ class Scheduler:
         self._unreserve(task)
         return True
 
-    def started(self, task_id: int) -> None:
-        """A grant queued on a slot has started there (its agent says so): take its
-        resources now. (The agent starts queued grants as room frees; the broker learns
-        it from the agent's reports, in order, and never predicts it.)"""
+    def started(self, task_id: int, now: float | None = None) -> None:
+        """A grant queued on a slot has started there (its agent says so; NOW, default the
+        latest pass's time): take its resources now. (The agent starts queued grants as
+        room frees; the broker learns it from the agent's reports, in order, and never
+        predicts it.)"""
         grant = self.running.get(task_id)
         slot = self.slots.get(grant.slot) if grant is not None else None
         if grant is None or slot is None or grant.started:
             return
-        del slot.queue[task_id]
-        add_to(slot.queued_taken, grant.taken, -1)
-        self._start(slot, grant)
+        grant.since = self._now if now is None else now
+        self.table.start_queued(slot, grant)
+        self._start(slot, grant, queued=True)
 
-    def _start(self, slot: Slot, grant: Grant) -> None:
+    def _start(self, slot: Slot, grant: Grant, queued: bool = False) -> None:
+        """GRANT starts on SLOT; QUEUED: from its queue (what it takes was kept for it)."""
         grant.started = True
-        self.table.take(slot, grant)
+        if not queued:
+            self.table.take(slot, grant)
         slot.running.add(grant.task)
         if grant.short:
             add_to(slot.short_taken, grant.taken)
@@ -168,7 +182,7 @@ class Scheduler:
             if sum(memory):
                 taken[GPU_MEMORY] = sum(memory)
         grant = Grant(task_id, slot.id, units, gpus, taken, shares, memory,
-                      priority=priority, short=False)
+                      priority=priority, short=False, since=self._now)
         self._start(slot, grant)
         self.running[task_id] = grant
         self._changed = True
@@ -183,8 +197,7 @@ class Scheduler:
             return
         self._changed = True
         if not grant.started:
-            del slot.queue[task_id]
-            add_to(slot.queued_taken, grant.taken, -1)
+            self.table.unqueue(slot, grant)
             return
         slot.running.discard(task_id)
         if grant.short:
@@ -195,23 +208,35 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> list[Grant]:
         """Place every waiting task that fits now, best first; return the grants."""
         self._changed = False
+        self._now = now
         heads: list[tuple[int, int, Shape]] = []
         for shape in self.queue.shapes():
             head = self.queue.head(shape)
             if head is not None:
                 heads.append((-head.priority, head.seq, shape))
         heapq.heapify(heads)
-        fences: dict[int, Units] = {}
+        fences: dict[int, Fence] = {}
         grants: list[Grant] = []
         blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
+        if self.prefetch:
+            self._queues.touched(self.table.gained | self.table.queue_freed)
+            self.table.queue_freed.clear()
         self.table.gained.clear()
+        # A blocked shape probes only the slots that gained room, each shape its own copy:
+        # a slot that does not fit a shape cannot fit it later in the pass (room only
+        # shrinks), so it is dropped from that shape's copy, never walked twice.
+        probes: dict[Shape, list[Slot]] = {}
         while heads:
             _, _, shape = heapq.heappop(heads)
             task = self.queue.head(shape)
             assert task is not None, "a shape in heads has a head"
-            grant, fenced = self._place(task, fences,
-                                        gained if shape in self._blocked else None)
+            only = None
+            if shape in self._blocked:
+                only = probes.get(shape)
+                if only is None:
+                    only = probes[shape] = list(gained)
+            grant, fenced = self._place(task, fences, only)
             if grant is None:
                 if not fenced:  # a fence binds only tasks after its owner: not a later head
                     self._blocked.add(shape)
@@ -229,82 +254,70 @@ class Scheduler:
         return grants
 
     def _fill_queues(self, blocked: list[Waiting]) -> list[Grant]:
-        """Grant blocked tasks, best first, into slot queues with room (pipelining).
+        """Grant blocked tasks, best first, into slot queues with room (pipelining): each
+        on the slot with the shortest queue (then the lowest id) whose short tasks will
+        soon free what it needs (never one held up by long work).
 
         A slot that a blocked task before it could use, but not queue on, is left alone:
-        later tasks must not start there ahead of it.
+        later tasks must not start there ahead of it. The slots are taken from those with
+        a free place in their queue (kept by the table), in a heap per shape.
         """
         grants: list[Grant] = []
-        claimed: set[int] = set()
+        claimed: list[set[int]] = []  # what the blocked tasks before could use
         for head in blocked[:_QUEUE_HEADS]:
             shape = head.shape
+            room: list[tuple[int, int]] | None = None
             while (task := self.queue.head(shape)) is not None:
-                queueable = task.queueable and self.durations.short(task.kind)
-                slot = self._queue_slot(task, claimed) if queueable else None
-                if slot is None:
-                    claimed |= self._fitting(task)
+                if room is None and task.queueable and self.durations.short(task.kind):
+                    room = self._queues.heap(shape, task.units, claimed)
+                if not room or not (task.queueable and self.durations.short(task.kind)):
+                    claimed.append(self._fitting(task))
                     break
+                queued, slot_id = heapq.heappop(room)
+                slot = self.slots[slot_id]
                 self.queue.take(task)
-                self._unreserve(task)
+                if task.reserved_slot is not None:
+                    self._unreserve(task)
+                    room = None  # (built again: the slot it held may take queued grants)
                 grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
                               started=False, priority=task.priority, seq=task.seq,
-                              short=True)
-                slot.queue[task.id] = None
-                add_to(slot.queued_taken, grant.taken)
+                              short=True, kind=task.kind)
+                self.table.queue(slot, grant)
                 self.running[task.id] = grant
                 grants.append(grant)
+                if room is not None and queued + 1 < self.prefetch:
+                    heapq.heappush(room, (queued + 1, slot_id))
         return grants
-
-    def _queue_slot(self, task: Waiting, claimed: set[int]) -> Slot | None:
-        """The slot to queue TASK on: one with room in its queue whose short tasks will
-        soon free what TASK needs (never one held up by long work), shortest queue first."""
-        best: Slot | None = None
-        for slot_id in self._fitting(task):
-            slot = self.slots[slot_id]
-            if (len(slot.queue) >= self.prefetch or slot.reserved_by is not None
-                    or slot_id in claimed or not _frees_soon(slot, task.units)):
-                continue
-            if best is None or (len(slot.queue), slot.id) < (len(best.queue), best.id):
-                best = slot
-        return best
 
     def _forget_shape(self, shape: Shape) -> None:
         """No task of SHAPE waits any more: drop what is cached about it."""
         self._blocked.discard(shape)
         self.table.forget_shape(shape)
+        self._queues.forget(shape)
 
-    def _place(self, task: Waiting, fences: dict[int, Units],
+    def _place(self, task: Waiting, fences: dict[int, Fence],
                only: list[Slot] | None = None) -> tuple[Grant | None, bool]:
         """Grant TASK the best fitting slot; also say whether a fence turned one away.
 
-        On a slot with queued grants, a task takes only what leaves room for all of them:
-        its agent may start them any moment."""
-        best: tuple[tuple[int, float, int], Slot, tuple[list[int], list[int], list[int]]] | None
-        best, found, fenced = None, 0, False
-        for slot in self.table.candidates(task.units) if only is None else only:
-            if not slot.open:
-                continue
-            fence = fences.get(slot.id)
-            if fence is not None and not all(
-                    slot.free.get(n, 0) - a >= fence.get(n, 0) for n, a in task.units.items()):
-                fenced = True
-                continue
-            if not fits(slot.free, task.units) or (slot.queue and not all(
-                    slot.free.get(n, 0) - slot.queued_taken.get(n, 0) >= a
-                    for n, a in task.units.items())):
-                continue
-            devices = pick_devices(slot, task.units)
-            if devices is None:
-                continue
-            score = (_unused_kinds(slot, task.units), _leftover(slot, task.units), slot.id)
-            if best is None or score < best[0]:
-                best = (score, slot, devices)
-            found += 1
-            if found >= _CANDIDATES:
-                break
-        if best is None:
+        ONLY: the slots to probe (else the index's candidates); those that do not fit are
+        dropped from it. A task restricted to some agents probes only theirs; one that
+        prefers them probes theirs first."""
+        where = workers_of(task.shape)
+        end = self._expected_end(task) if fences else None
+        if where is None:
+            found, fenced = best_slot(task.units, self.table.candidates(task.units)
+                                      if only is None else only, fences, end, only)
+        else:
+            named = self.table.named(where) if only is None else [
+                s for s in only if s.agent in where.names]
+            found, fenced = best_slot(task.units, named, fences, end)
+            if found is None and where.loose:
+                found, also = best_slot(task.units, self.table.candidates(task.units)
+                                        if only is None else only, fences, end, only)
+                fenced = fenced or also
+        if found is None:
             return None, fenced
-        _, slot, (gpus, shares, memory) = best
+        slot, (gpus, shares, memory) = found
         taken = dict(task.units)
         if gpus:
             taken[GPU] = sum(shares)
@@ -312,18 +325,34 @@ class Scheduler:
                 taken[GPU_MEMORY] = sum(memory)
         grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory,
                       priority=task.priority, seq=task.seq,
-                      short=self.durations.short(task.kind))
+                      short=self.durations.short(task.kind), kind=task.kind, since=self._now)
         self._start(slot, grant)
         self.running[task.id] = grant
         return grant, fenced
 
-    def _fence(self, task: Waiting, fences: dict[int, Units], now: float) -> None:
-        """Keep a starving task's reserved slot from being taken by tasks after it."""
+    def _expected_end(self, task: Waiting) -> float | None:
+        """When TASK would end if it started now, by its kind's recent runs (None: unknown)."""
+        expected = self.durations.expected(task.kind)
+        return None if expected is None else self._now + expected
+
+    def _fence_of(self, slot: Slot, task: Waiting) -> Fence:
+        """What TASK's reservation of SLOT keeps from the tasks after it, now."""
+        return fence(slot, task.units, task.id, (self.running[t] for t in slot.running),
+                     self.durations, self._now)
+
+    def _fence(self, task: Waiting, fences: dict[int, Fence], now: float) -> None:
+        """Keep a starving task's reserved slot from being taken by tasks after it.
+
+        TASK is blocked in this pass: it starves once it has been blocked for
+        ``starvation_after`` seconds, counted from the first pass that found it so."""
+        if task.blocked_since is None:
+            task.blocked_since = now
         if task.reserved_slot is None:
-            if (now - task.since < self.starvation_after
+            if (now - task.blocked_since < self.starvation_after
                     or task.reserve_failed == self._reservation_epoch):
                 return
-            choice = self._soonest_slot(task, fences)
+            choice = soonest_slot(task.units, self._fitting(task), self.table, fences,
+                                  workers_of(task.shape))
             if choice is None:
                 task.reserve_failed = self._reservation_epoch
                 return
@@ -331,30 +360,7 @@ class Scheduler:
             choice.reserved_by = task.id
             self._reserved.add(choice.id)
         if task.reserved_slot not in fences:
-            fences[task.reserved_slot] = task.units
-
-    def _soonest_slot(self, task: Waiting, fences: dict[int, Units]) -> Slot | None:
-        # Walk the slots with the most free of the task's scarcest resource first and
-        # compare a few: a full scan would make each reservation cost O(agents).
-        fitting = self._fitting(task)
-        if not fitting or not task.units:
-            return None
-        name = min(task.units, key=self.table.index.offering)
-        best: tuple[tuple[float, int, int], Slot] | None = None
-        seen = 0
-        for slot_id in self.table.index.most_free(name):
-            slot = self.slots[slot_id]
-            if slot.id not in fitting or slot.reserved_by is not None or slot.id in fences:
-                continue
-            short = sum(max(0, a - slot.free.get(n, 0)) / slot.total[n]
-                        for n, a in task.units.items())
-            key = (short, len(slot.running), slot.id)
-            if best is None or key < best[0]:
-                best = (key, slot)
-            seen += 1
-            if seen >= _CANDIDATES:
-                break
-        return best[1] if best else None
+            fences[task.reserved_slot] = self._fence_of(self.slots[task.reserved_slot], task)
 
     def _unreserve(self, task: Waiting) -> None:
         slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
@@ -362,16 +368,19 @@ class Scheduler:
             slot.reserved_by = None
             self._reserved.discard(slot.id)
             self.table.gained.add(slot.id)
+            self._queues.touched([slot.id])  # (it may take queued grants in this pass)
             self._reservation_epoch += 1
         task.reserved_slot = None
 
     # -- explaining -----------------------------------------------------------------
-    def infeasible_reason(self, units: Units) -> str | None:
-        """Say why no registered slot could ever run UNITS, or None if one could."""
-        return self.table.infeasible_reason(units)
+    def infeasible_reason(self, units: Units, where: Workers | None = None) -> str | None:
+        """Say why no registered slot could ever run UNITS (on the agents WHERE names, if
+        it may run only there), or None if one could."""
+        return self.table.infeasible_reason(units, where)
 
-    def why(self, task_id: int, count_ahead: bool = True) -> str:
-        """Say why a waiting task is not running yet.
+    def why(self, task_id: int, count_ahead: bool = True,
+            name: Callable[[int], str] = lambda task_id: f"task {task_id}") -> str:
+        """Say why a waiting task is not running yet; NAME(id) calls another task by name.
 
         COUNT_AHEAD walks the task's shape queue (O(waiting)): fine for one question,
         left out when describing many tasks at once.
@@ -388,26 +397,23 @@ class Scheduler:
             return "running" if grant is not None else "not waiting"
         if not self.slots:
             return "no agent has joined the broker yet"
-        reason = self.infeasible_reason(task.units)
+        where = workers_of(task.shape)
+        reason = self.infeasible_reason(task.units, where)
         if reason is not None:
             return f"infeasible: {reason}"
         ahead = self.queue.ahead(task) if count_ahead else 0
         reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
-        return explain.waiting_task(task, self.slots.values(), reserved, ahead)
+        slots = self.slots.values() if where is None or where.loose else self.table.named(where)
+        return explain.waiting_task(task, slots, reserved, ahead,
+                                    lambda slot: self._fenced(task, slot), name)
 
+    def _fenced(self, task: Waiting, slot: Slot) -> bool:
+        """Whether another task's reservation of SLOT keeps TASK off it now (TASK fits
+        what is free there: else what it lacks says more)."""
+        holder = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
+        if holder is None or holder is task or not fits(slot.free, task.units) \
+                or (-task.priority, task.seq) < (-holder.priority, holder.seq):
+            return False  # a reservation binds only the tasks ordered after its holder
+        return not self._fence_of(slot, holder).admits(slot, task.units,
+                                                        self._expected_end(task))
 
-def _frees_soon(slot: Slot, units: Units) -> bool:
-    """Whether what UNITS needs on SLOT is free or held by short tasks only (queued grants
-    are short too): only then is a queue there worth joining, not behind long work."""
-    return all(slot.free.get(n, 0) + slot.short_taken.get(n, 0) >= a
-               for n, a in units.items())
-
-
-def _unused_kinds(slot: Slot, units: Units) -> int:
-    """How many kinds of resource SLOT offers that UNITS does not use (O(len(units)))."""
-    return len(slot.total) - sum(1 for name in units if name in slot.total)
-
-
-def _leftover(slot: Slot, units: Units) -> float:
-    return sum((slot.free[name] - amount) / slot.total[name]
-               for name, amount in units.items() if slot.total.get(name))

@@ -10,7 +10,7 @@ import heapq
 from collections.abc import Callable, Hashable
 
 from ..core.resources import Units
-from .records import Shape, Waiting, shape_of
+from .records import Shape, Waiting, Workers, shape_of
 
 _COMPACT_MIN = 64  # a shape's heap is rebuilt once most of at least this many are stale
 
@@ -28,14 +28,17 @@ class WaitingQueue:
         self.by_shape: dict[Shape, list[tuple[int, int, int]]] = {}
         self._seq = 0
         self._stale: dict[Shape, int] = {}     # removed entries left in a shape's heap
+        self._shapes: dict[Shape, Shape] = {}  # one copy of each, shared by its tasks
         self._on_forget = on_forget
 
-    def add(self, task_id: int, units: Units, priority: int, now: float, queueable: bool,
-            kind: Hashable | None) -> Waiting:
-        """Queue a task behind every task of higher or equal priority."""
+    def add(self, task_id: int, units: Units, priority: int, queueable: bool,
+            kind: Hashable | None, where: Workers | None = None) -> Waiting:
+        """Queue a task behind every task of higher or equal priority; WHERE: the agents it
+        may run on (None: any)."""
         self._seq += 1
-        shape = shape_of(units)
-        task = Waiting(task_id, dict(units), priority, self._seq, shape, now,
+        shape = shape_of(units, where)
+        shape = self._shapes.setdefault(shape, shape)
+        task = Waiting(task_id, dict(units), priority, self._seq, shape,
                        queueable=queueable, kind=kind)
         self.tasks[task_id] = task
         heapq.heappush(self.by_shape.setdefault(shape, []), (-priority, self._seq, task_id))
@@ -90,6 +93,7 @@ class WaitingQueue:
         if not heap:
             del self.by_shape[shape]
             self._stale.pop(shape, None)
+            self._shapes.pop(shape, None)
             self._on_forget(shape)
             return None
         return self.tasks[heap[0][2]]

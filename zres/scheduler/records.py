@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core.resources import Units
 
-Shape = tuple[tuple[str, int], ...]
+# A request's (name, amount) pairs, sorted; then, for a task that may run only on (or
+# prefers) some agents, its Workers. Tasks of one shape fit or fail alike.
+Shape = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """The agents a task is placed on, by name: only those (``workers=``), or, LOOSE
+    (``allow_other_workers=True``), those first when one fits now, else any."""
+
+    names: frozenset[str]
+    loose: bool = False
+
+
+def workers(names: Collection[str] | None, loose: bool = False) -> Workers | None:
+    """The placement of a task asking for agents NAMES (None or none: any agent)."""
+    return Workers(frozenset(names), loose) if names else None
 
 
 @dataclass(slots=True)
@@ -39,7 +56,9 @@ class Waiting:
     priority: int
     seq: int
     shape: Shape
-    since: float
+    # The first pass that found it blocked (it fit nowhere it could run): its wait for a
+    # reservation counts from here, not from when it was queued (None: not blocked yet).
+    blocked_since: float | None = None
     reserved_slot: int | None = None
     reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
     queueable: bool = True       # may be granted into a slot's queue (pipelining)
@@ -61,10 +80,18 @@ class Grant:
     priority: int = 0            # the task's, and its place in submission order: the
     seq: int = 0                 # agent starts queued grants in this order too
     short: bool = True           # of a kind known to run briefly
+    kind: Hashable | None = None  # what it runs, for its expected end (see ``reservations``)
+    since: float = 0.0           # when it started (as the scheduler was told the time)
 
 
-def shape_of(units: Mapping[str, int]) -> Shape:
-    return tuple(sorted(units.items()))
+def shape_of(units: Mapping[str, int], where: Workers | None = None) -> Shape:
+    shape = tuple(sorted(units.items()))
+    return shape if where is None else (*shape, where)
+
+
+def workers_of(shape: Shape) -> Workers | None:
+    """The agents tasks of SHAPE are placed on (None: any)."""
+    return shape[-1] if shape and isinstance(shape[-1], Workers) else None
 
 
 def add_to(into: Units, amounts: Mapping[str, int], sign: int = 1) -> None:

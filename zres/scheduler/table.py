@@ -3,7 +3,8 @@
 Free amounts change only here (``take``, ``give``, capacity changes), so the index of
 slots by free amount never drifts. The table also caches, per request shape, which slots
 could ever run it and why none could; both are forgotten whenever a slot is added,
-removed or changed.
+removed or changed. A shape restricted to some agents (``workers=``) is looked up among
+their slots alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from ..core.resources import GPU, GPU_MEMORY, UNIT, Units
 from .devices import could_ever_fit, infeasible, split_memory
 from .index import FreeIndex
-from .records import Grant, Shape, Slot, shape_of
+from .records import Grant, Shape, Slot, Workers, add_to, shape_of, workers_of
 
 
 @dataclass(slots=True)
@@ -32,10 +33,14 @@ class NewSlot:
 class SlotTable:
     """Slots by id, their free amounts, and what is cached about fitting them."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefetch: int = 0) -> None:
+        self.prefetch = prefetch               # grants a slot's queue holds (pipelining)
         self.slots: dict[int, Slot] = {}
         self.index = FreeIndex()
         self.gained: set[int] = set()      # slots that gained room since the last pass
+        self.agents: dict[str, set[int]] = {}  # each agent's slots, by its name
+        self.queue_room: set[int] = set()      # slots whose queue has a free place
+        self.queue_freed: set[int] = set()     # ... that gained one since the last pass
         self._could_fit: dict[Shape, set[int]] = {}
         self._infeasible: dict[Shape, str | None] = {}
 
@@ -53,6 +58,9 @@ class SlotTable:
             slot = Slot(spec.id, spec.agent, total, dict(total), [UNIT] * devices, memory,
                         list(memory), usable)
             self.slots[slot.id] = slot
+            self.agents.setdefault(slot.agent, set()).add(slot.id)
+            if self.prefetch:
+                self.queue_room.add(slot.id)
             self.gained.add(slot.id)
             added.append(slot)
         self.index.add_many(added)
@@ -62,6 +70,12 @@ class SlotTable:
     def remove(self, slot_ids: Iterable[int]) -> list[Slot]:
         """Forget slots (many at once in one pass over the index)."""
         removed = [self.slots.pop(i) for i in slot_ids]
+        for slot in removed:
+            self.queue_room.discard(slot.id)
+            ids = self.agents[slot.agent]
+            ids.discard(slot.id)
+            if not ids:
+                del self.agents[slot.agent]
         self.index.drop_many(removed)
         self.changed()
         return removed
@@ -90,7 +104,7 @@ class SlotTable:
                 self.index.set(slot, name, slot.free.get(name, 0) + delta)
         slot.total = {n: a for n, a in new.items() if a}
         slot.gpu_usable = devices
-        self.gained.add(slot_id)
+        self.gained.add(slot.id)
         self.changed()
 
     def set_open(self, slot_id: int, open_: bool) -> None:
@@ -108,6 +122,30 @@ class SlotTable:
         for pos, share, mem in zip(grant.gpus, grant.shares, grant.memory):
             slot.gpu_free[pos] -= share
             slot.gpu_mem_free[pos] -= mem
+
+    def queue(self, slot: Slot, grant: Grant) -> None:
+        """GRANT waits in SLOT's queue (pipelining): its agent starts it when room frees."""
+        slot.queue[grant.task] = None
+        self.index.queued(slot, grant.taken, 1)
+        if len(slot.queue) >= self.prefetch:
+            self.queue_room.discard(slot.id)
+
+    def unqueue(self, slot: Slot, grant: Grant) -> None:
+        """GRANT, queued on SLOT, is gone unstarted (given back, or cancelled)."""
+        del slot.queue[grant.task]
+        self.queue_room.add(slot.id)
+        self.index.queued(slot, grant.taken, -1)
+        self.gained.add(slot.id)
+
+    def start_queued(self, slot: Slot, grant: Grant) -> None:
+        """GRANT, queued on SLOT (no GPUs), has started: what its queue kept for it is in
+        use now. Its room is unchanged, and so is the index."""
+        del slot.queue[grant.task]
+        self.queue_room.add(slot.id)
+        self.queue_freed.add(slot.id)
+        for name, amount in grant.taken.items():
+            slot.free[name] -= amount
+        add_to(slot.queued_taken, grant.taken, -1)
 
     def give(self, slot: Slot, grant: Grant) -> None:
         """GRANT's resources are free again on SLOT."""
@@ -127,23 +165,44 @@ class SlotTable:
         self._infeasible.pop(shape, None)
         self._could_fit.pop(shape, None)
 
+    def named(self, where: Workers) -> list[Slot]:
+        """The slots of the agents WHERE names, by id."""
+        return [self.slots[i] for i in sorted(i for name in where.names
+                                               for i in self.agents.get(name, ()))]
+
     def fitting(self, shape: Shape, units: Units) -> set[int]:
-        """Ids of the open slots whose total capacity could ever run UNITS (of SHAPE)."""
+        """Ids of the open slots whose total capacity could ever run UNITS (of SHAPE), on
+        the agents it may run on."""
         ids = self._could_fit.get(shape)
         if ids is None:
+            where = workers_of(shape)
+            slots = self.slots.values() if where is None or where.loose else self.named(where)
             ids = self._could_fit[shape] = {
-                sid for sid, slot in self.slots.items()
-                if slot.open and could_ever_fit(slot, units)}
+                slot.id for slot in slots if slot.open and could_ever_fit(slot, units)}
         return ids
 
-    def infeasible_reason(self, units: Units) -> str | None:
-        """Say why no registered slot could ever run UNITS, or None if one could."""
+    def infeasible_reason(self, units: Units, where: Workers | None = None) -> str | None:
+        """Say why no registered slot (of the agents WHERE names, unless it only prefers
+        them) could ever run UNITS, or None if one could."""
         if not self.slots:
             return None  # nothing has joined yet: that is waiting, not infeasible
-        shape = shape_of(units)
+        shape = shape_of(units, where)
         if shape not in self._infeasible:
-            self._infeasible[shape] = infeasible(self.slots.values(), units)
+            self._infeasible[shape] = self._never(units, where)
         return self._infeasible[shape]
+
+    def _never(self, units: Units, where: Workers | None) -> str | None:
+        if where is None or where.loose:
+            return infeasible(self.slots.values(), units)
+        names = sorted(where.names)
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3
+                                         else "")
+        slots = self.named(where)
+        if not slots:
+            return (f"no agent named {listed} has joined" if len(names) == 1 else
+                    f"none of the agents it may run on ({listed}) has joined")
+        reason = infeasible(slots, units)
+        return None if reason is None else f"{reason} (it may run only on {listed})"
 
     def candidates(self, units: Units) -> Iterable[Slot]:
         """Slots that may fit UNITS, scarcest resource first, least free first."""
