@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 
 from ..core import protocol as P
-from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .actors import ActorRecord, ActorRouting, ActorState
@@ -131,8 +131,8 @@ class ActorKeeper:
             if (held := self._graph.get(dep)) is not None:
                 held.holders += 1
                 task.deps.append(dep)
-        set_state(task, TaskState.QUEUED)
-        set_state(task, TaskState.RUNNING)
+        self._graph.set_state(task, TaskState.QUEUED)
+        self._graph.set_state(task, TaskState.RUNNING)
         task.agent = actor.agent_name
 
     # -- taking back ------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class ActorKeeper:
                 del self._routing.call_actor[call_id]
                 task = self._graph.tasks[call_id]
                 task.held = False
-                set_state(task, TaskState.QUEUED)
+                self._graph.set_state(task, TaskState.QUEUED)
                 actor.queues.setdefault(task.client, deque()).appendleft(call_id)
             if actor.state is not ActorState.DEAD:
                 self.changed(actor)

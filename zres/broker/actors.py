@@ -22,7 +22,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import quote
 from ..core.resources import Units, format_units
-from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .graph import TaskGraph
@@ -190,7 +190,7 @@ class ActorRouting:
                              message or f"{actor.label()} is dead: {actor.cause}")
 
     def call_ready(self, task: Task) -> None:
-        set_state(task, TaskState.QUEUED)
+        self._graph.set_state(task, TaskState.QUEUED)
         self._to_pump[task.actor] = None
 
     def wake(self, actor: ActorRecord) -> None:
@@ -216,7 +216,7 @@ class ActorRouting:
                 if task.state is not TaskState.QUEUED:
                     break  # waits for its arguments; later calls from this caller wait too
                 queue.popleft()
-                set_state(task, TaskState.RUNNING)
+                self._graph.set_state(task, TaskState.RUNNING)
                 task.agent = actor.agent_name
                 task.held = task.begun = False
                 actor.inflight[task.id] = None
@@ -240,7 +240,7 @@ class ActorRouting:
             actor.spawn = [*task.payload, *inputs]
             actor.spawn_counts = (len(task.payload), counts)
         if task is not None and task.state is TaskState.QUEUED:
-            set_state(task, TaskState.RUNNING)
+            self._graph.set_state(task, TaskState.RUNNING)
             task.agent = agent_name
         set_actor_state(actor, ActorState.STARTING)
         actor.starts += 1
@@ -305,7 +305,7 @@ class ActorRouting:
                 self._graph.fail(task, "ActorDiedError",
                                  f"{actor.label()} died while running {task.name}: {cause}")
         for task in reversed(again):  # back at the front, in the order they were made
-            set_state(task, TaskState.QUEUED)
+            self._graph.set_state(task, TaskState.QUEUED)
             actor.queues.setdefault(task.client, deque()).appendleft(task.id)
         if not restart:
             self.dead(actor, f"{cause}; no restarts left")
@@ -347,7 +347,7 @@ class ActorRouting:
                 del actor.inflight[call_id]
                 self.call_actor.pop(call_id, None)
                 task = self._graph.tasks[call_id]
-                set_state(task, TaskState.QUEUED)
+                self._graph.set_state(task, TaskState.QUEUED)
                 actor.queues.setdefault(task.client, deque()).appendleft(call_id)
             if lost:
                 self._to_pump[actor.id] = None

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
-from ..core.tasks import Task, TaskState, set_state
+from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from .actor_keeping import ActorKeeper
@@ -71,7 +71,8 @@ class Adoption:
                     task = self._task(job)
                     task.outcome, task.info, task.result = job.ended[0], job.ended[1], \
                         list(job.ended[2])
-                    task.state = TaskState.DONE if task.outcome == P.OK else TaskState.FAILED
+                    self._graph.restored_as(
+                        task, TaskState.DONE if task.outcome == P.OK else TaskState.FAILED)
             for job in self._jobs.adopting.values():
                 if job.client:  # its client may ask after it before its agent is back
                     self._clients.restore(job.client, job.owner,
@@ -217,11 +218,10 @@ class Adoption:
                      retries_left=task.retries)
         self._graph.link(task, deps)
 
-    @staticmethod
-    def _running(task: Task, agent: AgentRecord) -> Task:
+    def _running(self, task: Task, agent: AgentRecord) -> Task:
         """TASK runs on AGENT (it began before this broker did)."""
-        set_state(task, TaskState.QUEUED)
-        set_state(task, TaskState.RUNNING)
+        self._graph.set_state(task, TaskState.QUEUED)
+        self._graph.set_state(task, TaskState.RUNNING)
         task.agent = agent.name
         task.held = task.begun = True
         task.started_at = time.monotonic()

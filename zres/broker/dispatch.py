@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.resources import token_devices
-from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant, Workers, workers
@@ -71,7 +71,7 @@ class Dispatcher:
             self._graph.fail(task, "InfeasibleError",
                              f"task {task.name} is infeasible: {reason}")
             return
-        set_state(task, TaskState.QUEUED)
+        self._graph.set_state(task, TaskState.QUEUED)
         self._enqueue(task)
         if reason is not None:
             self.warn_infeasible(task, reason)
@@ -176,7 +176,7 @@ class Dispatcher:
                     actor.spawn_counts[1], opts], actor.spawn)
                 continue
             task = self._graph.tasks[grant.task]
-            set_state(task, TaskState.RUNNING)
+            self._graph.set_state(task, TaskState.RUNNING)
             task.agent = agent.name
             task.started_at = time.monotonic()
             task.attempt += 1
@@ -351,7 +351,7 @@ class Dispatcher:
         if task.cancelling:  # its client asked to cancel it, and it had not begun
             self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled")
             return
-        set_state(task, TaskState.QUEUED)
+        self._graph.set_state(task, TaskState.QUEUED)
         task.held = task.begun = False
         self._jobs.requeued(task)
         self._on_changed(task)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.tasks import FINISHED, Task, TaskState, set_state
+from .census import Census
 
 
 class TaskGraph:
@@ -27,6 +28,8 @@ class TaskGraph:
                  reserve_ids: Callable[[int], int] | None = None, first_id: int = 1,
                  on_dropped: Callable[[Task], None] = lambda task: None) -> None:
         self.tasks: dict[int, Task] = {}
+        # Held tasks by state, kept as they change (every change goes through here).
+        self.census = Census()
         # Tasks finished in this broker's life, by outcome (done, failed): for its metrics.
         self.finished: dict[str, int] = {"done": 0, "failed": 0}
         self._on_dropped = on_dropped  # a finished task nobody holds is forgotten
@@ -59,6 +62,26 @@ class TaskGraph:
     def add(self, task: Task) -> None:
         """Hold TASK (link its dependencies next, unless it fails first)."""
         self.tasks[task.id] = task
+        self.census.enter(task)
+
+    def set_state(self, task: Task, new: TaskState) -> None:
+        """Move TASK, held here, to NEW (as ``core.tasks.set_state`` allows)."""
+        self.census.leave(task)
+        try:
+            set_state(task, new)
+        finally:
+            self.census.enter(task)
+
+    def restored_as(self, task: Task, state: TaskState) -> None:
+        """Put TASK, just restored from the state store, in STATE as it was kept."""
+        self.census.leave(task)
+        task.state = state
+        self.census.enter(task)
+
+    def drop(self, task: Task) -> None:
+        """Stop holding TASK (finished, or restored and needed by nobody)."""
+        if self.tasks.pop(task.id, None) is not None:
+            self.census.leave(task)
 
     def link(self, task: Task, deps: list[int]) -> None:
         """Make TASK wait for DEPS (ids of tasks held here); ready or fail it at once if
@@ -93,7 +116,7 @@ class TaskGraph:
         """One holder of TASK let go (its client, or a dependent that finished)."""
         task.holders -= 1
         if task.holders <= 0 and task.state in FINISHED:
-            del self.tasks[task.id]
+            self.drop(task)
             self._on_dropped(task)
             for dep_id in task.deps:
                 if dep_id in self.tasks:
@@ -120,7 +143,7 @@ class TaskGraph:
     def _record(self, task: Task, outcome: str, frames: list[Any],
                 info: dict[str, Any]) -> list[Task]:
         """Finish one task; return the waiting dependents a failure must also fail."""
-        set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
+        self.set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
         self.finished[task.state.value] += 1
         task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
         self._on_recorded(task)
@@ -141,7 +164,8 @@ class TaskGraph:
             if dep_id in self.tasks:
                 self.unhold(self.tasks[dep_id])
         task.deps = []
-        if task.holders <= 0 and self.tasks.pop(task.id, None) is not None:
+        if task.holders <= 0 and task.id in self.tasks:
+            self.drop(task)
             self._on_dropped(task)
         return failed
 

@@ -252,8 +252,11 @@ class JobTable:
     def listing(self, limit: int = 100) -> list[dict[str, Any]]:
         """Describe the LIMIT newest jobs, finished ones among them (saying why each that
         waits waits costs a scheduler question: a few, not thousands)."""
-        jobs = [*self.done.values(), *self.active.values(), *self.adopting.values()]
-        return [self._describe(j) for j in sorted(jobs, key=lambda j: -j.id)[:limit]]
+        # Ids grow with time: the newest of each table are at its end (a finished job's
+        # place is when it finished). O(LIMIT), however many jobs wait.
+        newest = [job for table in (self.done, self.active, self.adopting)
+                  for job in itertools.islice(reversed(table.values()), limit)]
+        return [self._describe(j) for j in sorted(newest, key=lambda j: -j.id)[:limit]]
 
     def count(self) -> int:
         """How many jobs the table holds, finished ones included."""

@@ -170,8 +170,9 @@ class TaskKeeper:
             if holds_it := task.holders > 0:
                 self._clients.restore(task.client, owner, wait).ids[task.local_id] = task.id
             if task.outcome:
-                task.state = TaskState.DONE if task.outcome == P.OK else TaskState.FAILED
                 graph.add(task)
+                graph.restored_as(task, TaskState.DONE if task.outcome == P.OK
+                                  else TaskState.FAILED)
                 continue
             if not (holds_it or task.id in needed or task.creates):  # (an actor needs it)
                 self._store.forget_task(task.id)  # nobody waits for it any more
@@ -191,7 +192,7 @@ class TaskKeeper:
         for task, *_ in rows:  # ended tasks that nothing holds any more
             if task.holders <= 0 and graph.tasks.get(task.id) is task \
                     and task.state in (TaskState.DONE, TaskState.FAILED):
-                del graph.tasks[task.id]
+                graph.drop(task)
                 self._store.forget_task(task.id)
         self._store.commit()
         return len(rows)

@@ -29,12 +29,22 @@ _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.
 
 
 class Traffic:
-    """Messages and bytes in and out of the broker's socket, counted by the loop."""
+    """Messages and bytes in and out of the broker's socket, and the loop's turns, counted
+    by the loop."""
 
-    __slots__ = ("messages_in", "bytes_in", "messages_out", "bytes_out")
+    __slots__ = ("messages_in", "bytes_in", "messages_out", "bytes_out", "turns",
+                 "longest_turn")
 
     def __init__(self) -> None:
         self.messages_in = self.bytes_in = self.messages_out = self.bytes_out = 0
+        self.turns = 0
+        self.longest_turn = 0.0   # seconds: what one turn of the loop took at most
+
+    def turned(self, seconds: float) -> None:
+        """Count one turn of the loop that took SECONDS."""
+        self.turns += 1
+        if seconds > self.longest_turn:
+            self.longest_turn = seconds
 
 
 class Snapshots:
@@ -127,8 +137,11 @@ class _SnapshotCollector(Collector):
                 ("zres_messages_received", "Messages the broker received", t.messages_in),
                 ("zres_received_bytes", "Bytes the broker received", t.bytes_in),
                 ("zres_messages_sent", "Messages the broker sent", t.messages_out),
-                ("zres_sent_bytes", "Bytes the broker sent", t.bytes_out)):
+                ("zres_sent_bytes", "Bytes the broker sent", t.bytes_out),
+                ("zres_loop_turns", "Turns of the broker's loop", t.turns)):
             yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("zres_loop_longest_turn_seconds", "The longest turn of the "
+                                "broker's loop since it started", value=t.longest_turn)
         snap = self._snapshot()
         if snap is None:
             return

@@ -216,6 +216,7 @@ class Broker:
             self.clients.forgive(gap)
             log.warning("broker_stalled", seconds=round(gap, 1))
         events = dict(self.poller.poll(int(timeout * 1000)))
+        busy_from = time.monotonic()  # (a turn's length leaves out its wait for messages)
         if self.gate.zap is not None and self.gate.zap in events:
             self.gate.serve()
         if self._monitor in events:
@@ -269,6 +270,7 @@ class Broker:
                 self.snapshots.wanted = False
                 log.exception("snapshot_failed")
         self._last_turn = self.snapshots.last_turn = time.monotonic()
+        self._traffic.turned(self._last_turn - busy_from)
 
     def _commit(self) -> bool:
         """Commit the state store, timing the commits that write something."""
@@ -405,6 +407,8 @@ class Broker:
         """Describe agents, task counts and every task that cannot run, as plain data."""
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
+                "loop": {"turns": self._traffic.turns,
+                         "longest_turn": round(self._traffic.longest_turn, 4)},
                 "state": self.store.describe() if self.store is not None else None}
 
     def dashboard(self) -> dict[str, Any]:

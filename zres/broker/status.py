@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import defaultdict
 from typing import Any
 
 from ..core.resources import format_units
@@ -12,11 +12,9 @@ from ..scheduler.policy import Scheduler
 from ..scheduler.records import shape_of
 from .actors import ActorRouting, ActorState
 from .agents import AgentRegistry
-from .dispatch import where
 from .graph import TaskGraph
 
-_LISTED = 200           # waiting tasks listed in a status reply
-_LISTED_INFEASIBLE = 1000  # ... infeasible ones, which matter more, up to this many
+_LISTED = 200           # waiting and running tasks listed in a status reply
 _DEPENDENCIES = "waiting for dependencies"
 
 
@@ -60,81 +58,108 @@ class Explainer:
         return self.why(task, count_ahead=False)
 
     def report(self, address: str, epoch: int, clients: int) -> dict[str, Any]:
-        """Describe agents, task counts and every task that cannot run, as plain data."""
+        """Describe agents, task counts and the work that waits, as plain data.
+
+        Nothing here walks every task: counts come from the graph's census, waiting work
+        from its groups and the scheduler's queue (by request), and the lists name only
+        the first tasks of each kind. A status at a million queued tasks costs what one
+        at ten does, and holds up nobody's work on the loop."""
         agents = []
+        pending = 0  # grants waiting in a slot's queue: granted, not started (queued)
         for agent in sorted(self._agents.by_ident.values(), key=lambda a: a.name):
             slots = [self._sched.slots[s] for s in agent.slots]
+            pending += sum(len(s.queue) for s in slots)
             agents.append({"name": agent.name, "host": agent.host, "pid": agent.pid,
                            "draining": agent.draining, "away": agent.away,
                            "slots": [{"total": s.total, "free": s.free,
                                       "running": len(s.running), "gpus": g}
                                      for s, g in zip(slots, agent.gpus)]})
-        counts: dict[str, int] = defaultdict(int)
-        blocked: list[dict[str, Any]] = []
-        # Waiting work other than the scheduler's queue (dependencies, actor calls, grants
-        # queued on a slot), by what makes its reason; the queue counts its own by shape.
-        # Each kind is explained once: explaining 100,000 waiting tasks would hold up the loop.
-        kinds: dict[tuple[Any, ...], list[Any]] = {}
-        scheduled = self._sched.waiting
-        running: list[dict[str, Any]] = []
-        now = time.monotonic()
-        for task in self._graph.tasks.values():
-            grant = self._sched.running.get(task.id)
-            # A grant waiting in a slot's queue has not started: it counts as queued.
-            pending = grant is not None and not grant.started
-            counts["queued" if pending else task.state.value] += 1
-            state = task.state
-            if state is TaskState.QUEUED:
-                reason = self._sched.infeasible_reason(task.units, where(task))
-                if len(blocked) < _LISTED or (reason is not None
-                                              and len(blocked) < _LISTED_INFEASIBLE):
-                    blocked.append({"id": task.id, "name": task.name, "units": task.units,
-                                    "reason": self.brief(task)})
-                if task.id in scheduled:
-                    continue
-            if state is TaskState.RUNNING and not pending:
-                if len(running) < _LISTED:
-                    running.append({"id": task.id, "name": task.name, "agent": task.agent,
-                                    "units": task.units,
-                                    "seconds": round(now - task.started_at, 1)})
-            elif state is not TaskState.DONE and state is not TaskState.FAILED:
-                key = (shape_of(task.units), state, task.actor,
-                       grant.slot if grant is not None else None)
-                kind = kinds.get(key)
-                if kind is None:
-                    kinds[key] = [0, [], task]
-                    kind = kinds[key]
-                kind[0] += 1
-                if kind[0] <= 3:  # a few of its tasks, to recognise it by
-                    kind[1].append(task.name)
+        census = self._graph.census
+        counts = {state.value: count for state, count in census.by_state.items() if count}
+        if pending:
+            counts["queued"] = counts.get("queued", 0) + pending
+            counts["running"] = counts.get("running", 0) - pending
+            if not counts["running"]:
+                del counts["running"]
+        reasons: dict[Any, str] = {}  # one explanation per request and reservation
         return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
-                "counts": dict(counts), "waiting": blocked, "actors": self._actor_status(),
-                "groups": self._groups(kinds), "running": running}
+                "counts": counts, "waiting": self._first_waiting(reasons),
+                "actors": self._actor_status(), "groups": self._groups(reasons),
+                "running": self._first_running()}
 
-    def _groups(self, kinds: dict[tuple[Any, ...], list[Any]]) -> list[dict[str, Any]]:
-        """Waiting work grouped by request and reason, most tasks first: KINDS (counted
-        from the graph) and the scheduler's queue, whose reserved tasks (a few: one per
-        slot at most) are told apart, as their reason says so."""
+    def _first_waiting(self, reasons: dict[Any, str]) -> list[dict[str, Any]]:
+        """The first tasks of the scheduler's queue, each with why it waits."""
+        out = []
+        for task_id in itertools.islice(self._sched.waiting, _LISTED):
+            task = self._graph.get(task_id)
+            if task is not None:
+                out.append({"id": task.id, "name": task.name, "units": task.units,
+                            "reason": self._reason(task_id, reasons)})
+        return out
+
+    def _reason(self, task_id: int, reasons: dict[Any, str]) -> str:
+        """Why queued task TASK_ID waits, explained once per request, kind (what it runs:
+        how long it is expected to take) and reservation."""
+        waiting = self._sched.waiting[task_id]
+        key = (waiting.shape, waiting.kind, waiting.reserved_slot,
+               waiting.id if waiting.reserved_slot is not None else None)
+        if key not in reasons:
+            reasons[key] = self._sched.why(task_id, False, self._label)
+        return reasons[key]
+
+    def _first_running(self) -> list[dict[str, Any]]:
+        """The first tasks that run (their grants started), in the order they were granted."""
+        out: list[dict[str, Any]] = []
+        now = time.monotonic()
+        for task_id in self._graph.census.running:
+            grant = self._sched.running.get(task_id)
+            if grant is not None and not grant.started:
+                continue  # queued in a slot: counted as queued
+            task = self._graph.tasks[task_id]
+            out.append({"id": task.id, "name": task.name, "agent": task.agent,
+                        "units": task.units, "seconds": round(now - task.started_at, 1)})
+            if len(out) >= _LISTED:
+                break
+        return out
+
+    def _groups(self, reasons: dict[Any, str]) -> list[dict[str, Any]]:
+        """Waiting work grouped by request and reason, most tasks first: the census's
+        groups (for dependencies, behind an actor's calls), grants queued in slots, and
+        the scheduler's queue, whose reserved tasks (a few: one per slot at most) are told
+        apart, as their reason says so."""
         found: list[tuple[Any, int, list[str], str, Any]] = []
-        for (shape, state, *_), (count, names, task) in kinds.items():
-            found.append((shape, count, names, _DEPENDENCIES if state is TaskState.WAITING
-                          else self.brief(task), task.units))
+        for (state, shape, actor), group in self._graph.census.waiting_groups():
+            names = [self._graph.tasks[i].name for i in group.samples]
+            if state is TaskState.WAITING:
+                reason = _DEPENDENCIES
+            else:
+                record = self._actors.actors.get(actor)
+                reason = (f"queued for actor {actor[:8]} "
+                          f"({record.state.value if record is not None else 'dead'}) "
+                          "behind the caller's earlier calls")
+            found.append((shape, group.count, names, reason, dict(shape)))
+        for slot in self._sched.slots.values():
+            by_shape: dict[Any, list[int]] = {}
+            for task_id in slot.queue:
+                by_shape.setdefault(shape_of(self._sched.running[task_id].units),
+                                    []).append(task_id)
+            for shape, ids in by_shape.items():
+                first = self._graph.get(ids[0])
+                if first is not None:
+                    found.append((shape, len(ids), [self._name(i) for i in ids[:3]],
+                                  self.brief(first), dict(shape)))
         reserved = [slot.reserved_by for slot in self._sched.slots.values()
                     if slot.reserved_by in self._sched.waiting]
         for task_id in reserved:
             task = self._sched.waiting[task_id]
-            found.append((task.shape, 1, [self._name(task_id)],
-                          self._sched.why(task_id, False, self._label),
+            found.append((task.shape, 1, [self._name(task_id)], self._reason(task_id, reasons),
                           task.units))
         for shape, count, ids in self._sched.queue.census():
-            ids = sorted(i for i in ids if i not in reserved) or [
-                i for i, t in self._sched.waiting.items()
-                if t.shape == shape and i not in reserved][:3]
+            ids = sorted(i for i in ids if i not in reserved)
             count -= sum(1 for i in reserved if self._sched.waiting[i].shape == shape)
             if count > 0 and ids:
                 found.append((shape, count, [self._name(i) for i in ids],
-                              self._sched.why(ids[0], False, self._label),
-                              self._sched.waiting[ids[0]].units))
+                              self._reason(ids[0], reasons), self._sched.waiting[ids[0]].units))
         groups: dict[tuple[Any, str], dict[str, Any]] = {}
         for shape, count, names, reason, units in found:
             group = groups.get((shape, reason))

@@ -1,0 +1,60 @@
+"""A status costs the same at a million tasks as at ten (issue 28): the broker stepped in
+this thread, a client and an agent played by hand; the status, the dashboard's snapshot
+and the job list are built without walking every task the broker holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker.test_agent_link import Peer, report
+from tests.broker.test_keeping import hello, register
+from zres.broker.server import Broker
+from zres.core import protocol as P
+from zres.core.resources import UNIT
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Unwalkable(dict):
+    """The graph's tasks, which a status may look up by id but never walk."""
+
+    def _walked(self, *_: object) -> None:
+        raise AssertionError("the status walked every task the broker holds")
+
+    __iter__ = values = items = keys = _walked  # type: ignore[assignment]
+
+
+def test_status_counts_and_groups_without_walking_every_task():
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        register(agent, session=1)  # one slot: foo=1, CPU=1
+        items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"q{i}", False] for i in range(1, 301)]
+        items += [[i, {"foo": UNIT}, 0, 0, [1], 2, f"d{i}", False] for i in range(301, 351)]
+        items += [[351, {"bar": UNIT}, 0, 0, [], 2, "never", False]]
+        client.send(P.SUBMIT, {"tasks": items}, [b"f", b"a"] * len(items))
+        [(granted, *_)] = agent.take(P.ASSIGN).body["tasks"]
+        report(agent, 1, 1, held=[granted], started=[granted])
+        agent.sync()
+        broker.graph.tasks = Unwalkable(broker.graph.tasks)
+        status = broker.status()
+        assert status["counts"] == {"waiting": 50, "queued": 300, "running": 1}
+        assert [t["name"] for t in status["running"]] == ["q1"]
+        groups = {(g["request"], g["reason"].split(";")[0]): (g["count"], g["names"])
+                  for g in status["groups"]}
+        assert groups[("foo=1", "waiting for dependencies")] == (50, ["d301", "d302", "d303"])
+        count, names = groups[("foo=1", "needs foo=1")]
+        assert count == 299 and len(names) == 3 and all(n[0] == "q" for n in names)
+        assert [g["count"] for g in status["groups"] if g["infeasible"]] == [1]
+        assert len(status["waiting"]) == 200 and status["waiting"][0]["name"] == "q2"
+        broker.dashboard()  # (its snapshot: the status, and the newest jobs)
+        # ... and the counts follow the tasks as they run and end.
+        report(agent, 2, 1, [b"r"], results=[[granted, P.OK, 1, {}]])
+        agent.sync()
+        status = broker.status()
+        assert status["counts"] == {"queued": 349, "running": 1, "done": 1}
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
