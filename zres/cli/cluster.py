@@ -69,7 +69,8 @@ def add_parsers(sub: Any) -> None:
 
     status = sub.add_parser("status", help="show agents, resources and waiting tasks")
     status.add_argument("address", nargs="?", help=BROKER_ORDER)
-    status.add_argument("--timeout", type=seconds, default=10.0)
+    status.add_argument("--timeout", type=seconds, default=10.0,
+                        help="seconds to wait for the broker's answer (default 10)")
     status.add_argument("--json", action="store_true", help="print the report as JSON "
                         "(amounts in user units; one line per refresh with --watch)")
     status.add_argument("--watch", type=seconds, nargs="?", const=2.0, metavar="SECONDS",
@@ -79,10 +80,12 @@ def add_parsers(sub: Any) -> None:
     res.add_argument("agent", help="agent name, as zres status shows it")
     res.add_argument("spec", help='new amounts, e.g. "GPU=1 foo=3" (0 removes a name)')
     res.add_argument("--broker", help=BROKER_ORDER)
-    res.add_argument("--timeout", type=seconds, default=10.0)
+    res.add_argument("--timeout", type=seconds, default=10.0,
+                     help="seconds to wait for the broker's answer (default 10)")
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
-    demo.add_argument("--inputs", type=int, default=20)
+    demo.add_argument("--inputs", type=int, default=20,
+                      help="how many inputs the example loads and processes (default 20)")
 
 
 def broker(args: argparse.Namespace) -> int:
