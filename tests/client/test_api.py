@@ -133,6 +133,9 @@ def test_futures_nested_in_arguments_are_replaced_by_results(make_cluster, make_
     assert result == (([1, (2, {"k": 3})],), {"extra": {"x": [4]}})
     chain = client.submit(inc, client.submit(inc, client.submit(inc, 1)))
     assert chain.result(30) == 4
+    # Dask's pure= is taken and changes nothing (it used to reach the function).
+    assert client.submit(echo, 1, pure=False, k=2).result(30) == ((1,), {"k": 2})
+    assert [f.result(30) for f in client.map(inc, [1, 2], pure=False)] == [2, 3]
 
 
 def test_large_buffers_travel_as_arguments_results_and_dependencies(make_cluster,

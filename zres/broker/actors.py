@@ -100,7 +100,8 @@ def check_actor_spec(spec: Any, name_bytes: int = 1024) -> dict[str, Any]:
           and isinstance(spec.get("methods", []), list)
           and all(isinstance(m, str) for m in spec.get("methods", []))
           and type(spec.get("restarts", 0)) is int and spec.get("restarts", 0) >= -1
-          and type(spec.get("concurrency", 1)) is int and spec.get("concurrency", 1) >= 1)
+          and type(spec.get("concurrency", 1)) is int and spec.get("concurrency", 1) >= 1
+          and isinstance(spec.get("get_if_exists", False), bool))
     if not ok:
         raise ProtocolError("submit: malformed actor spec")
     return spec
@@ -145,7 +146,13 @@ class ActorRouting:
     def add_actor(self, task: Task, spec: dict[str, Any], owner: str) -> bool:
         """Make the actor TASK constructs for OWNER; False when it cannot exist (TASK
         failed)."""
-        actor = ActorRecord(spec["id"], spec.get("name", ""), spec.get("cls", "?"),
+        name = spec.get("name", "")
+        if name in self.actor_names and spec.get("get_if_exists") is True:
+            # Ray's get_if_exists: the live actor of that name is the answer (its client
+            # asks for it by name next), decided here, so two racing clients get one actor.
+            self._graph.fail(task, "ValueError", f"an actor named {name!r} already exists")
+            return False
+        actor = ActorRecord(spec["id"], name, spec.get("cls", "?"),
                             list(spec.get("methods", [])), task.client, task.units,
                             task.priority, spec.get("restarts", 0), spec.get("concurrency", 1),
                             task.id, key=owner)

@@ -104,11 +104,13 @@ class Client(Shipping, ActorMethods, DaskMethods):
     def submit(self, fn: Callable[..., R], /, *args: Any,
                resources: Mapping[str, Any] | None = None, retries: int | None = None,
                priority: int | None = None, infeasible: str | None = None,
-               key: str | None = None,
+               key: str | None = None, pure: bool | None = None,
                **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
+        PURE is taken for Dask's sake and changes nothing: every submit runs its task (zres
+        never merges calls that look alike into one), as Dask's pure=False does.
         (For a function taking one of these keywords itself, use ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key)
@@ -129,11 +131,12 @@ class Client(Shipping, ActorMethods, DaskMethods):
     def map(self, fn: Callable[..., R], *iterables: Iterable[Any],
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
-            key: str | None = None, **kwargs: Any) -> list[Future[R]]:
+            key: str | None = None, pure: bool | None = None,
+            **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call. (``executor().map`` is the standard's: an iterator of
-        results, with ``timeout``.)
+        KWARGS go to every call; PURE changes nothing (see ``submit``). (``executor().map``
+        is the standard's: an iterator of results, with ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key)
 
