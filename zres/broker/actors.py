@@ -135,13 +135,22 @@ class ActorRouting:
         self._calls = Batches(send, P.CALL, "calls")
 
     # -- creation and calls ---------------------------------------------------------------
-    def check_new_ids(self, actor_ids: list[str]) -> None:
-        """Raise ProtocolError if any of ACTOR_IDS is in use, or given twice."""
+    def check_new_ids(self, actor_ids: list[str], client: bytes) -> None:
+        """Raise ProtocolError if any of ACTOR_IDS is in use by an actor another client
+        made, or given twice (one CLIENT made: see ``sent_again``)."""
         seen: set[str] = set()
         for actor_id in actor_ids:
-            if actor_id in seen or actor_id in self.actors or actor_id in self.dead_actors:
+            if actor_id in seen or ((actor_id in self.actors or actor_id in self.dead_actors)
+                                    and not self.sent_again(actor_id, client)):
                 raise ProtocolError(f"submit: actor id {quote(actor_id, 40)} is already in use")
             seen.add(actor_id)
+
+    def sent_again(self, actor_id: str, client: bytes) -> bool:
+        """Whether ACTOR_ID names an actor CLIENT made: its construction, sent again after a
+        broker restart (the client had not heard it kept), is that actor, not a new one.
+        (A client makes its actors' ids at random, and its routing id is its own.)"""
+        actor = self.actors.get(actor_id) or self.dead_actors.get(actor_id)
+        return actor is not None and actor.owner == client
 
     def add_actor(self, task: Task, spec: dict[str, Any], owner: str) -> bool:
         """Make the actor TASK constructs for OWNER; False when it cannot exist (TASK
