@@ -212,12 +212,21 @@ def agent(args: argparse.Namespace) -> int:
                        detect=not args.no_detect)
     address = settings["broker"] or config.DEFAULT_ADDRESS
     key = config.find_key(None, ("agent",), address, args.config)
-    agent = Agent(address, slots, settings["name"],
-                  settings["heartbeat_interval"], settings["heartbeat_timeout"],
-                  settings["job_logs"], settings["job_grace"], settings["drain_grace"], key)
-    _exit_with(args, agent.stop)
-    agent.run()
-    return agent.exit_code
+    while True:
+        agent = Agent(address, slots, settings["name"],
+                      settings["heartbeat_interval"], settings["heartbeat_timeout"],
+                      settings["job_logs"], settings["job_grace"], settings["drain_grace"],
+                      key)
+        _exit_with(args, agent.stop)
+        agent.run()
+        # A broker starting on this machine makes this user's keys before it listens: an
+        # agent that looked before they were made, refused for having none, looks again.
+        if key is None and agent.refused == K.refusal(None):
+            key = config.find_key(None, ("agent",), address, args.config)
+            if key is not None:
+                get_logger("zres.agent").info("agent_found_keys", directory=key.directory)
+                continue
+        return agent.exit_code
 
 
 def _exit_with(args: argparse.Namespace, stop: Any) -> None:
