@@ -226,6 +226,7 @@ def agent(args: argparse.Namespace) -> int:
             if key is not None:
                 get_logger("zres.agent").info("agent_found_keys", directory=key.directory)
                 continue
+            get_logger("zres.agent").error("agent_refused", broker=address, why=agent.refused)
         return agent.exit_code
 
 

@@ -180,7 +180,8 @@ class IOThread:
             why = self._handshakes.refused(recv_monitor_message(self._monitor)["event"])
             if why is None:
                 continue
-            if self.refused is None:
+            if self.refused is None and self.connected.is_set():
+                # (while Client() connects, it raises it, or looks for keys made meanwhile)
                 log.error("client_refused", broker=self.address, why=why)
             self.refused = why
             self.connected.set()
