@@ -56,7 +56,6 @@ class Agent:
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.poller = zmq.Poller()
         self._connection = BrokerConnection(self.ctx, broker, key)  # (KEY: its, and the broker's)
-        self._keyless = key is None
         self.broker = self._connection.sock
         self.poller.register(self.broker, zmq.POLLIN)
         self.poller.register(self._connection.monitor, zmq.POLLIN)
@@ -181,8 +180,7 @@ class Agent:
     def _on_connection_events(self) -> None:
         for event in self._connection.events():
             if event != RECONNECTED and not self._stopping:  # it refuses our key
-                # (having none, said by whoever started us, who may find keys made since)
-                (log.info if self._keyless else log.error)(
+                (log.info if self._connection.keyless else log.error)(  # (cli.cluster.agent)
                     "agent_refused", broker=self.broker_address, why=event)
                 self.exit_code, self.refused = 1, event
                 self.stop()
