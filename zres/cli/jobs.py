@@ -38,8 +38,8 @@ def add_parsers(sub: Any) -> None:
     submit.add_argument("--cwd", help="the job's working directory on the agent (default: "
                         "this directory, as for sbatch; a relative one is taken from here)")
     submit.add_argument("--priority", type=int, default=0,
-                        help="higher runs first among jobs waiting for the same resources; "
-                        "equal ones in the order queued (default 0)")
+                        help="higher starts first; equal ones in the order queued "
+                        "(default 0)")
     submit.add_argument("--retries", type=int, default=0,
                         help="run again elsewhere if its agent is lost (default 0)")
     submit.add_argument("--infeasible", choices=["warn", "error"], default="warn",

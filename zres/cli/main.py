@@ -54,7 +54,7 @@ def _log_level(given: str | None) -> None:
     try:
         logs.level_number(level)
     except ValueError as exc:
-        raise UsageError(f"{exc}" if given else f"$ZRES_LOG_LEVEL: {exc}") from None
+        raise UsageError(str(exc) if given else f"$ZRES_LOG_LEVEL: {exc}") from None
     logs.setup(None, level)
 
 

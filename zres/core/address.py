@@ -19,11 +19,11 @@ from .errors import ZresError
 
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d+)")
 _TRANSPORTS = ("tcp", "ipc", "inproc")
+_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
+
+
 class Unreachable(ZresError):
     """Nothing accepts connections at a broker's address (refused, unknown host)."""
-
-
-_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
 
 
 def normalize(address: str) -> str:
