@@ -128,6 +128,16 @@ def test_an_unknown_level_or_format_in_the_environment_is_refused_too(variable, 
     assert said in done.stderr
 
 
+@pytest.mark.parametrize("command", [["status"], ["jobs"]])
+def test_a_command_refuses_an_unknown_level_in_the_environment_naming_it(command):
+    done = subprocess.run([sys.executable, "-m", "zres", *command, "tcp://127.0.0.1:9"
+                           if command == ["status"] else "--broker=tcp://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "ZRES_LOG_LEVEL": "verbose"})
+    assert done.returncode == 2
+    assert "$ZRES_LOG_LEVEL: unknown log level 'verbose'" in done.stderr
+
+
 def test_version():
     done = subprocess.run([sys.executable, "-m", "zres", "--version"],
                           capture_output=True, text=True, timeout=30)

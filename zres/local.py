@@ -235,6 +235,21 @@ def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0
     the key found for a command (``keys.find``): KeysError if the broker refuses it."""
     from . import config
     key = config.find_key(None, ("admin", "client"), address)
+    try:
+        return _request(address, key, kind, body, timeout)
+    except keys.KeysError:
+        if key is None:
+            # A broker starting on this machine makes this user's keys before it listens:
+            # looked for before they were there, they are there now (the request was
+            # refused at the handshake, so it never reached the broker: send it again).
+            key = config.find_key(None, ("admin", "client"), address)
+            if key is not None:
+                return _request(address, key, kind, body, timeout)
+        raise
+
+
+def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, Any],
+             timeout: float) -> dict[str, Any]:
     ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.broker.test_agent_link import Peer, report
-from tests.broker.test_keeping import broker_on, hello, register, results
+from tests.broker.test_keeping import broker_on, hello, register, restarted, results
 from zres.core import protocol as P
 from zres.core.resources import UNIT
 
@@ -123,3 +123,69 @@ def test_a_construction_that_ended_unheard_is_told_with_the_offer(tmp_path):
         for peer in (client, agent):
             peer.close()
         broker.close()
+
+
+SPEC = {"id": "a1", "name": "", "cls": "C", "methods": ["m"], "restarts": 0}
+
+
+def made_and_called(client: Peer, local: int) -> None:
+    """The construction of a1 (local 1) and a call on it (LOCAL), in one submit: what a
+    client sends again to a restarted broker when it had not heard the first accepted."""
+    client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 0, [], 2, "C", False,
+                                      {"actor": SPEC}],
+                                     [local, {}, 0, 0, [], 2, f"m{local}", False,
+                                      {"call": "a1"}]]},
+                [b"cls", b"args", b"m", b"args%d" % local])
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["pending", "placed"])
+@pytest.mark.parametrize("holds", [True, False], ids=["held", "let-go"])
+def test_an_actor_sent_again_after_a_restart_is_the_actor_restored(tmp_path, placed, holds):
+    """The broker went after writing a1's construction, before its client heard it
+    accepted: the client sends it again, a call behind it, and the restarted broker, which
+    restored a1, takes it as the same actor (made once, the call goes to it). It used to
+    refuse the whole submit, `actor id a1 is already in use`, failing the call with it."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    create(client, restarts=0)
+    placement = None
+    if placed:
+        register(agent, session=1)
+        [(placement, *_)] = agent.take(P.ASSIGN).body["tasks"]
+        report(agent, 1, 1, [b"none"], held=[placement], results=[[placement, P.OK, 1, {}]])
+        assert results(client) == {1: (P.OK, [b"none"])}
+    client.sync()  # (taken in, and written at the end of that turn; its accepted unheard)
+    broker = restarted(broker, tmp_path, client, agent)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        # (HOLDS: its ready future still held; else dropped, which a restarted broker
+        # hears as the client's resume not naming it)
+        client.send(P.RESUME, {"ids": [], "holds": [1] if holds else [], "last": True})
+        made_and_called(client, 2)
+        assert not [m for m in client.sync() if m.kind == P.REFUSED], "refused"
+        offer = {"actors": [["a1", placement, 0, [], []]]} if placed else {}
+        register(agent, session=2, **offer)
+        if not placed:
+            [(placement, *_)] = agent.take(P.ASSIGN).body["tasks"]
+            report(agent, 1, 2, [b"none"], held=[placement],
+                   results=[[placement, P.OK, 1, {}]])
+        [call_id] = calls(agent)
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "a1 made twice"
+        report(agent, 1 if placed else 2, 2, [b"2"], held=[call_id],
+               results=[[call_id, P.OK, 1, {}]])
+        told: dict[int, Any] = {}
+        while 2 not in told:  # (a1's construction, made again or not, may be told first)
+            told.update(results(client, info=True))
+        assert told[2][0] == P.OK, f"the call did not run on a1: {told[2]}"
+        assert [a["id"] for a in client_status(client)["actors"]] == ["a1"]
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+def client_status(client: Peer) -> dict[str, Any]:
+    client.send(P.STATUS, {"req": 1})
+    return client.take(P.STATUS_REPLY).body

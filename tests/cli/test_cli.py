@@ -3,12 +3,15 @@ its stdout and stderr."""
 
 from __future__ import annotations
 
+import argparse
+import http.server
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 import zres
 from tests.conftest import wait_until
 from tests.tasks import hold
+from zres.cli.main import _parser
 
 # An address where nothing listens: an agent given it must fail on its arguments first.
 NOWHERE = "tcp://127.0.0.1:1"
@@ -288,6 +292,7 @@ def test_status_without_a_broker_fails_with_one_line(tmp_path):
     assert line.startswith("zres status: ")
     # Said at once, from the refused connection, not after the 10 s the answer may take.
     assert address in line and "connection refused" in line
+    assert "start one with `zres broker`" in line, "and how to get one"
     assert result.stdout == ""
 
 
@@ -304,6 +309,28 @@ def test_a_client_pointed_at_nothing_fails_at_once_naming_why():
     with pytest.raises(zres.ZresError, match="connection refused") as caught:
         zres.Client(address, connect_timeout=30)
     assert address in str(caught.value)
+
+
+@pytest.fixture
+def http_port() -> Iterator[str]:
+    """An HTTP server's address (where a dashboard would be), as HOST:PORT."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_client_or_command_given_an_http_port_says_so(http_port, tmp_path):
+    # (Both used to wait out their whole timeout, then say no broker answered.)
+    with pytest.raises(zres.ZresError, match="is an HTTP server .*, not a zres broker's port"):
+        zres.Client(http_port, connect_timeout=30)
+    result = zres_cli("status", http_port, "--timeout", "30", cwd=tmp_path)
+    assert result.returncode == 1
+    line = assert_one_line_error(result)
+    assert f"tcp://{http_port} is an HTTP server (the dashboard?)" in line
+    assert "zres broker --listen" in line
 
 
 @pytest.mark.parametrize("args", [
@@ -354,6 +381,22 @@ def test_help_lists_the_commands(tmp_path):
     for command in ("broker", "agent", "status"):
         sub = zres_cli(command, "--help", cwd=tmp_path)
         assert sub.returncode == 0 and "usage: zres " + command in sub.stdout
+
+
+def test_every_command_and_option_has_help_text():
+    def undocumented(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                documented = {choice.dest for choice in action._choices_actions
+                              if choice.help}
+                for name, command in action.choices.items():
+                    if name not in documented:
+                        yield f"{path} {name}"
+                    yield from undocumented(command, f"{path} {name}")
+            elif not action.help or action.help == argparse.SUPPRESS:
+                yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(undocumented(_parser(), "zres")) == []
 
 
 def test_no_command_is_a_usage_error(tmp_path):

@@ -106,6 +106,12 @@ def test_status_watch_refreshes_until_interrupted(make_cluster, make_client, tmp
             watch.kill()
         watch.stdout.close()
         watch.stderr.close()
+    # Its reader gone (`| head`), it ends quietly at its next refresh.
+    piped = subprocess.run(f"{sys.executable} -m zres status {cluster.address} --keys "
+                           f"{cluster.keys} --watch 0.1 | head -n 1", shell=True, env=clean_env(),
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert piped.stdout.count("\n") == 1, piped.stdout
+    assert piped.stderr == ""
 
 
 def test_a_reserved_task_is_a_group_of_its_own(make_cluster, make_client, tmp_path):

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures as cf
 import gc
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,16 @@ def test_exceptions_keep_their_type_and_carry_the_remote_traceback(make_cluster,
     assert "fail_value" in str(info.value.__cause__)
     future = client.submit(fail_value, 4)
     assert isinstance(future.exception(30), ValueError)
+    # A result that cannot be pickled says so: the result, of which task, where.
+    agent = re.escape(cluster.status()["agents"][0]["name"])
+    with pytest.raises(TypeError, match=rf"the result of task \d+ \(make_lock\) on agent "
+                       rf"{agent} cannot be pickled to be sent back: TypeError: cannot pickle"):
+        client.submit(make_lock).result(30)
+
+
+def make_lock() -> Any:
+    import threading
+    return threading.Lock()
 
 
 def test_a_failed_dependency_fails_its_dependents_with_the_same_type(make_cluster,
@@ -122,6 +133,9 @@ def test_futures_nested_in_arguments_are_replaced_by_results(make_cluster, make_
     assert result == (([1, (2, {"k": 3})],), {"extra": {"x": [4]}})
     chain = client.submit(inc, client.submit(inc, client.submit(inc, 1)))
     assert chain.result(30) == 4
+    # Dask's pure= is taken and changes nothing (it used to reach the function).
+    assert client.submit(echo, 1, pure=False, k=2).result(30) == ((1,), {"k": 2})
+    assert [f.result(30) for f in client.map(inc, [1, 2], pure=False)] == [2, 3]
 
 
 def test_large_buffers_travel_as_arguments_results_and_dependencies(make_cluster,

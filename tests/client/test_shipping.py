@@ -39,7 +39,7 @@ try:
     point = client.submit(mod.where, client.submit(mod.double, 21), 1).result(timeout=30)
     print("ok", point.x, point.y, type(point).__name__)
 except Exception as exc:
-    print("failed", type(exc).__name__, exc)
+    print("failed", type(exc).__name__, exc, *getattr(exc, "__notes__", []))
 client.close()
 '''
 
@@ -59,6 +59,9 @@ def test_a_module_agents_cannot_import_fails_the_task_unless_shipped(tmp_path, m
     cluster = make_cluster([{"CPU": 2}])
     out = run_user_script(tmp_path, cluster, "none")
     assert out.startswith("failed ModuleNotFoundError") and "shipme_none" in out, out
+    # Its note says where it was missing and how to send it there.
+    assert f"cannot be imported on agent {cluster.status()['agents'][0]['name']}" in out, out
+    assert "zres.Client(modules=[shipme_none]) or client.ship(shipme_none)" in out, out
     assert run_user_script(tmp_path, cluster, "ship") == "ok 42 1 Point"
     assert run_user_script(tmp_path, cluster, "modules") == "ok 42 1 Point"
 

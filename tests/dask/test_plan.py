@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dask
 import dask.array as da
+import dask.bag as db
 import pytest
 from dask._expr import FinalizeCompute
 from dask.base import collections_to_expr
@@ -108,3 +109,28 @@ def test_other_annotations_are_said_to_be_ignored():
     expr, keys = optimised(annotated)
     with pytest.warns(UserWarning, match="ignores workers"):
         make_plan(expr, keys, Options())
+
+
+def dec(block):
+    return block - 1
+
+
+def gpu_of(plan, name: str) -> set[float]:
+    """The GPU asked for by the steps made of a task named NAME (0: none)."""
+    return {dict(s.options.resources).get("GPU", 0) for s in plan.steps
+            if any(name in str(key) for key, _ in parts(s.node, ()))}
+
+
+def test_annotated_and_plain_tasks_in_one_graph_each_keep_their_own():
+    """Dask gives the unannotated tasks of a merged layer a tombstone for their annotation:
+    it means none (it used to fail the whole compute with a TypeError naming it)."""
+    with dask.annotate(resources={"GPU": 1}, priority=2):
+        annotated = [dask.delayed(inc)(i) for i in range(3)]
+        array = da.ones((4,), chunks=2).map_blocks(inc)
+    plain = [dask.delayed(dec)(i) for i in range(3)]
+    bag = db.from_sequence(range(4), npartitions=2).map(dec)
+    expr, keys = optimised(dask.delayed(sum)(annotated + plain), array.sum(), bag.sum())
+    plan = make_plan(expr, keys, Options())
+    assert gpu_of(plan, "inc") == {1}
+    assert gpu_of(plan, "dec") == {0}
+    assert {s.options.priority for s in plan.steps if made_of_inc(s.node)} == {2}

@@ -6,6 +6,7 @@ broker's status, never by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import os
 import signal
 import subprocess
@@ -187,6 +188,8 @@ def test_bad_arguments_are_refused_where_they_are_made(make_cluster, make_client
         client.actor(Counter, max_concurrency=0)
     with pytest.raises(ValueError, match="restarts"):
         client.actor(Counter, restarts=-2)
+    with pytest.raises(ValueError, match="get_if_exists needs the actor's name"):
+        client.actor(Counter, get_if_exists=True)
     with pytest.raises(zres.ResourceSpecError):
         client.actor(Counter, resources={"GPU": -1})
     counter = client.actor(Counter)
@@ -350,12 +353,23 @@ def test_named_actor_is_found_from_another_client_and_outlives_its_creator(make_
     store = other.get_actor("store")
     assert store.ready().result(30) is None
     assert store.add(1).result(30) == 101
+    # Ray's get_if_exists: the live one, whatever the arguments.
+    assert other.actor(Counter, 0, name="store", get_if_exists=True) == store
     assert creator.submit(add_to_named, "store", 1).result(30) == 102, "found from a task"
     creator.close()
     assert store.add(1).result(30) == 103, "a named actor lives on after its creator left"
     other.kill(store)
     with pytest.raises(ValueError, match="no live actor"):
         other.get_actor("store")
+    # None live: made. Clients racing to get or make one get the same one (the broker
+    # decides), whichever made it.
+    third = make_client(cluster.address)
+    with cf.ThreadPoolExecutor(2) as pool:
+        racing = list(pool.map(lambda c: c.actor(Counter, 10, name="store", get_if_exists=True),
+                               [other, third]))
+    assert racing[0] == racing[1] != store
+    assert [racing[0].add(1).result(30), racing[1].add(1).result(30)] == [11, 12]
+    assert [a["name"] for a in other.status()["actors"]] == ["store"]
 
 
 def test_unnamed_actor_ends_when_its_creator_disconnects(make_cluster, make_client):

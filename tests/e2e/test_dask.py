@@ -148,6 +148,29 @@ def test_a_bag_map_annotated(client, tmp_path):
     assert {(r["agent"], r["gpu"]) for r in read(ledger)} == {("gpu-a", 1.0)}
 
 
+def anywhere(i: int, ledger: str) -> int:
+    record(ledger, "plain", i=i)
+    return i
+
+
+def test_annotated_and_plain_tasks_of_one_compute_each_run_where_they_asked(client, tmp_path):
+    """Delayed tasks built in and out of dask.annotate in one graph (Dask marks the plain
+    ones with a tombstone), beside an annotated array and a plain bag."""
+    ledger = str(tmp_path / "ledger")
+    with dask.annotate(resources={"GPU": 1}):
+        gpu = [dask.delayed(on_gpu)(i, ledger) for i in range(3)]
+        blocks = da.ones((40,), chunks=10).map_blocks(func1, ledger=ledger, dtype=float)
+    plain = [dask.delayed(anywhere)(i, ledger) for i in range(3)]
+    bag = db.from_sequence(range(4), npartitions=2).map(anywhere, ledger)
+    total, array_sum, bag_sum = dask.compute(dask.delayed(sum)(gpu + plain), blocks.sum(),
+                                             bag.sum(), scheduler=client.get)
+    assert (total, array_sum, bag_sum) == (30 + 3, 80, 6)
+    ran = read(Path(ledger))
+    assert {r["gpu"] for r in ran if r["what"] in ("delayed", "func1")} == {1.0}
+    assert {r["gpu"] for r in ran if r["what"] == "plain"} == {0}
+    assert len(ran) == 3 + 4 + 3 + 4
+
+
 def first_waits(release: str, marker: str) -> int:
     Path(marker).touch()
     wait_for_file(release, timeout=60)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import gc
 import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -147,6 +150,16 @@ def test_readme_example_places_gpu_work_on_gpu_agents_and_aggregate_on_bigmem(
                     assert a["gpu_ids"] != b["gpu_ids"], (
                         f"two concurrent tasks on {agent} shared device {a['gpu_ids']}")
     assert final.agent == "bigmem"
+
+    # The README's own block, as written, as a program of its own on this cluster.
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("## Example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    ran = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "ZRES_BROKER": cluster.address,
+                                           "ZRES_KEYS": cluster.keys})
+    assert ran.returncode == 0, ran.stderr
+    said = re.search(r"print\(final.result\(\)\) +# (\d+)", block)
+    assert said is not None and ran.stdout == said[1] + "\n", "it prints what README says"
 
 
 # -- 2. capacity limits concurrency -------------------------------------------------------

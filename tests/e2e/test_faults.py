@@ -413,6 +413,10 @@ def test_messages_over_a_limit_are_refused_naming_it(make_cluster, make_client):
         sock.close()
     with pytest.raises(zres.ZresError, match="max_name_bytes"):
         zres.Client(cluster.address, name="n" * 5000)
+    # A hello too big for the broker to read is refused as such: the client says why at
+    # once (it used to wait out its connect timeout, then say no broker answered).
+    with pytest.raises(zres.ZresError, match="refused its hello: .*max_header_bytes"):
+        zres.Client(cluster.address, name="n" * 20_000_000, connect_timeout=30)
     assert client.submit(where, resources={"slot": 1}).result(30) == "a"
 
 

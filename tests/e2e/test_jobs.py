@@ -364,6 +364,24 @@ def test_run_queue_once_returns_when_every_job_has_finished(cli, tmp_path):
     assert [table[j][2] for j in jobs] == ["done", "failed", "failed"]
     assert f"job {jobs[1]}" in errors and "exit code 1" in errors
 
+    # Without --once it watches: what is there already is one line, then only changes.
+    watch = subprocess.Popen([sys.executable, "-m", "zres", "run-queue"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys))
+    try:
+        assert watch.stdout is not None
+        assert watch.stdout.readline().startswith("3 job(s) so far (1 done, 2 failed)")
+        later = int(run("submit", "--name", "later", "--", "true").stdout)
+        seen = []
+        for line in watch.stdout:
+            seen.append(line)
+            if line == f"job {later} later: done\n":
+                break
+        assert all(line.startswith(f"job {later} later: ") for line in seen), seen
+    finally:
+        watch.kill()
+        watch.communicate()
+
 
 def test_submit_file_queues_one_job_per_line(cli, tmp_path):
     cluster, run = cli([{"foo": 1}], nthreads=2)

@@ -228,6 +228,63 @@ def test_a_broker_given_no_keys_makes_its_own_and_its_user_finds_them(spawn, tmp
     assert stranger.returncode == 1 and "it has no key" in stranger.stderr
 
 
+@pytest.mark.parametrize("who", ["client", "command"])
+def test_a_peer_that_looked_for_keys_before_its_starting_broker_made_them_gets_in(
+        who, spawn, tmp_path, monkeypatch):
+    """The race of a client started just after a broker's first start: it looks for this
+    user's keys before the broker has made them, and the broker listens (keys made) before
+    the client connects. Stepped: the broker starts just after the client's look."""
+    home = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    for name in ("ZRES_KEYS", "ZRES_INSECURE"):
+        monkeypatch.delenv(name, raising=False)
+    from tests.cli.test_cli import free_port
+    address = f"tcp://127.0.0.1:{free_port()}"
+    looked = zres.config.find_key
+
+    def look_then_start_the_broker(*args: Any, **kwargs: Any) -> Any:
+        key = looked(*args, **kwargs)
+        if key is None and not (home / "zres" / "keys").exists():
+            broker = spawn([sys.executable, "-m", "zres", "broker", "--listen", address,
+                            "--http", "off"], env=dict(os.environ), stdout=subprocess.PIPE,
+                           text=True)
+            assert address in broker.stdout.readline(), "the broker listens"
+        return key
+
+    monkeypatch.setattr(zres.config, "find_key", look_then_start_the_broker)
+    if who == "client":
+        with zres.Client(address, connect_timeout=30) as client:
+            assert client.status()["agents"] == []
+    else:
+        from zres.local import request
+        assert request(address, P.STATUS, {}, 30)["agents"] == []
+
+
+def test_an_agent_that_looked_for_keys_before_its_broker_made_them_gets_in(
+        spawn, tmp_path, monkeypatch):
+    """`zres broker & zres agent`: the agent looks for this user's keys before the broker
+    has made them (stepped: the broker starts once the agent has looked), connects without,
+    is refused, and looks again (it used to exit, refused)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in ("ZRES_KEYS", "ZRES_INSECURE"):
+        monkeypatch.delenv(name, raising=False)
+    from tests.cli.test_cli import free_port
+    address = f"tcp://127.0.0.1:{free_port()}"
+    agent = spawn([sys.executable, "-m", "zres", "agent", address, "--resources", "foo=1",
+                   "--no-detect", "--name", "early", "--log-format", "json"],
+                  env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    for line in agent.stderr:  # (it logs agent_started once it has looked)
+        if '"agent_started"' in line:
+            break
+    broker = spawn([sys.executable, "-m", "zres", "broker", "--listen", address,
+                    "--http", "off"], env=dict(os.environ), stdout=subprocess.PIPE, text=True)
+    assert address in broker.stdout.readline(), "the broker listens"
+    from zres.local import request
+    wait_until(lambda: [a["name"] for a in request(address, P.STATUS, {}, 30)["agents"]]
+               == ["early"], timeout=30, message="the agent to register")
+    assert agent.poll() is None
+
+
 def test_insecure_only_on_loopback_unless_asked_on_the_command_line(spawn, tmp_path):
     env = {**os.environ, "ZRES_SECURITY__INSECURE": "true"}
     refused = subprocess.run([sys.executable, "-m", "zres", "broker", "--listen",

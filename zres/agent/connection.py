@@ -23,6 +23,9 @@ class BrokerConnection:
         self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
         self.sock.setsockopt(zmq.LINGER, 0)
         keys.secure(self.sock, key)
+        # Refused for having no key, the agent's starter may find keys made since (a
+        # broker starting on this machine makes them): it says so, or the error.
+        self.keyless = key is None
         self._handshakes = keys.Handshakes(address, key)
         self.monitor = self.sock.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | keys.HANDSHAKES)

@@ -83,6 +83,7 @@ class Agent:
         self._deferred = DeferredGrants()        # grants that came while the lease lapsed
         self._stopping = False
         self.exit_code = 0
+        self.refused: str | None = None  # why the broker refused our key, if it did
 
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -181,8 +182,9 @@ class Agent:
     def _on_connection_events(self) -> None:
         for event in self._connection.events():
             if event != RECONNECTED and not self._stopping:  # it refuses our key
-                log.error("agent_refused", broker=self.broker_address, why=event)
-                self.exit_code = 1
+                (log.info if self._connection.keyless else log.error)(  # (cli.cluster.agent)
+                    "agent_refused", broker=self.broker_address, why=event)
+                self.exit_code, self.refused = 1, event
                 self.stop()
             elif event == RECONNECTED and self.session.registered:
                 # A new connection: messages in flight on the old one may be lost. Resume

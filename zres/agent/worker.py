@@ -284,11 +284,13 @@ class WorkerProcess:
                 if inspect.isawaitable(value):
                     value = asyncio.run(_await(value))
             self.stopper.leave(task_id)
-            outcome, frames = P.OK, dumps(value)
+            outcome, frames = P.OK, _result(value, fn, task)
         except Stopped:
             raise
         except BaseException as exc:  # report everything, SystemExit included
             self.stopper.leave(task_id)
+            if isinstance(exc, ModuleNotFoundError) and exc.name:
+                exc.add_note(_missing_module(exc.name, task.agent))
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
@@ -347,6 +349,30 @@ class WorkerProcess:
         items = self.output.take()
         if items:
             P.send(self.agent, P.encode(P.OUTPUT, {"items": items}))
+
+
+def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
+    """VALUE pickled to be sent back; if it cannot be, an error of the same type that says
+    it was the result, of which task, where."""
+    try:
+        return dumps(value)
+    except Exception as exc:
+        what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
+        why = (f"the result of task {task.task_id} ({what}) on agent {task.agent} cannot be "
+               f"pickled to be sent back: {type(exc).__name__}: {exc}")
+        try:
+            error = type(exc)(why)
+        except Exception:  # an error class that takes other arguments
+            error = RuntimeError(why)
+        raise error from exc
+
+
+def _missing_module(name: str, agent: str) -> str:
+    """A note for a ModuleNotFoundError of NAME raised on AGENT: how to get it there."""
+    top = name.partition(".")[0]
+    return (f"zres: module {top!r} cannot be imported on agent {agent} ({sys.executable}): "
+            "install it there, or, if it is your own code, send it with the task: "
+            f"zres.Client(modules=[{top}]) or client.ship({top})")
 
 
 async def _await(awaitable: Any) -> Any:

@@ -100,7 +100,8 @@ def check_actor_spec(spec: Any, name_bytes: int = 1024) -> dict[str, Any]:
           and isinstance(spec.get("methods", []), list)
           and all(isinstance(m, str) for m in spec.get("methods", []))
           and type(spec.get("restarts", 0)) is int and spec.get("restarts", 0) >= -1
-          and type(spec.get("concurrency", 1)) is int and spec.get("concurrency", 1) >= 1)
+          and type(spec.get("concurrency", 1)) is int and spec.get("concurrency", 1) >= 1
+          and isinstance(spec.get("get_if_exists", False), bool))
     if not ok:
         raise ProtocolError("submit: malformed actor spec")
     return spec
@@ -134,18 +135,33 @@ class ActorRouting:
         self._calls = Batches(send, P.CALL, "calls")
 
     # -- creation and calls ---------------------------------------------------------------
-    def check_new_ids(self, actor_ids: list[str]) -> None:
-        """Raise ProtocolError if any of ACTOR_IDS is in use, or given twice."""
+    def check_new_ids(self, actor_ids: list[str], client: bytes) -> None:
+        """Raise ProtocolError if any of ACTOR_IDS is in use by an actor another client
+        made, or given twice (one CLIENT made: see ``sent_again``)."""
         seen: set[str] = set()
         for actor_id in actor_ids:
-            if actor_id in seen or actor_id in self.actors or actor_id in self.dead_actors:
+            if actor_id in seen or ((actor_id in self.actors or actor_id in self.dead_actors)
+                                    and not self.sent_again(actor_id, client)):
                 raise ProtocolError(f"submit: actor id {quote(actor_id, 40)} is already in use")
             seen.add(actor_id)
+
+    def sent_again(self, actor_id: str, client: bytes) -> bool:
+        """Whether ACTOR_ID names an actor CLIENT made: its construction, sent again after a
+        broker restart (the client had not heard it kept), is that actor, not a new one.
+        (A client makes its actors' ids at random, and its routing id is its own.)"""
+        actor = self.actors.get(actor_id) or self.dead_actors.get(actor_id)
+        return actor is not None and actor.owner == client
 
     def add_actor(self, task: Task, spec: dict[str, Any], owner: str) -> bool:
         """Make the actor TASK constructs for OWNER; False when it cannot exist (TASK
         failed)."""
-        actor = ActorRecord(spec["id"], spec.get("name", ""), spec.get("cls", "?"),
+        name = spec.get("name", "")
+        if name in self.actor_names and spec.get("get_if_exists") is True:
+            # Ray's get_if_exists: the live actor of that name is the answer (its client
+            # asks for it by name next), decided here, so two racing clients get one actor.
+            self._graph.fail(task, "ValueError", f"an actor named {name!r} already exists")
+            return False
+        actor = ActorRecord(spec["id"], name, spec.get("cls", "?"),
                             list(spec.get("methods", [])), task.client, task.units,
                             task.priority, spec.get("restarts", 0), spec.get("concurrency", 1),
                             task.id, key=owner)

@@ -150,11 +150,15 @@ class ClientLink:
             raise StateUnwritable(f"the broker cannot keep new work: writing its state in "
                                   f"{self._store.directory} fails ({self._store.error})")
         # Refused before anything is recorded: a refusal fails every task it held.
-        self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor])
+        self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor],
+                                   client.ident)
         for sub in submissions:
             client.accepted = max(client.accepted, sub.local)
-            if sub.local in client.ids:
-                continue  # sent again after a restart, and kept before it: taken once
+            if sub.local in client.ids or (
+                    sub.actor and self._actors.sent_again(sub.actor["id"], client.ident)):
+                # Sent again after a restart, and kept before it: taken once (an actor's
+                # construction even if its client has let go of it since: the actor lives).
+                continue
             task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, [],
                         kind=sub.kind, quiet=sub.quiet)

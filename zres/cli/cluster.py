@@ -73,7 +73,8 @@ def add_parsers(sub: Any) -> None:
 
     status = sub.add_parser("status", help="show agents, resources and waiting tasks")
     status.add_argument("address", nargs="?", help=BROKER_ORDER)
-    status.add_argument("--timeout", type=seconds, default=10.0)
+    status.add_argument("--timeout", type=seconds, default=10.0,
+                        help="seconds to wait for the broker's answer (default 10)")
     status.add_argument("--json", action="store_true", help="print the report as JSON "
                         "(amounts in user units; one line per refresh with --watch)")
     status.add_argument("--watch", type=seconds, nargs="?", const=2.0, metavar="SECONDS",
@@ -83,10 +84,12 @@ def add_parsers(sub: Any) -> None:
     res.add_argument("agent", help="agent name, as zres status shows it")
     res.add_argument("spec", help='new amounts, e.g. "GPU=1 foo=3" (0 removes a name)')
     res.add_argument("--broker", help=BROKER_ORDER)
-    res.add_argument("--timeout", type=seconds, default=10.0)
+    res.add_argument("--timeout", type=seconds, default=10.0,
+                     help="seconds to wait for the broker's answer (default 10)")
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
-    demo.add_argument("--inputs", type=int, default=20)
+    demo.add_argument("--inputs", type=int, default=20,
+                      help="how many inputs the example loads and processes (default 20)")
 
 
 def broker(args: argparse.Namespace) -> int:
@@ -214,13 +217,22 @@ def agent(args: argparse.Namespace) -> int:
                        detect=not args.no_detect)
     address = settings["broker"] or config.DEFAULT_ADDRESS
     key = config.find_key(None, ("agent",), address, args.config)
-    agent = Agent(address, slots, settings["name"],
-                  settings["heartbeat_interval"], settings["heartbeat_timeout"],
-                  settings["job_logs"], settings["job_grace"], settings["drain_grace"], key,
-                  settings["state"])
-    _exit_with(args, agent.stop)
-    agent.run()
-    return agent.exit_code
+    while True:
+        agent = Agent(address, slots, settings["name"],
+                      settings["heartbeat_interval"], settings["heartbeat_timeout"],
+                      settings["job_logs"], settings["job_grace"], settings["drain_grace"],
+                      key, settings["state"])
+        _exit_with(args, agent.stop)
+        agent.run()
+        # A broker starting on this machine makes this user's keys before it listens: an
+        # agent that looked before they were made, refused for having none, looks again.
+        if key is None and agent.refused == K.refusal(None):
+            key = config.find_key(None, ("agent",), address, args.config)
+            if key is not None:
+                get_logger("zres.agent").info("agent_found_keys", directory=key.directory)
+                continue
+            get_logger("zres.agent").error("agent_refused", broker=address, why=agent.refused)
+        return agent.exit_code
 
 
 def _exit_with(args: argparse.Namespace, stop: Any) -> None:

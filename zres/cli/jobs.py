@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
@@ -36,7 +37,9 @@ def add_parsers(sub: Any) -> None:
                         help="set an environment variable for the job (repeatable)")
     submit.add_argument("--cwd", help="the job's working directory on the agent (default: "
                         "this directory, as for sbatch; a relative one is taken from here)")
-    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--priority", type=int, default=0,
+                        help="higher starts first; equal ones in the order queued "
+                        "(default 0)")
     submit.add_argument("--retries", type=int, default=0,
                         help="run again elsewhere if its agent is lost (default 0)")
     submit.add_argument("--infeasible", choices=["warn", "error"], default="warn",
@@ -52,12 +55,12 @@ def add_parsers(sub: Any) -> None:
     _broker_option(jobs)
 
     logs = sub.add_parser("logs", help="print a job's output")
-    logs.add_argument("job", type=int)
+    logs.add_argument("job", type=int, help="the job's id (zres submit printed it)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
     _broker_option(logs)
 
     cancel = sub.add_parser("cancel", help="stop a job (SIGTERM, then SIGKILL)")
-    cancel.add_argument("job", type=int, nargs="+")
+    cancel.add_argument("job", type=int, nargs="+", help="the ids of the jobs to stop")
     _broker_option(cancel)
 
     wait = sub.add_parser("wait", help="block until jobs finish; exit 1 if any did not "
@@ -67,8 +70,10 @@ def add_parsers(sub: Any) -> None:
     wait.add_argument("--timeout", type=seconds, help="give up after this many seconds")
     _broker_option(wait)
 
-    queue = sub.add_parser("run-queue", help="watch the queue; --once returns when it is empty")
-    queue.add_argument("--once", action="store_true")
+    queue = sub.add_parser("run-queue", help="watch the queue, printing each job's changes "
+                           "from now on; --once returns when it is empty")
+    queue.add_argument("--once", action="store_true", help="wait for the jobs queued or "
+                       "running now, then exit (1 if any did not succeed)")
     _broker_option(queue)
 
 
@@ -206,13 +211,18 @@ def run_queue(args: argparse.Namespace) -> int:
         wanted = [j["id"] for j in _request(args, P.JOBS, {})["jobs"]]
         print(f"waiting for {len(wanted)} job(s): {' '.join(map(str, wanted))}", flush=True)
         return _wait_for(args, wanted, None)
-    seen: dict[int, str] = {}
+    # What is there now is the baseline, summed up in one line: only changes are printed.
+    seen = {job["id"]: job["state"] for job in _request(args, P.JOBS, {"all": True})["jobs"]}
+    counts = ", ".join(f"{n} {state}" for state, n in
+                       sorted(collections.Counter(seen.values()).items()))
+    print(f"{len(seen)} job(s) so far ({counts or 'none'}); printing what changes from now "
+          "on, until Ctrl-C", flush=True)
     while True:  # watch forever (until Ctrl-C), saying what changes
+        time.sleep(_POLL * 5)
         for job in _request(args, P.JOBS, {"all": True})["jobs"]:
             if seen.get(job["id"]) != job["state"]:
                 seen[job["id"]] = job["state"]
                 print(f"job {job['id']} {job.get('name', '')}: {job['state']}", flush=True)
-        time.sleep(_POLL * 5)
 
 
 def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None) -> int:

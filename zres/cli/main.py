@@ -11,6 +11,7 @@ import zmq
 
 from .. import logs
 from ..core import versions
+from ..core.address import Unreachable
 from ..core.errors import ZresError
 from . import cluster, jobs
 from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError, add_log_level
@@ -44,6 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_level(given: str | None) -> None:
+    """Log from GIVEN (--log-level), else $ZRES_LOG_LEVEL, up; else leave logging alone
+    (warnings only). A word that is not a level is a usage error naming where it was."""
+    level = given or os.environ.get("ZRES_LOG_LEVEL")
+    if not level:
+        return
+    try:
+        logs.level_number(level)
+    except ValueError as exc:
+        raise UsageError(str(exc) if given else f"$ZRES_LOG_LEVEL: {exc}") from None
+    logs.setup(None, level)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the zres command line; exit with its status."""
     parser = _parser()
@@ -56,15 +70,23 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "insecure", False):
         os.environ["ZRES_INSECURE"] = "1"
     try:
-        if args.log_level and args.command not in ("broker", "agent"):
-            logs.setup(None, args.log_level)  # (the daemons set theirs up themselves)
+        if args.command not in ("broker", "agent"):  # (the daemons set theirs up themselves)
+            _log_level(args.log_level)
         code = _COMMANDS[args.command](args)
     except (UsageError, ValueError) as exc:  # bad input: resource specs, config, flags
         print(f"zres {args.command}: {exc}", file=sys.stderr)
         code = EXIT_USAGE
+    except Unreachable as exc:  # nothing listens there: say how to get a broker
+        print(f"zres {args.command}: {exc} (is a broker running? start one with `zres "
+              f"broker`, or name another: see zres {args.command} --help)", file=sys.stderr)
+        code = 1
     except (ZresError, zmq.ZMQError) as exc:  # e.g. no broker answered, address in use
         print(f"zres {args.command}: {exc}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `zres status --watch | head`: its reader has gone; so do we
+        # (quietly: Python would complain again flushing stdout at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
     sys.exit(code)

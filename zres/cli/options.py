@@ -62,7 +62,9 @@ def add_daemon_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file (default $ZRES_CONFIG, ./zres.toml)")
     parser.add_argument("--exit-with", type=pid, metavar="PID",
                         help="stop when process PID ends (LocalCluster passes its own)")
-    parser.add_argument("--log-format", choices=["console", "json"])
+    parser.add_argument("--log-format", choices=["console", "json"],
+                        help="how log lines are written on stderr (default $ZRES_LOG_FORMAT, "
+                        "else console on a terminal, json otherwise)")
     add_log_level(parser)
 
 

@@ -32,7 +32,7 @@ class ActorMethods:
     def actor(self, cls: type, /, *args: Any, resources: Mapping[str, Any] | None = None,
               max_concurrency: int = 1, restarts: int = 0, name: str | None = None,
               priority: int | None = None, infeasible: str | None = None,
-              **kwargs: Any) -> ActorHandle:
+              get_if_exists: bool = False, **kwargs: Any) -> ActorHandle:
         """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
 
         The actor holds RESOURCES until it ends, and no CPU unless RESOURCES names CPU.
@@ -41,6 +41,11 @@ class ActorMethods:
         process or agent dies it is started again, up to RESTARTS times (-1: no limit). A
         NAMEd actor can be found with ``get_actor`` and
         outlives this client; an unnamed one ends when this client disconnects.
+
+        GET_IF_EXISTS (with NAME, as Ray's): return the live actor called NAME if there is
+        one (made by anyone, with whatever arguments), else make this one; the broker
+        decides, so clients racing to make it get one actor. Without it, a NAME in use is
+        a ValueError.
         """
         if not inspect.isclass(cls):
             raise TypeError(f"actor() needs a class, not {type(cls).__name__}")
@@ -50,6 +55,8 @@ class ActorMethods:
                 raise ValueError(f"{label} must be an int >= {low}, got {value!r}")
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"name must be a non-empty str, got {name!r}")
+        if get_if_exists and name is None:
+            raise ValueError("get_if_exists needs the actor's name (name=...)")
         # An actor holds what it asks for, and no CPU unless it asks: an idle actor must not
         # keep a CPU from tasks (Ray's hold none while alive either). One that computes
         # says so: resources={"CPU": 1}.
@@ -63,7 +70,8 @@ class ActorMethods:
         frames = self._pickler.call(self._pickler.function(cls, deps, index), args, kwargs,
                                     deps, index)
         spec = {"id": actor_id, "name": name or "", "cls": cls.__qualname__,
-                "methods": methods, "restarts": restarts, "concurrency": max_concurrency}
+                "methods": methods, "restarts": restarts, "concurrency": max_concurrency,
+                **({"get_if_exists": True} if get_if_exists else {})}
         ready = self._make_future(cls, f"{cls.__qualname__}.__init__-{name or actor_id[:8]}",
                                   frames, deps, opts, {"actor": spec})
         self._io.wake()
@@ -71,6 +79,9 @@ class ActorMethods:
             # Sent after the construction, so the broker answers with the name's owner.
             owner = self._io.request(P.LOOKUP, {"name": name}, 30.0).get("actor") or {}
             if owner.get("id", actor_id) != actor_id:
+                if get_if_exists:
+                    return ActorHandle(owner["id"], owner["cls"], owner["methods"],
+                                       owner["name"], self)
                 raise ValueError(f"an actor named {name!r} already exists")
         return ActorHandle(actor_id, cls.__qualname__, methods, name or "", self, ready)
 

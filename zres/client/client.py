@@ -20,6 +20,7 @@ from .. import config
 from ..core import protocol as P
 from ..core.address import wait_for_answer
 from ..core.errors import ZresError
+from ..core.keys import refusal
 from ..core.report import entry_in_user_units, in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
@@ -34,6 +35,7 @@ from .io import STOP, IOThread
 from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
+_ROLES = ("admin", "client")  # the keys a client connects with: the first found
 
 
 class Client(Shipping, ActorMethods, DaskMethods):
@@ -73,7 +75,7 @@ class Client(Shipping, ActorMethods, DaskMethods):
         self._ids = itertools.count(1)
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
-        key = config.find_key(keys, ("admin", "client"), address)
+        key = config.find_key(keys, _ROLES, address)
         self._io = IOThread(self.name, address, settings["broker_timeout"], key,
                             settings["forward_output"])
         self._closed = False
@@ -81,6 +83,15 @@ class Client(Shipping, ActorMethods, DaskMethods):
         self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
         try:
             wait_for_answer(address, self._io.connected.wait, connect_timeout)
+            if key is None and self._io.refused == refusal(None):
+                # A broker starting on this machine makes this user's keys before it
+                # listens: looked for before they were there, they are there now.
+                key = config.find_key(keys, _ROLES, address)
+                if key is not None:
+                    self._io.stop()
+                    self._io = IOThread(self.name, address, settings["broker_timeout"], key,
+                                        settings["forward_output"])
+                    wait_for_answer(address, self._io.connected.wait, connect_timeout)
         except ZresError:
             self.close()
             raise
@@ -94,14 +105,17 @@ class Client(Shipping, ActorMethods, DaskMethods):
                resources: Mapping[str, Any] | None = None, retries: int | None = None,
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None, workers: str | Iterable[str] | None = None,
-               allow_other_workers: bool = False, **kwargs: Any) -> Future[R]:
+               allow_other_workers: bool = False, pure: bool | None = None,
+               **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
         WORKERS (an agent's name, or several) places it only on those agents, as Dask's
         ``workers=`` does; with ALLOW_OTHER_WORKERS it prefers them, and runs anywhere
-        when none of them has room. (For a function taking one of these keywords itself,
-        use ``executor()``.)
+        when none of them has room. PURE is taken for Dask's sake and changes nothing:
+        every submit runs its task (zres never merges calls that look alike into one), as
+        Dask's pure=False does. (For a function taking one of these keywords itself, use
+        ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
                             workers, allow_other_workers)
@@ -125,10 +139,11 @@ class Client(Shipping, ActorMethods, DaskMethods):
             resources: Mapping[str, Any] | None = None, retries: int | None = None,
             priority: int | None = None, infeasible: str | None = None,
             key: str | None = None, workers: str | Iterable[str] | None = None,
-            allow_other_workers: bool = False, **kwargs: Any) -> list[Future[R]]:
+            allow_other_workers: bool = False, pure: bool | None = None,
+            **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS and ALLOW_OTHER_WORKERS as for ``submit``.
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS and PURE as for ``submit``.
         (``executor().map`` is the standard's: an iterator of results, with ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,

@@ -180,7 +180,8 @@ class IOThread:
             why = self._handshakes.refused(recv_monitor_message(self._monitor)["event"])
             if why is None:
                 continue
-            if self.refused is None:
+            if self.refused is None and self.connected.is_set():
+                # (while Client() connects, it raises it, or looks for keys made meanwhile)
                 log.error("client_refused", broker=self.address, why=why)
             self.refused = why
             self.connected.set()
@@ -312,9 +313,14 @@ class IOThread:
 
     def _on_refused(self, msg: P.Message) -> None:
         """The broker refused a message (over a limit, or malformed): fail what it was."""
-        why = f"the broker refused it: {msg.body.get('error', 'no reason given')}"
         kind = msg.body.get("kind")
-        if kind == P.HELLO:
+        # Before its first welcome a client has sent only its hello (and heartbeats): a
+        # refusal of a message the broker could not even read (over max_header_bytes) is
+        # of the hello, and waiting longer cannot change the answer.
+        unread = not kind and self.epoch is None and not self._welcomed
+        why = (f"the broker refused {'its hello' if unread else 'it'}: "
+               f"{msg.body.get('error', 'no reason given')}")
+        if kind == P.HELLO or unread:
             self.refused = why
             self.connected.set()
             if self.epoch is not None:  # welcomed before: a restarted broker refuses us

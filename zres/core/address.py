@@ -2,7 +2,8 @@
 
 ZeroMQ connects in the background and retries for ever, so a wrong address looks like a
 slow broker. Looking for ourselves (a plain TCP or Unix-socket connect) turns "connection
-refused" or "unknown host" into an error that names the address at once.
+refused" or "unknown host" into an error that names the address at once, and an HTTP server
+(the dashboard's port given for the broker's) into one that says so.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from .errors import ZresError
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d+)")
 _TRANSPORTS = ("tcp", "ipc", "inproc")
 _HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
+
+
+class Unreachable(ZresError):
+    """Nothing accepts connections at a broker's address (refused, unknown host)."""
 
 
 def normalize(address: str) -> str:
@@ -106,14 +111,43 @@ def unreachable(address: str, timeout: float = 0.5) -> str | None:
         return None
 
 
+def foreign(address: str, timeout: float = 0.5) -> str | None:
+    """Say what listens at ADDRESS when it is an HTTP server, not a ZeroMQ peer; None when
+    it is a ZeroMQ peer, or cannot be told (not TCP, nothing there, no answer in time).
+
+    A ZeroMQ peer greets every connection at once, and an HTTP server says nothing until
+    asked: only a silent one is sent a request (so no broker is ever sent HTTP unless it is
+    stopped, and then it drops the connection when it wakes, as it drops any bad greeting).
+    """
+    scheme, _, rest = address.partition("://")
+    match = _HOST_PORT.fullmatch(rest.rpartition(";")[2]) if scheme == "tcp" else None
+    if match is None:
+        return None
+    try:
+        with socket.create_connection((match.group(1).strip("[]"), int(match.group(2))),
+                                      timeout) as sock:
+            try:
+                greeting = sock.recv(16)
+            except TimeoutError:
+                sock.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+                greeting = sock.recv(16)
+    except OSError:  # (a timeout too: a stopped peer, a slow network)
+        return None
+    if greeting.startswith(b"HTTP/"):
+        return "an HTTP server (the dashboard?), not a zres broker's port"
+    return None
+
+
 def wait_for_answer(address: str, answered: Callable[[float], bool], timeout: float,
                     what: str = "no zres broker answered") -> None:
     """Call ANSWERED(seconds), which waits up to that long for the broker, until it says
-    True; raise ZresError at TIMEOUT, or as soon as nothing listens at ADDRESS (looked at
-    after the first half second, then every second)."""
+    True; raise ZresError at TIMEOUT, or as soon as nothing listens at ADDRESS (Unreachable;
+    looked at after the first half second, then every second) or an HTTP server does
+    (looked at once, after the first half second)."""
     start = time.monotonic()
     deadline = start + timeout
     next_look = start + 0.5
+    looked = False
     while True:
         now = time.monotonic()
         if answered(max(0.0, min(deadline, next_look) - now)):
@@ -125,4 +159,10 @@ def wait_for_answer(address: str, answered: Callable[[float], bool], timeout: fl
             next_look = now + 1.0
             why = unreachable(address)
             if why is not None:
-                raise ZresError(f"cannot reach the zres broker at {address}: {why}")
+                raise Unreachable(f"cannot reach the zres broker at {address}: {why}")
+            what_is_there = None if looked else foreign(address)
+            looked = True
+            if what_is_there is not None:
+                raise ZresError(f"{address} is {what_is_there}: give the address the "
+                                "broker listens on (zres broker --listen, default "
+                                "tcp://127.0.0.1:7070)")

@@ -24,8 +24,10 @@ client -> broker
                                                 those not kept fail)
     submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict,
                          extra?]]}
-               extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency}}
-               makes the task an actor's construction (its result: the instance is up);
+               extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency,
+               get_if_exists?}} makes the task an actor's construction (its result: the
+               instance is up); get_if_exists: a live actor of that name is kept and this
+               one is not made (its construction fails, ValueError; lookup names the live);
                {call: actor id} makes it a method call (payload: method name, arguments)
                {job: {argv, env, cwd, detached}} makes it a command job (no payload);
                a detached job outlives the client that submitted it

@@ -120,7 +120,10 @@ class GraphAnnotations:
 
     def _evaluate(self, used: Mapping[str, Any], key: Any) -> Options:
         values = {k: (v(key) if callable(v) else v) for k, v in used.items()}
-        return options(values, f"Dask task {key!r}")
+        # Merging layers built in and out of ``dask.annotate`` gives each a callable that
+        # answers a tombstone for the keys that had no such annotation: none, for zres too.
+        return options({k: v for k, v in values.items() if not _is_tombstone(v)},
+                       f"Dask task {key!r}")
 
     def of(self, node: Any) -> Options:
         """The union of the annotations of NODE (a task of the optimised graph) and of
@@ -152,6 +155,12 @@ class GraphAnnotations:
         if cached is None:
             cached = self._cache[(layer, raw)] = self._evaluate(self._by_layer[layer], raw)
         return cached
+
+
+def _is_tombstone(value: Any) -> bool:
+    """Whether VALUE is Dask's mark of a key built outside the annotation (a private class,
+    looked up by name so that a Dask without it changes nothing)."""
+    return type(value).__name__ == "_AnnotationsTombstone"
 
 
 def _layer_prefix(name: str, layers: Mapping[str, Any]) -> str | None:
