@@ -31,9 +31,11 @@ def test_an_agent_a_broker_forgot_asks_to_resume_its_session(tmp_path):
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
+    # (A plain socket plays the broker: no keys, whatever earlier tests of the suite left
+    # in this user's default keys directory.)
     agent = subprocess.Popen(
         [sys.executable, "-m", "zres", "agent", f"tcp://127.0.0.1:{port}", "--name", "a",
-         "--resources", "foo=1", "--no-detect", "--nworkers", "1"],
+         "--resources", "foo=1", "--no-detect", "--nworkers", "1", "--insecure"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         ident, first = next_message(sock, P.REGISTER)
