@@ -257,3 +257,109 @@ def test_an_unreadable_key_file_locks_out_nobody_else(make_cluster):
         assert client.submit(int, 5).result(30) == 5
     finally:
         client.close()
+
+
+# -- owners on every route (issue 26) -----------------------------------------------------
+
+
+def node_keys(cluster: zres.LocalCluster, tmp_path: Path, node: str) -> str:
+    """A node's own keys directory: the broker's public key and agent-NODE's secret key
+    (made here), as `zres keygen --agents` and deploy/ give each node."""
+    K.keygen(cluster.keys, agents=[node])
+    return key_dir(cluster, tmp_path, f"agent-{node}")
+
+
+def job_from_a_task(release: str) -> int:
+    """Wait for RELEASE to exist, then queue a command job from inside this task (through
+    the worker's default client); return its job id."""
+    while not os.path.exists(release):
+        time.sleep(0.02)
+    job = zres.submit_command(["true"], resources={"CPU": 0.1}, detached=True)
+    return zres.default_client().job_ids([job])[0]
+
+
+def owners(client: zres.Client) -> dict[int, str]:
+    return {job["id"]: job["owner"] for job in client.jobs(all=True)}
+
+
+@pytest.mark.timeout(150)
+def test_every_job_has_its_owner_on_every_route_and_after_a_restart(make_cluster, tmp_path):
+    cluster = make_cluster(agents=[], nthreads=4)
+    # The agent has a key of its own only (as on a node of its own): what runs on it
+    # submits as its task's owner, never as the agent.
+    cluster.add_agent({"foo": 4}, name="node1",
+                      extra_args=["--keys", node_keys(cluster, tmp_path, "node1")])
+    for name in ("alice", "bob"):
+        K.keygen(cluster.keys, "client", name)
+    alice_keys, bob_keys, admin_keys = (key_dir(cluster, tmp_path, stem) for stem in
+                                        ("client-alice", "client-bob", "admin"))
+    alice = zres.Client(cluster.address, keys=alice_keys)
+    bob = zres.Client(cluster.address, keys=bob_keys)
+    admin = zres.Client(cluster.address, keys=admin_keys)
+    where = ("--broker", cluster.address)
+
+    def submit(*argv: str) -> int:
+        result = cli("submit", *where, "-r", "foo=1", "--", *argv, keys=alice_keys)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout)
+
+    try:
+        # `zres submit` (a detached job): alice's, and only she (and admins) may touch it.
+        long = submit("sh", "-c", "echo started; sleep 300", "token=s3cret")
+        failing = submit("false")
+        wait_until(lambda: cli("logs", str(long), *where, keys=alice_keys
+                               ).stdout.startswith("started"), message="alice reads her log")
+        for command, verb in (("logs", "read the log of"), ("cancel", "cancel")):
+            result = cli(command, str(long), *where, keys=bob_keys)
+            assert result.returncode != 0 and (
+                f"job {long} belongs to alice: only alice or an admin key may {verb} it"
+                in result.stderr), result.stderr
+        # Her command line is hers: others see its name, owner, state, resources, agent.
+        shown = {job["id"]: job for job in bob.jobs(all=True)}
+        assert shown[long]["owner"] == "alice" and shown[long]["agent"] == "node1"
+        assert shown[long]["state"] == "running" and shown[long]["units"]["foo"] == 1.0
+        assert not {"argv", "cwd", "env", "error"} & set(shown[long]), shown[long]
+        for reader in (alice, admin):
+            [mine] = [j for j in reader.jobs() if j["id"] == long]
+            assert mine["argv"][-1] == "token=s3cret" and mine["cwd"] == os.getcwd()
+        # What a wait reported is its owner's: bob's waits neither wait for her jobs nor
+        # mark them reported.
+        result = cli("wait", *where, "--timeout", "5", keys=bob_keys)
+        assert (result.returncode, result.stderr) == (0, ""), "bob waits for alice's jobs"
+        assert cli("wait", str(failing), *where, keys=bob_keys).returncode == 1
+        # From inside her work, with only the agent's key on its host: a Python task's
+        # nested submit, and a command job's own `zres submit`.
+        release = tmp_path / "release"
+        release.touch()
+        nested = alice.submit(job_from_a_task, str(release)).result(60)
+        inner = alice.submit_command(
+            [sys.executable, "-m", "zres", "submit", *where, "--", "true"],
+            resources={"foo": 1}).result(60)
+        inner_id = int(Path(inner.log).read_text().split()[0])
+        assert {nested: "alice", inner_id: "alice", inner.job_id: "alice"}.items() \
+            <= owners(admin).items()
+
+        # A restart keeps every owner: of the jobs, and of a task still running (what it
+        # submits after the restart is hers too).
+        again = tmp_path / "again"
+        waiting = alice.submit(job_from_a_task, str(again))
+        wait_until(lambda: waiting.running(), message="the task to start")
+        running = submit("sleep", "300")
+        wait_until(lambda: {j["id"]: j["state"] for j in alice.jobs()}.get(running)
+                   == "running", message="the job to run")
+        cluster.restart_broker()
+        again.touch()
+        assert owners(admin)[waiting.result(60)] == "alice", "the task's owner was lost"
+        assert owners(bob)[long] == "alice" and owners(bob)[running] == "alice"
+        result = cli("cancel", str(running), *where, keys=bob_keys)
+        assert f"job {running} belongs to alice" in result.stderr, result.stderr
+        for job in (running, long):
+            result = cli("cancel", str(job), *where, keys=alice_keys)
+            assert result.returncode == 0, result.stderr
+        assert cli("wait", str(long), str(running), *where, keys=alice_keys).returncode == 1
+        result = cli("wait", *where, keys=alice_keys)  # (bob's waits marked none of hers)
+        assert result.returncode == 1 and f"job {failing} (false): exit code 1" \
+            in result.stderr, result.stderr
+    finally:
+        for client in (alice, bob, admin):
+            client.close()

@@ -46,8 +46,10 @@ class IOThread:
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
     def __init__(self, client_name: str, address: str, broker_timeout: float | None,
-                 key: keys.PeerKey | None = None, forward_output: bool = True) -> None:
+                 key: keys.PeerKey | None = None, forward_output: bool = True,
+                 token: str = "") -> None:
         self.client_name = client_name
+        self.token = token  # of the task it was made in: it acts for that task's owner
         self.forward_output = forward_output  # print what our tasks print (see output)
         self.printer = Printer()
         self.address = address
@@ -152,7 +154,7 @@ class IOThread:
                 now = time.monotonic()
                 if now - last_beat >= self.hb_interval:
                     last_beat = now
-                    P.send(self.sock, P.encode(P.HEARTBEAT))
+                    P.send_now(self.sock, P.encode(P.HEARTBEAT))
                     if not self._welcomed and now - self._hello_at > 2 * self.hb_interval:
                         self._hello()  # (it may have been lost with a connection)
                     if now - self._last_heard > self.broker_timeout and self.pending:
@@ -164,7 +166,8 @@ class IOThread:
                             self.ask(P.CANCEL, {"ids": lost})
                         for task_id in lost:
                             self.outbox.append((P.RELEASE, task_id, ()))
-            P.send(self.sock, P.encode(P.BYE))
+            if self.refused is None:  # (a refused client has no session to end)
+                P.send_now(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
@@ -186,6 +189,7 @@ class IOThread:
             self.connected.set()
             self.lose_all(f"the broker at {self.address} refused this client: {why}",
                           ZresError)
+            self._stop = True  # nothing more to say to it: the thread ends, and its socket
 
     def _hello(self) -> None:
         """Say hello (again): nothing more is sent until the broker's welcome says which
@@ -193,8 +197,9 @@ class IOThread:
         self._welcomed = False
         self._hello_at = time.monotonic()
         quiet = {} if self.forward_output else {"output": False}  # (then it sends none)
-        P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name,
-                                             "versions": versions.mine(), **quiet}))
+        token = {"token": self.token} if self.token else {}
+        P.send_now(self.sock, P.encode(P.HELLO, {"client": self.client_name, **token,
+                                                "versions": versions.mine(), **quiet}))
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then stops and releases."""
@@ -317,8 +322,10 @@ class IOThread:
         if kind == P.HELLO:
             self.refused = why
             self.connected.set()
-            if self.epoch is not None:  # welcomed before: a restarted broker refuses us
-                self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
+            # Welcomed before: a restarted broker refuses us, or ours ended our session (our
+            # key was revoked). Either way, what waits fails now, and the thread ends.
+            self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
+            self._stop = True
             return
         ids = msg.body.get("ids")
         for task_id in ids if isinstance(ids, list) else []:

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..core.context import task_token
+
 _open: list[Any] = []
 _lock = threading.Lock()
 _start: Callable[[], Any] | None = None
@@ -40,10 +42,14 @@ def remove(client: Any) -> None:
 
 
 def default() -> Any:
-    """Return the newest open client, starting one if none is open."""
+    """Return the newest open client made where this runs, starting one if none is open:
+    inside a task, one made for that task (it acts for the task's owner; a client left
+    open by an earlier task of this worker process, perhaps another owner's, is not it)."""
+    token = task_token()
     with _lock:
-        if _open:
-            return _open[-1]
+        for client in reversed(_open):
+            if getattr(client, "_token", "") == token:
+                return client
     assert _start is not None, "zres.client.client sets the factory when it is imported"
     return _start()
 

@@ -253,6 +253,16 @@ def send(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
         _backend_send(sock, frame, _SNDMORE if i < last else 0, False)
 
 
+def send_now(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
+    """Send FRAMES (a one-frame message) unless that would wait (no connection): for a
+    heartbeat, hello or goodbye, sent again or not needed, whose sender must never be
+    stuck (a DEALER's send waits while it has no connection, as after a refused key)."""
+    try:
+        _backend_send(sock, frames[0], _NOBLOCK, False)
+    except zmq.Again:
+        pass
+
+
 def recv(sock: zmq.Socket[Any]) -> list[Frame]:
     """Return the next message's frames (zmq.Frame); raise zmq.Again if none is waiting."""
     frame = _backend_recv(sock, _NOBLOCK, False)
