@@ -233,6 +233,19 @@ def test_keygen_makes_private_keys_and_does_not_overwrite_them(tmp_path):
     assert K.allowed(where)[carol] == ("client", "carol")
     assert cli("keygen", str(where), "--force").returncode == 0
     assert (where / "broker.key_secret").read_bytes() != before
+    # One agent key per node (host names hold '-'): with the cluster's keys in a new
+    # directory, and no shared agent key; added to an existing one.
+    nodes = tmp_path / "nodes"
+    made = cli("keygen", str(nodes), "--agents", "gpu-node-1,node2")
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.stem for p in nodes.glob("*.key_secret")) == [
+        "admin", "agent-gpu-node-1", "agent-node2", "broker", "client"]
+    assert cli("keygen", str(where), "--agents", "node3").returncode == 0
+    assert sorted(K.allowed(nodes).values()) == [("admin", "admin"), ("agent", "gpu-node-1"),
+                                                 ("agent", "node2"), ("client", "client")]
+    assert ("agent", "node3") in K.allowed(where).values()
+    again = cli("keygen", str(nodes), "--agents", "node2")
+    assert again.returncode != 0 and "agent-node2" in again.stderr
 
 
 def test_a_broker_given_no_keys_makes_its_own_and_its_user_finds_them(spawn, tmp_path):

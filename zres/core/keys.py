@@ -32,7 +32,8 @@ from .errors import ZresError
 
 ROLES = ("client", "agent", "admin")
 BROKER = "broker"
-_STEM = re.compile(r"(client|agent|admin)(?:-([A-Za-z0-9_.@]{1,64}))?")
+# (a name may hold '-', as host names do: the role is always one of three words)
+_STEM = re.compile(r"(client|agent|admin)(?:-([A-Za-z0-9_.@][A-Za-z0-9_.@-]{0,63}))?")
 
 
 class KeysError(ZresError):
@@ -74,7 +75,7 @@ def keygen(directory: str | os.PathLike[str], role: str | None = None,
             if each_role not in ROLES or not each_name \
                     or not _STEM.fullmatch(f"{each_role}-{each_name}"):
                 raise KeysError(f"a key needs a role ({', '.join(ROLES)}) and a name of "
-                                f"letters, digits and _.@ (got role {each_role!r}, name "
+                                f"letters, digits and _.@- (got role {each_role!r}, name "
                                 f"{each_name!r})")
         stems = [f"{r}-{n}" for r, n in named]
         if agents and fresh:
