@@ -307,13 +307,17 @@ def node_keys(cluster: zres.LocalCluster, tmp_path: Path, node: str) -> str:
     return key_dir(cluster, tmp_path, f"agent-{node}")
 
 
-def job_from_a_task(release: str) -> int:
-    """Wait for RELEASE to exist, then queue a command job from inside this task (through
-    the worker's default client); return its job id."""
+def job_from_a_task(release: str) -> tuple[int, int]:
+    """Once RELEASE exists, queue a command job from inside this task (through the worker's
+    default client); return its job id, and how many clients this worker process had open
+    once this task had its own."""
+    from zres.client import registry
+    client = zres.default_client()
+    opened = len(registry._open)
     while not os.path.exists(release):
         time.sleep(0.02)
     job = zres.submit_command(["true"], resources={"CPU": 0.1}, detached=True)
-    return zres.default_client().job_ids([job])[0]
+    return client.job_ids([job])[0], opened
 
 
 def owners(client: zres.Client) -> dict[int, str]:
@@ -369,7 +373,12 @@ def test_every_job_has_its_owner_on_every_route_and_after_a_restart(make_cluster
         # nested submit, and a command job's own `zres submit`.
         release = tmp_path / "release"
         release.touch()
-        nested = alice.submit(job_from_a_task, str(release)).result(60)
+        nested, opened = alice.submit(job_from_a_task, str(release)).result(60)
+        # (one worker process: bob's task there gets a client of its own, not alice's)
+        by_bob, opened_then = bob.submit(job_from_a_task, str(release)).result(60)
+        assert (opened, opened_then, owners(admin)[by_bob]) == (1, 2, "bob")
+        assert bob.submit(job_from_a_task, str(release)).result(60)[1] == 2, \
+            "a later task of the same owner makes a client of its own"
         inner = alice.submit_command(
             [sys.executable, "-m", "zres", "submit", *where, "--", "true"],
             resources={"foo": 1}).result(60)
@@ -387,7 +396,8 @@ def test_every_job_has_its_owner_on_every_route_and_after_a_restart(make_cluster
                    == "running", message="the job to run")
         cluster.restart_broker()
         again.touch()
-        assert owners(admin)[waiting.result(60)] == "alice", "the task's owner was lost"
+        after, _ = waiting.result(60)
+        assert owners(admin)[after] == "alice", "the task's owner was lost"
         assert owners(bob)[long] == "alice" and owners(bob)[running] == "alice"
         result = cli("cancel", str(running), *where, keys=bob_keys)
         assert f"job {running} belongs to alice" in result.stderr, result.stderr

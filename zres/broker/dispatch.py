@@ -176,7 +176,7 @@ class Dispatcher:
             if actor is not None:
                 self._actors.place(actor, agent.ident, agent.name)
                 opts.update(actor=actor.id, concurrency=actor.concurrency, taken=grant.taken)
-                token = self._token("a" + actor.id)
+                token = self._token(f"a{actor.id}:{actor.key}")
                 if token:
                     opts["token"] = token
                 self._assigns.add(agent.ident, [
@@ -190,7 +190,7 @@ class Dispatcher:
             task.attempt += 1
             task.held = task.begun = False
             opts["attempt"] = task.attempt
-            token = self._token(f"t{task.id}")
+            token = self._token(f"t{task.id}:{task.owner}")
             job = self._jobs.active.get(task.id)
             if job is not None:
                 # (a job's programs find it in their environment: `zres submit` in a job

@@ -69,7 +69,7 @@ class Identities:
                 return client.role, client.owner
         acting = (role, name)
         token = msg.body.get("token")
-        if token is not None and msg.kind in _CLIENT_KINDS:
+        if token and msg.kind in _CLIENT_KINDS:  # ("": none)
             acting = ("client", self.token_owner(token))
         if client is not None and not client.public and client.owner != acting[1]:
             # Restored from a previous life's state: only its owner may take it back.
@@ -84,12 +84,13 @@ class Identities:
         if subject is None:
             raise Forbidden("its task token is not one this broker gave (a client made in a "
                             "task of another cluster?)")
+        of, _, owner = subject[1:].partition(":")  # (the owner, named for the client's sake)
         if subject[0] == "a":
-            actor = self._actors.actors.get(subject[1:])
+            actor = self._actors.actors.get(of)
             if actor is None:
-                raise Forbidden(f"the actor it was made in ({subject[1:9]}) has ended")
+                raise Forbidden(f"the actor it was made in ({of[:8]}) has ended")
             return actor.key
-        task_id = int(subject[1:])
+        task_id = int(of)
         job = self._jobs.active.get(task_id) or self._jobs.adopting.get(task_id)
         if job is not None:
             return job.owner

@@ -61,7 +61,7 @@ class IOThread:
         self.sock.setsockopt(zmq.RCVHWM, 0)
         keys.secure(self.sock, key)  # (KEY: this client's, and its broker's public key)
         self._handshakes = keys.Handshakes(address, key)
-        self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES)
+        self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
@@ -178,9 +178,12 @@ class IOThread:
             self.sock.close(linger=200)
 
     def _check_handshakes(self) -> None:
-        """A broker that refuses our key: say so at once, and fail what waits on it."""
+        """A refused key: say so at once, failing what waits; lost connection: await a welcome."""
         while self._monitor.poll(0):
-            why = self._handshakes.refused(recv_monitor_message(self._monitor)["event"])
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED and self._welcomed:
+                self._hello()
+            why = self._handshakes.refused(event)
             if why is None:
                 continue
             if self.refused is None:
@@ -189,7 +192,7 @@ class IOThread:
             self.connected.set()
             self.lose_all(f"the broker at {self.address} refused this client: {why}",
                           ZresError)
-            self._stop = True  # nothing more to say to it: the thread ends, and its socket
+            self._stop = True  # (nothing more to say to it: the thread ends)
 
     def _hello(self) -> None:
         """Say hello (again): nothing more is sent until the broker's welcome says which
@@ -197,9 +200,8 @@ class IOThread:
         self._welcomed = False
         self._hello_at = time.monotonic()
         quiet = {} if self.forward_output else {"output": False}  # (then it sends none)
-        token = {"token": self.token} if self.token else {}
-        P.send_now(self.sock, P.encode(P.HELLO, {"client": self.client_name, **token,
-                                                "versions": versions.mine(), **quiet}))
+        P.send_now(self.sock, P.encode(P.HELLO, {"client": self.client_name, **quiet,
+                                                "versions": versions.mine(), "token": self.token}))
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then stops and releases."""
@@ -322,8 +324,7 @@ class IOThread:
         if kind == P.HELLO:
             self.refused = why
             self.connected.set()
-            # Welcomed before: a restarted broker refuses us, or ours ended our session (our
-            # key was revoked). Either way, what waits fails now, and the thread ends.
+            # (a restarted broker refuses us, or ours ended our session: our key was revoked)
             self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
             self._stop = True
             return

@@ -51,6 +51,13 @@ def current_task() -> TaskContext | None:
     return _task.get()
 
 
+def token_owner(token: str) -> str | None:
+    """The owner a task token names (its subject is "t<task id>:<owner>", or an actor's):
+    None for no token."""
+    subject = token.rpartition(".")[0]
+    return subject.partition(":")[2] if subject else None
+
+
 def task_token() -> str:
     """The token of the task this code runs in: a Python task's, else a command job's
     (from its environment); "" outside any (or without keys)."""
