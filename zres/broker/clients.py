@@ -57,6 +57,7 @@ class ClientRegistry:
     def __init__(self, timeout: float, on_drop: Callable[[ClientRecord, str], None]) -> None:
         self.timeout = timeout
         self._by_ident: dict[bytes, ClientRecord] = {}
+        self._by_fd: dict[int, bytes] = {}   # connection -> the client last heard over it
         self._on_drop = on_drop
 
     def __len__(self) -> int:
@@ -116,7 +117,12 @@ class ClientRegistry:
     def heard(self, client: ClientRecord, fd: int) -> list[tuple[str, Any, Any]]:
         """CLIENT (its own key) spoke over connection FD: return what was held for it while
         it was away, to send now."""
-        client.fd = fd
+        if client.fd != fd:
+            if self._by_fd.get(client.fd) == client.ident:
+                del self._by_fd[client.fd]
+            client.fd = fd
+            if fd >= 0:
+                self._by_fd[fd] = client.ident
         if not client.away:
             return []
         client.away = False
@@ -127,9 +133,9 @@ class ClientRegistry:
     def disconnected(self, fd: int) -> None:
         """Connection FD closed: the clients last heard over it are away (if one has since
         reconnected over a reused descriptor, its next message brings it back)."""
-        for client in self._by_ident.values():
-            if client.fd == fd and fd >= 0:
-                client.away = True
+        client = self._by_ident.get(self._by_fd.pop(fd, b""))
+        if client is not None and client.fd == fd:
+            client.away = True
 
     def forgive(self, gap: float) -> None:
         """The broker did not listen for GAP seconds: nobody is silent for that."""
