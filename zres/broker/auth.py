@@ -65,6 +65,7 @@ class _KeyCheck(Authenticator):
         self.generation = 0                         # how many times it was read
         # Refused handshakes per key: when one was last logged, and how many since.
         self._refusals: dict[bytes, list[float]] = {}
+        self.clock = time.monotonic
         self.configure_curve_callback("*", self)
 
     def reload(self) -> None:
@@ -89,7 +90,7 @@ class _KeyCheck(Authenticator):
     def _refused(self, key: bytes) -> None:
         """Log a refused handshake of KEY: at most once a second per key, with how many
         there were (a peer retrying in a loop must not fill the broker's log)."""
-        now = time.monotonic()
+        now = self.clock()
         seen = self._refusals.get(key)
         if seen is not None and now - seen[0] < 1.0:
             seen[1] += 1
