@@ -166,8 +166,7 @@ class IOThread:
                             self.ask(P.CANCEL, {"ids": lost})
                         for task_id in lost:
                             self.outbox.append((P.RELEASE, task_id, ()))
-            if self.refused is None:  # (a refused client has no session to end)
-                P.send_now(self.sock, P.encode(P.BYE))
+            P.send_now(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
@@ -181,7 +180,9 @@ class IOThread:
         """A refused key: say so at once, failing what waits; lost connection: await a welcome."""
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
-            if event == zmq.EVENT_DISCONNECTED and self._welcomed:
+            if (event == zmq.EVENT_DISCONNECTED and self._welcomed) or (  # (back: at once)
+                    event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.epoch is not None
+                    and not self._welcomed):
                 self._hello()
             why = self._handshakes.refused(event)
             if why is None:
@@ -318,13 +319,12 @@ class IOThread:
             self._on_refused(msg)
 
     def _on_refused(self, msg: P.Message) -> None:
-        """The broker refused a message (over a limit, or malformed): fail what it was."""
+        """The broker refused a message (over a limit, malformed, not ours): fail what it was."""
         why = f"the broker refused it: {msg.body.get('error', 'no reason given')}"
         kind = msg.body.get("kind")
         if kind == P.HELLO:
             self.refused = why
             self.connected.set()
-            # (a restarted broker refuses us, or ours ended our session: our key was revoked)
             self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
             self._stop = True
             return
