@@ -503,6 +503,15 @@ def test_a_session_is_bound_to_its_key_and_a_revoked_key_loses_it(make_cluster, 
         assert kinds[P.RESULTS].body["results"][0][:2] == [1, P.OK]
     finally:
         alice.close()
+    # A task token bob made up (claiming to act for alice's task) gets him nothing.
+    forged = raw_dealer(cluster.address, bob_key)
+    try:
+        P.send(forged, P.encode(P.HELLO, {"client": "bob", "token": "t1:alice." + "0" * 32}))
+        refused = answer(forged)
+        assert refused.kind == P.REFUSED and "not one this broker gave" in \
+            refused.body["error"], refused
+    finally:
+        forged.close()
 
     # A key removed from the broker's directory: its client's session ends within a
     # heartbeat (what it waits for fails, saying why) and its I/O thread ends; a new

@@ -187,10 +187,11 @@ class Gate:
 
     def subject(self, token: Any) -> str | None:
         """The subject TOKEN was made for, if this broker made it (else None)."""
-        if not self._tokens or not isinstance(token, str):
+        if not self._tokens or not isinstance(token, str) or len(token) > 1000:
             return None
         subject = token.rpartition(".")[0]
-        return subject if subject and hmac.compare_digest(token, self.token(subject)) else None
+        return subject if subject and hmac.compare_digest(
+            token.encode(), self.token(subject).encode()) else None
 
     def refuses(self, role: str, kind: str) -> str | None:
         """Why a ROLE key may not send KIND (None if it may)."""
