@@ -125,6 +125,11 @@ class Box:
         self.value += amount
         return self.value
 
+    def job(self) -> int:
+        """Queue a command job from inside this actor; return its id."""
+        job = zres.submit_command(["true"], detached=True)
+        return zres.default_client().job_ids([job])[0]
+
 
 def key_dir(cluster: zres.LocalCluster, tmp_path: Path, stem: str) -> str:
     """A directory holding the broker's public key and one secret key, STEM's."""
@@ -176,6 +181,9 @@ def test_a_client_cannot_touch_another_owners_work_and_an_admin_can(make_cluster
             if not restarted:
                 cluster.restart_broker()
         assert lab.get().result(30) == 7
+        # What an actor submits is its owner's (its agent holds the admin key here).
+        queued = counter.job().result(30)
+        assert owners(admin)[queued] == "alice"
         assert not job.done() and counter.get().result(10) == 0, "bob's attempts did harm"
         assert admin.get_actor("alices").add(2).result(30) == 2, "an admin may call it"
         assert cli("logs", str(job_id), *where, keys=admin_keys).stdout.startswith("secret")
