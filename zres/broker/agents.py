@@ -22,6 +22,7 @@ from ..scheduler.table import NewSlot
 
 log = get_logger("zres.broker")
 _ENDED_KEPT = 10_000  # routing ids of lost agents remembered, to tell them so
+_BINDINGS_KEPT = 10_000  # agent names bound to keys, the newest kept
 
 
 @dataclass(slots=True)
@@ -137,9 +138,14 @@ class AgentRegistry:
         return len(self.by_ident)
 
     def bind(self, name: str, key: str) -> None:
-        """Bind the agent name NAME to KEY ("role:name"), for good."""
-        if self.name_keys.get(name) != key:
-            self.name_keys[name] = key
+        """Bind the agent name NAME to KEY ("role:name"), for good (the names registered
+        longest ago are forgotten past ``_BINDINGS_KEPT``: names like host-pid come and
+        go; a node's own key needs none, see ``AgentLink``)."""
+        changed = self.name_keys.pop(name, None) != key
+        self.name_keys[name] = key  # (last: registered most recently)
+        while len(self.name_keys) > _BINDINGS_KEPT:
+            del self.name_keys[next(iter(self.name_keys))]
+        if changed:
             self._keep_bindings(dict(self.name_keys))
 
     def get(self, ident: bytes) -> AgentRecord | None:
