@@ -120,13 +120,14 @@ def insecure(settings: Mapping[str, Any]) -> bool:
 
 
 def find_key(given: str | None, roles: tuple[str, ...], address: str,
-             path: str | None = None) -> keys.PeerKey | None:
-    """The key a peer (of one of ROLES) uses to connect to ADDRESS: none if insecure,
-    else as ``keys.find`` says, the config file (PATH) giving ``[security] keys``."""
+             path: str | None = None, name: str | None = None) -> keys.PeerKey | None:
+    """The key a peer (of one of ROLES, called NAME) uses to connect to ADDRESS: none if
+    insecure, else as ``keys.find`` says, the config file (PATH) giving ``[security]
+    keys``."""
     security = load("security", path=path)
     if insecure(security) and not given:
         return None
-    return keys.find(given, roles, address, security["keys"])
+    return keys.find(given, roles, address, security["keys"], name)
 
 
 def default_state_dir(listen: str, env: Mapping[str, str]) -> str | None:

@@ -20,6 +20,7 @@ from zmq.utils.monitor import recv_monitor_message
 from .core import keys
 from .core import protocol as P
 from .core.address import parse_http_address, wait_for_answer
+from .core.context import task_token
 from .core.errors import ZresError
 from .core.report import in_user_units
 from .core.resources import UNIT, mapping_to_units
@@ -235,6 +236,9 @@ def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0
     the key found for a command (``keys.find``): KeysError if the broker refuses it."""
     from . import config
     key = config.find_key(None, ("admin", "client"), address)
+    token = task_token()  # (a command run inside a task acts for the task's owner)
+    if token:
+        body = {**body, "token": token}
     try:
         return _request(address, key, kind, body, timeout)
     except keys.KeysError:

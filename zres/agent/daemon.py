@@ -375,6 +375,8 @@ class Agent:
                 continue
             context = {"agent": self.name, "resources": units_to_float(units),
                        "gpus": list(devices), "attempt": opts.get("attempt", 0)}
+            if isinstance(opts.get("token"), str):  # (clients made in it act for its owner)
+                context["token"] = opts["token"]
             item = [task_id, nframes, dep_counts, context]
             taken = P.check_units(opts.get("taken", units), "assign")
             if "actor" in opts:

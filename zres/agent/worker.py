@@ -40,7 +40,7 @@ from typing import Any
 import zmq
 
 from ..core import protocol as P
-from ..core.context import TaskContext, set_task_context
+from ..core.context import TOKEN_ENV, TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
 from .output import OutputBuffer, capture
@@ -271,9 +271,14 @@ class WorkerProcess:
 
     def _run_call(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
+        token = str(context.get("token", ""))
         task = TaskContext(task_id, context["agent"], context["resources"],
-                           list(context["gpus"]), context.get("attempt", 0))
+                           list(context["gpus"]), context.get("attempt", 0), token=token)
         set_task_context(task)
+        if self.actor is not None and token:
+            # This process serves one actor: a client made anywhere in it (a thread of its
+            # own, its event loop) acts for the actor's owner.
+            os.environ[TOKEN_ENV] = token
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
             self.stopper.enter(task_id)

@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from ..core import protocol as P
+from ..core.context import TOKEN_ENV
 from ..logs import get_logger
 from .files import AgentFiles
 from .shared import Lease, StartLog
@@ -111,6 +112,7 @@ class WorkerPool:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
         env["ZRES_BROKER"] = self._broker_address
         env["ZRES_JOB_LOGS"] = self._job_logs
+        env.pop(TOKEN_ENV, None)  # (each task's token comes with it: never this agent's own)
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.agent.worker", self.address, ident.decode(),
              str(nthreads), str(os.getpid()), self.lease.path, starts.path,

@@ -4,6 +4,7 @@
 is about: ``graph`` (tasks, dependencies, results), ``clients``, ``agents`` (registrations,
 slots, heartbeats), ``dispatch`` (tasks to agents and outcomes back, losses and retries),
 ``actors``, ``jobs`` (command jobs), ``status`` (why a task waits; the cluster's status)
-and ``submit`` (reading a SUBMIT). Placement itself is the pure ``zres.scheduler``. The
+and ``submit`` (reading a SUBMIT); ``auth`` and ``identity`` say who may send what, acting
+for whom. Placement itself is the pure ``zres.scheduler``. The
 broker never unpickles user data.
 """

@@ -66,7 +66,7 @@ class ActorKeeper:
         record = _pack([actor.name, actor.cls, actor.methods, actor.owner, actor.units,
                         actor.priority, actor.restarts, actor.concurrency, actor.ready_task,
                         state.value, actor.placement, actor.agent_name,
-                        list(actor.spawn_counts), actor.starts, actor.key])
+                        list(actor.spawn_counts), actor.starts, actor.key, actor.shared])
         self._store.put_actor(actor.id, record, _pack([P.buffer(f) for f in actor.spawn]))
 
     # -- restoring ---------------------------------------------------------------------------
@@ -77,11 +77,11 @@ class ActorKeeper:
         rows = self._store.actors()
         for actor_id, record, spawn in rows:
             (name, cls, methods, owner, units, priority, restarts, concurrency, ready,
-             state, placement, agent_name, counts, starts, key) = msgpack.unpackb(
-                record, strict_map_key=False)
+             state, placement, agent_name, counts, starts, key, *shared) = msgpack.unpackb(
+                record, strict_map_key=False)  # (records of older versions lack shared)
             actor = ActorRecord(actor_id, name, cls, methods, owner, units, priority,
                                 restarts, concurrency, ready, placement=placement,
-                                starts=starts, key=key)
+                                starts=starts, key=key, shared=bool(shared and shared[0]))
             actor.spawn = list(msgpack.unpackb(spawn)) if spawn else []
             actor.spawn_counts = (counts[0], list(counts[1]))
             self._routing.actors[actor_id] = actor

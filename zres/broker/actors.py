@@ -74,7 +74,8 @@ class ActorRecord:
     cause: str = ""              # why it died
     error: tuple[str, list[Any], dict[str, Any]] | None = None     # __init__'s exception
     starts: int = 0
-    key: str = ""                # its owner: the name of its creator's key (or client)
+    key: str = ""                # its owner: the name of its creator's key ("": no keys)
+    shared: bool = False         # any key may call it, not only its owner's and admins'
 
     def label(self) -> str:
         return f"actor {self.cls}({self.name or self.id[:8]})"
@@ -101,7 +102,8 @@ def check_actor_spec(spec: Any, name_bytes: int = 1024) -> dict[str, Any]:
           and all(isinstance(m, str) for m in spec.get("methods", []))
           and type(spec.get("restarts", 0)) is int and spec.get("restarts", 0) >= -1
           and type(spec.get("concurrency", 1)) is int and spec.get("concurrency", 1) >= 1
-          and isinstance(spec.get("get_if_exists", False), bool))
+          and isinstance(spec.get("get_if_exists", False), bool)
+          and isinstance(spec.get("shared", False), bool))
     if not ok:
         raise ProtocolError("submit: malformed actor spec")
     return spec
@@ -113,14 +115,16 @@ class ActorRouting:
     Constructions and calls are tasks of GRAPH; placements wait in SCHED; RELEASE(id)
     gives a placement's grant back to the scheduler when the actor ends or is lost;
     CHANGED(actor) writes an actor whose state changed; LOAD(task) reads the call of a
-    task restored without it.
+    task restored without it; SENDER() says who the message handled acts as (role, owner).
     """
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler,
                  release: Callable[[int], None],
                  changed: Callable[[ActorRecord], None] = lambda actor: None,
-                 load: Callable[[Task], list[Any]] = lambda task: []) -> None:
+                 load: Callable[[Task], list[Any]] = lambda task: [],
+                 sender: Callable[[], tuple[str, str]] = lambda: ("", "")) -> None:
         self._send = send
+        self._sender = sender
         self._graph = graph
         self._sched = sched
         self._release = release
@@ -164,7 +168,7 @@ class ActorRouting:
         actor = ActorRecord(spec["id"], name, spec.get("cls", "?"),
                             list(spec.get("methods", [])), task.client, task.units,
                             task.priority, spec.get("restarts", 0), spec.get("concurrency", 1),
-                            task.id, key=owner)
+                            task.id, key=owner, shared=spec.get("shared", False))
         task.creates = actor.id
         actor.placement = task.id
         self.actors[actor.id] = actor
@@ -181,11 +185,15 @@ class ActorRouting:
                  resources=format_units(actor.units))
         return True
 
-    def add_call(self, task: Task, actor_id: str) -> bool:
-        """Queue TASK, a method call, behind the caller's earlier calls; False if it failed."""
+    def add_call(self, task: Task, actor_id: str, role: str = "") -> bool:
+        """Queue TASK, a method call (by a key of ROLE), behind the caller's earlier calls;
+        False if it failed (the actor is gone, or it is another owner's and not shared)."""
         task.actor = actor_id
         task.units = {}
         actor = self.actors.get(actor_id)
+        if actor is not None and not self.may_call(actor, role, task.owner):
+            self._graph.fail(task, "NotOwnerError", self.not_shared(actor, "call"))
+            return False
         if actor is None:
             dead = self.dead_actors.get(actor_id)
             if dead is not None:
@@ -197,6 +205,18 @@ class ActorRouting:
             return False
         actor.queues.setdefault(task.client, deque()).append(task.id)
         return True
+
+    @staticmethod
+    def may_call(actor: ActorRecord, role: str, owner: str) -> bool:
+        """Whether OWNER's key (of ROLE) may call ACTOR's methods."""
+        return actor.shared or role == "admin" or owner == actor.key
+
+    @staticmethod
+    def not_shared(actor: ActorRecord, verb: str) -> str:
+        """Why ACTOR's methods may not be VERBed by another owner."""
+        who = f"only {actor.key} or an admin key" if actor.key else "only an admin key"
+        return (f"{actor.label()} belongs to {actor.key or 'no key'}: {who} may {verb} it "
+                "(it was not made with shared=True)")
 
     def fail_call(self, actor: ActorRecord, task: Task, message: str = "") -> None:
         if actor.error is not None and not message:
@@ -428,7 +448,10 @@ class ActorRouting:
         name = P.field(msg, "name", str)
         actor = self.actors.get(self.actor_names.get(name, ""))
         body: dict[str, Any] = {"req": msg.body.get("req")}
-        if actor is not None:
+        if actor is not None and not self.may_call(actor, *self._sender()):
+            # It exists: said so (its name is taken), without what would let others call it.
+            body["private"] = {"owner": actor.key, "cls": actor.cls}
+        elif actor is not None:
             body["actor"] = {"id": actor.id, "name": actor.name, "cls": actor.cls,
-                             "methods": actor.methods}
+                             "methods": actor.methods, "shared": actor.shared}
         self._send(ident, P.LOOKUP_REPLY, body)

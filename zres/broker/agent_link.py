@@ -37,9 +37,14 @@ class AgentLink:
                  limits: Limits, welcome: Callable[[], dict[str, Any]],
                  fd: Callable[[], int],
                  adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]],
-                 commit: Callable[[], bool], key: Callable[[], str] = lambda: ":") -> None:
+                 commit: Callable[[], bool],
+                 key: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
+                 keys: Callable[[], frozenset[str]] = frozenset) -> None:
         self._send = send
-        self._key = key  # the key ("role:name") that sent the message handled (":": none)
+        # The key that sent the message handled: role, name, public key ("": none); and
+        # every key in the broker's keys directory ("role:name").
+        self._key = key
+        self._keys = keys
         self._adopt = adopt
         self._commit = commit
         self._agents = agents
@@ -61,12 +66,10 @@ class AgentLink:
     def on_register(self, ident: bytes, msg: P.Message, now: float) -> None:
         reg = parse_registration(msg, self._limits)
         versions.refuse_mismatch(msg.body.get("versions"), "agent")
-        key = self._key()
-        if key != ":":  # an agent's name is bound to the key that first registered it
-            bound = self._agents.name_keys.setdefault(reg.name, key)
-            if bound != key:
-                raise Forbidden(f"agent name {reg.name!r} belongs to another key ({bound}); "
-                                f"key {key} may not take it over")
+        role, key_name, public = self._key()
+        key = f"{role}:{key_name}" if role else ""
+        if key:
+            self._bind(reg.name, key)
         welcome = {**self._welcome(), "agent": reg.name, "session": reg.session}
         known = self._agents.get(ident)
         if reg.resume:
@@ -101,7 +104,7 @@ class AgentLink:
                 self._dispatch.lose_agent(record, "replaced by a new agent of the same name",
                                          recheck=False)
         record = self._agents.add(ident, reg, now)
-        record.fd = self._fd()
+        record.fd, record.key, record.public = self._fd(), key, public
         # Jobs it kept running while a previous broker of this cluster went: taken back
         # before anything else can be granted their resources, or stopped.
         stop = self._adopt(record, msg.body, msg.frames)
@@ -111,6 +114,19 @@ class AgentLink:
         # With no agent, nothing was infeasible; the first one to join decides what is.
         if displaced or len(self._agents) == 1:
             self._dispatch.recheck_feasibility()
+
+    def _bind(self, name: str, key: str) -> None:
+        """Bind the agent name NAME to KEY, or raise Forbidden if it is another's: the
+        node's own key's (agent-NAME), if there is one, else the key it was first bound to
+        (unless that key was revoked since)."""
+        keys = self._keys()
+        bound = self._agents.name_keys.get(name)
+        own = f"agent:{name}"
+        owner = own if own in keys else bound if bound in keys else None
+        if owner is not None and owner != key:
+            raise Forbidden(f"agent name {name!r} belongs to another key ({owner}); key "
+                            f"{key} may not take it over")
+        self._agents.bind(name, key)
 
     def agent(self, ident: bytes, now: float, quiet: bool = False,
               session: Any = None) -> AgentRecord | None:
@@ -184,3 +200,23 @@ class AgentLink:
             agent.draining = True
             log.info("agent_draining", agent=agent.name)
             self._dispatch.set_accepting(agent)
+
+    def on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """Change an agent's capacity (an admin's request), and tell the agent."""
+        name = P.field(msg, "agent", str)
+        changes = P.check_units(msg.body.get("units"), "resources")
+        reply: dict[str, Any] = {"req": msg.body.get("req")}
+        agent = self._agents.named(name)
+        if agent is None:
+            known = ", ".join(sorted(a.name for a in self._agents.by_ident.values())) or "none"
+            self._send(ident, P.RESOURCES_REPLY,
+                       {**reply, "error": f"no agent named {name!r} (agents: {known})"})
+            return
+        try:
+            self._agents.set_capacity(agent, changes)
+        except ValueError as exc:
+            self._send(ident, P.RESOURCES_REPLY, {**reply, "error": f"agent {name}: {exc}"})
+            return
+        self._send(agent.ident, P.RESOURCES, {"slots": self._agents.capacity(agent)})
+        self._send(ident, P.RESOURCES_REPLY, {**reply, "slots": self._agents.capacity(agent)})
+        self._dispatch.capacity_changed()

@@ -22,6 +22,7 @@ from ..scheduler.table import NewSlot
 
 log = get_logger("zres.broker")
 _ENDED_KEPT = 10_000  # routing ids of lost agents remembered, to tell them so
+_BINDINGS_KEPT = 10_000  # agent names bound to keys, the newest kept
 
 
 @dataclass(slots=True)
@@ -68,6 +69,10 @@ class AgentRecord:
     # old connection: what went after the welcome follows it on the new one.
     resumes: int = 0
     sent_before_resume: set[int] | None = None
+    # The key it registered with ("role:name", and its public key; "" without keys): its
+    # session ends when that key is revoked.
+    key: str = ""
+    public: str = ""
 
 
 def parse_registration(msg: P.Message, limits: Limits) -> Registration:
@@ -109,7 +114,9 @@ class AgentRegistry:
 
     def __init__(self, sched: Scheduler, timeout: float,
                  ended: list[list[Any]] | None = None,
-                 keep_ended: Callable[[list[list[Any]]], None] = lambda ended: None) -> None:
+                 keep_ended: Callable[[list[list[Any]]], None] = lambda ended: None,
+                 bindings: dict[str, str] | None = None,
+                 keep_bindings: Callable[[dict[str, str]], None] = lambda keys: None) -> None:
         self.sched = sched
         self.timeout = timeout
         self.by_ident: dict[bytes, AgentRecord] = {}
@@ -121,11 +128,25 @@ class AgentRegistry:
             (bytes(i), str(why)) for i, why in ended or [])
         self._keep_ended = keep_ended
         self._next_slot = 0
-        # With keys: each agent name's key ("role:name"), bound by its first registration.
-        self.name_keys: dict[str, str] = {}
+        # With keys: each agent name's key ("role:name"), bound by its first registration,
+        # and kept across the broker's restarts (KEEP_BINDINGS writes them): a restarted
+        # broker must not let another key take a name first.
+        self.name_keys: dict[str, str] = dict(bindings or {})
+        self._keep_bindings = keep_bindings
 
     def __len__(self) -> int:
         return len(self.by_ident)
+
+    def bind(self, name: str, key: str) -> None:
+        """Bind the agent name NAME to KEY ("role:name"), for good (the names registered
+        longest ago are forgotten past ``_BINDINGS_KEPT``: names like host-pid come and
+        go; a node's own key needs none, see ``AgentLink``)."""
+        changed = self.name_keys.pop(name, None) != key
+        self.name_keys[name] = key  # (last: registered most recently)
+        while len(self.name_keys) > _BINDINGS_KEPT:
+            del self.name_keys[next(iter(self.name_keys))]
+        if changed:
+            self._keep_bindings(dict(self.name_keys))
 
     def get(self, ident: bytes) -> AgentRecord | None:
         return self.by_ident.get(ident)

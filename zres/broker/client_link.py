@@ -41,8 +41,9 @@ class ClientLink:
     def __init__(self, send: Send, clients: ClientRegistry, graph: TaskGraph,
                  dispatch: Callable[[], Dispatcher], actors: ActorRouting, jobs: JobTable,
                  cancels: CancelAnswers, explain: Explainer, keeper: TaskKeeper,
-                 store: Store | None, limits: Limits, key_name: Callable[[], str],
-                 welcome: dict[str, Any]) -> None:
+                 store: Store | None, limits: Limits,
+                 acting: Callable[[], tuple[str, str]], welcome: dict[str, Any],
+                 conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", "")) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -55,7 +56,10 @@ class ClientLink:
         self._store = store
         self._limits = limits
         self._welcome = welcome
-        self._key_name = key_name   # the key that sent the message handled ("": no keys)
+        # Who the message handled acts as (role, owner), and its connection's key (role,
+        # name, public key): see ``identity`` ("" without keys).
+        self._acting = acting
+        self._conn = conn
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self._to_accept: dict[bytes, ClientRecord] = {}
@@ -75,8 +79,11 @@ class ClientLink:
         versions.refuse_mismatch(msg.body.get("versions"), "client")
         how = self.clients.hello(ident, name, now)
         client = self.clients.get(ident)
-        client.owner = self._key_name()  # type: ignore[union-attr]
-        client.output = msg.body.get("output", True) is not False  # type: ignore[union-attr]
+        assert client is not None
+        client.role, client.owner = self._acting()
+        role, key_name, client.public = self._conn()
+        client.key = f"{role}:{key_name}" if role else ""
+        client.output = msg.body.get("output", True) is not False
         # "new" tells a client we had dropped (silent too long) that its tasks are gone;
         # "resumed", one that comes back to a restarted broker, that they are here.
         self._send(ident, P.WELCOME, {**self._welcome, "new": how == "new",
@@ -161,16 +168,17 @@ class ClientLink:
                 continue
             task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, [],
-                        kind=sub.kind, quiet=sub.quiet)
+                        kind=sub.kind, quiet=sub.quiet, owner=client.owner)
             task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
             self._graph.add(task)
             client.ids[sub.local] = task.id
             if sub.job is not None:
                 self._jobs.add(task, sub.job)
-            if sub.actor is not None and not self._actors.add_actor(
-                    task, sub.actor, client.owner or client.name):
+            if sub.actor is not None and not self._actors.add_actor(task, sub.actor,
+                                                                     client.owner):
                 continue
-            if sub.call is not None and not self._actors.add_call(task, sub.call):
+            if sub.call is not None and not self._actors.add_call(task, sub.call,
+                                                                   client.role):
                 continue
             deps = [client.ids.get(local, -1) for local in sub.deps]
             for dep in deps:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
+from ..core.context import TOKEN_ENV
 from ..core.resources import token_devices
 from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
@@ -47,8 +48,12 @@ class Dispatcher:
                  actors: ActorRouting, jobs: JobTable, cancels: CancelAnswers,
                  on_started: Callable[[Task], None],
                  on_changed: Callable[[Task], None] = lambda task: None,
-                 load: Callable[[Task], list[Any]] = lambda task: []) -> None:
+                 load: Callable[[Task], list[Any]] = lambda task: [],
+                 token: Callable[[str], str] = lambda subject: "") -> None:
         self._send = send
+        # TOKEN(subject): the token a grant carries, so that a client made inside the task
+        # acts for its owner ("": none, without keys). See ``auth``.
+        self._token = token
         self._on_started = on_started  # tells its client the task began
         self._on_changed = on_changed  # writes a kept task again (held, or requeued)
         self._load = load  # reads a restored task's call from the state store
@@ -171,6 +176,9 @@ class Dispatcher:
             if actor is not None:
                 self._actors.place(actor, agent.ident, agent.name)
                 opts.update(actor=actor.id, concurrency=actor.concurrency, taken=grant.taken)
+                token = self._token(f"a{actor.id}:{actor.key}")
+                if token:
+                    opts["token"] = token
                 self._assigns.add(agent.ident, [
                     grant.task, slot_index, grant.units, grant.gpus, actor.spawn_counts[0],
                     actor.spawn_counts[1], opts], actor.spawn)
@@ -182,9 +190,15 @@ class Dispatcher:
             task.attempt += 1
             task.held = task.begun = False
             opts["attempt"] = task.attempt
+            token = self._token(f"t{task.id}:{task.owner}")
             job = self._jobs.active.get(task.id)
             if job is not None:
-                opts["job"] = job.run
+                # (a job's programs find it in their environment: `zres submit` in a job
+                # submits as the job's owner)
+                opts["job"] = job.run if not token else {
+                    **job.run, "env": {**job.run["env"], TOKEN_ENV: token}}
+            elif token:
+                opts["token"] = token
             if not task.payload and not job:  # restored: its call stayed on disk till now
                 task.payload = self._load(task)
             counts, inputs = self._graph.inputs(task)

@@ -3,6 +3,11 @@
 A job is a task (its id is the task's id) with a record that outlives the task: who ran
 it, where, on which GPUs, when, and its exit code, so ``zres jobs --all`` can show
 finished jobs and ``zres logs`` can find the agent that holds a job's log.
+
+Every job records its owner (the key name that submitted it, detached or not). Its command
+line, working directory and environment (which may hold a token) are shown only to that
+owner and admin keys; others see its name, owner, state, resources and agent. What
+``zres wait`` has reported is its owner's: nobody else's wait changes it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from .outbox import Send
 from .store import Store
 
 _FINISHED_KEPT = 10_000  # finished jobs remembered for `zres jobs --all` and `zres logs`
+# What anyone may see of a job (the dashboard, and keys other than its owner's and admins').
+PUBLIC_FIELDS = frozenset({"id", "name", "owner", "state", "reason", "agent", "units", "gpus",
+                           "submitted", "started", "finished", "exit_code"})
 
 # How a failed job's error type reads in the table.
 _FAILED_STATES = {"CancelledError": "cancelled", "InfeasibleError": "infeasible",
@@ -49,14 +57,14 @@ class JobRecord:
     finished: float | None = None
     exit_code: int | None = None
     error: str = ""
-    reported: bool = False       # a `zres wait` has reported how it ended
+    reported: bool = False       # a `zres wait` of its owner's has reported how it ended
     priority: int = 0
     strict: bool = False         # fails at once if infeasible
     held_on: str = ""            # the agent that may start it (it heard the grant held)
-    # The client that waits for it (not for a detached job), by routing id, name and its
-    # own id for it: a restarted broker gives it back to that client when it comes back.
+    # The client that waits for it (not for a detached job), by routing id and its own id
+    # for it: a restarted broker gives it back to that client when it comes back.
     client: bytes = b""
-    owner: str = ""
+    owner: str = ""              # the name of the key that submitted it ("": no keys)
     local: int = -1
     ended: list[Any] = field(default_factory=list)  # [outcome, info, frames], for it
 
@@ -65,7 +73,7 @@ class JobRecord:
                 "state": self.state, "agent": self.agent, "gpus": self.gpus,
                 "submitted": self.submitted, "started": self.started,
                 "finished": self.finished, "exit_code": self.exit_code, "error": self.error,
-                "owner": self.owner}
+                "owner": self.owner, "cwd": self.run.get("cwd"), "env": self.run.get("env")}
 
 
 def check_job_spec(spec: Any) -> dict[str, Any]:
@@ -94,14 +102,17 @@ class JobTable:
     """The job table, and the requests about jobs.
 
     It reads tasks from GRAPH and agents from AGENTS, maps a client's task ids through
-    CLIENTS, explains a waiting job with WHY and INFEASIBLE, and stops one with CANCEL.
+    CLIENTS, explains a waiting job with WHY and INFEASIBLE, and stops one with CANCEL;
+    SENDER() says who the request handled acts as (role, owner).
     """
 
     def __init__(self, send: Send, graph: TaskGraph, clients: ClientRegistry,
                  agents: AgentRegistry, why: Callable[[Task], str],
                  infeasible: Callable[[Units], str | None],
-                 cancel: Callable[[Task], None], store: Store | None = None) -> None:
+                 cancel: Callable[[Task], None], store: Store | None = None,
+                 sender: Callable[[], tuple[str, str]] = lambda: ("", "")) -> None:
         self._send = send
+        self._sender = sender
         self._graph = graph
         self._clients = clients
         self._agents = agents
@@ -125,10 +136,10 @@ class JobTable:
             task.id, task.name, spec["argv"], dict(task.units), spec["detached"], time.time(),
             {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]},
             priority=task.priority, strict=task.strict)
+        job.owner = task.owner
         client = self._clients.get(task.client)
         if client is not None and not spec["detached"]:
-            job.client, job.owner, job.local = client.ident, client.owner or client.name, \
-                task.local_id
+            job.client, job.local = client.ident, task.local_id
         self._keep(job)
 
     def _keep(self, job: JobRecord) -> None:
@@ -234,6 +245,14 @@ class JobTable:
             if self._store is not None:
                 self._store.forget_job(forgotten)
 
+    def _shown(self, job: JobRecord, role: str, owner: str) -> dict[str, Any]:
+        """JOB described for a key of ROLE acting as OWNER: its command line, directory,
+        environment and error only for its owner and admin keys."""
+        entry = self._describe(job)
+        if role == "admin" or owner == job.owner:
+            return entry
+        return {k: v for k, v in entry.items() if k in PUBLIC_FIELDS}
+
     def _describe(self, job: JobRecord) -> dict[str, Any]:
         entry = job.as_dict()
         if job.id in self.adopting:
@@ -264,14 +283,15 @@ class JobTable:
 
     # -- requests ---------------------------------------------------------------------------
     def on_jobs(self, ident: bytes, msg: P.Message, now: float) -> None:
-        """List jobs: active ones, finished ones too with ``all`` (or those no wait has
-        reported yet with ``unreported``), or exactly ``jobs``. ``reported`` marks jobs
-        whose end a wait has reported."""
+        """List jobs: active ones, finished ones too with ``all`` (or the asker's own that
+        its waits have not reported yet with ``unreported``), or exactly ``jobs``.
+        ``reported`` marks the asker's own jobs whose end a wait has reported."""
         body: dict[str, Any] = {"req": msg.body.get("req")}
+        role, owner = self._sender()
         reported = msg.body.get("reported")
         for job_id in reported if isinstance(reported, list) else []:
             job = self.done.get(job_id) if type(job_id) is int else None
-            if job is not None:
+            if job is not None and job.owner == owner:  # (what another's waits saw: theirs)
                 job.reported = True
                 self._keep(job)
         wanted = msg.body.get("jobs")
@@ -279,7 +299,7 @@ class JobTable:
             records = []
             for job_id in wanted:
                 job = self.get(job_id) if type(job_id) is int else None
-                records.append(self._describe(job) if job is not None
+                records.append(self._shown(job, role, owner) if job is not None
                                else {"id": job_id, "state": "unknown"})
             body["jobs"] = records
         else:
@@ -287,8 +307,10 @@ class JobTable:
             if msg.body.get("all"):
                 jobs = list(self.done.values()) + jobs
             elif msg.body.get("unreported"):
-                jobs = [j for j in self.done.values() if not j.reported] + jobs
-            body["jobs"] = [self._describe(j) for j in sorted(jobs, key=lambda j: j.id)]
+                jobs = [j for j in [*self.done.values(), *jobs]
+                        if j.owner == owner and not j.reported]
+            body["jobs"] = [self._shown(j, role, owner)
+                            for j in sorted(jobs, key=lambda j: j.id)]
         local = msg.body.get("ids")
         client = self._clients.get(ident)
         if isinstance(local, list) and client is not None:

@@ -2,11 +2,11 @@
 
 Each task a client submits (not a command job: jobs keep their own table; an actor's
 construction and calls are, naming their actor: see ``actor_keeping``) is written with
-its call, options, dependencies and owner when it is accepted, again when an agent
-holds it and when it ends, and dropped once nobody holds it. Results up to
-``KEEP_RESULT`` bytes are written with the outcome; a larger result is not, and a
-restarted broker computes it again from its task (lineage) if a task or its client
-still needs it.
+its call, options, dependencies and owner (the name of the key that submitted it) when it
+is accepted, again when an agent holds it and when it ends, and dropped once nobody holds
+it. Results up to ``KEEP_RESULT`` bytes are written with the outcome; a larger result is
+not, and a restarted broker computes it again from its task (lineage) if a task or its
+client still needs it.
 
 A restarted broker restores them:
 - a task that had ended is ended again, with its outcome (and result, if kept);
@@ -57,11 +57,9 @@ class TaskKeeper:
         if self._store is None:
             return
         task.kept = True
-        client = self._clients.get(task.client)
-        record = _pack([task.client, (client.owner or client.name) if client else "",
-                        task.local_id, task.units, task.priority, task.name, task.strict,
-                        task.kind, deps, task.creates, task.actor, task.quiet,
-                        list(task.workers), task.allow_other_workers])
+        record = _pack([task.client, task.owner, task.local_id, task.units, task.priority,
+                        task.name, task.strict, task.kind, deps, task.creates, task.actor,
+                        task.quiet, list(task.workers), task.allow_other_workers])
         payload = _pack([P.buffer(f) for f in task.payload])
         self._store.new_task(task.id, record, payload, self._state(task))
 
@@ -150,7 +148,7 @@ class TaskKeeper:
                 state, strict_map_key=False)
             # (its payload, the call, is read when it is granted: see payload())
             task = Task(task_id, ident, local, units, priority, retries, name, strict, [],
-                        [], kind=kind, holders=int(holds))
+                        [], kind=kind, holders=int(holds), owner=owner)
             task.kept = True
             # (records written before quiet tasks, or workers=, existed end sooner)
             task.creates, task.actor, *more = of_actor or ("", "")

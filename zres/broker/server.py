@@ -30,13 +30,14 @@ from .actors import ActorRouting
 from .adoption import Adoption
 from .agent_link import AgentLink
 from .agents import AgentRegistry
-from .auth import OWNED, Forbidden, Gate
+from .auth import Forbidden, Gate
 from .cancels import CancelAnswers
 from .client_link import ClientLink
 from .clients import ClientRegistry
 from .dispatch import Dispatcher
 from .graph import TaskGraph
-from .jobs import JobTable
+from .identity import Identities
+from .jobs import PUBLIC_FIELDS, JobTable
 from .keeping import TaskKeeper
 from .metrics import BrokerMetrics, Snapshots
 from .output import OutputRouter
@@ -46,9 +47,6 @@ from .store import StateUnwritable, Store
 log = get_logger("zres.broker")
 _BATCH = 2000          # messages handled per loop turn before scheduling, at most
 _TURN_BUDGET = 0.05    # seconds of message handling per loop turn, at most
-# What the dashboard shows of a job (see Broker.dashboard).
-_SHOWN_JOB_FIELDS = frozenset({"id", "name", "owner", "state", "reason", "agent", "units", "gpus",
-                               "submitted", "started", "finished", "exit_code"})
 
 Handler = Callable[[bytes, P.Message, float], None]
 
@@ -66,7 +64,7 @@ class Broker:
         # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
         self.gate = Gate(self.ctx, keys)
         self.gate.secure(self.sock)
-        self._sender = ("", "")             # the role and key name of the message handled
+        self._keys_read = self.gate.refresh()  # (a new number: a key may have been revoked)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
@@ -99,7 +97,9 @@ class Broker:
         self.keeper = TaskKeeper(store, self.clients)
         self.agents = AgentRegistry(
             self.sched, heartbeat_timeout, ended=store.meta("ended_agents") if store else None,
-            keep_ended=lambda ended: store.set_meta("ended_agents", ended) if store else None)
+            keep_ended=lambda ended: store.set_meta("ended_agents", ended) if store else None,
+            bindings=store.meta("agent_keys") if store else None,
+            keep_bindings=lambda keys: store.set_meta("agent_keys", keys) if store else None)
         # The parts name each other's methods through lambdas where each needs one made
         # after it: objects that refer to each other, modules that do not.
         self.graph = TaskGraph(on_ready=lambda task: self.dispatch.make_ready(task),
@@ -110,24 +110,28 @@ class Broker:
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),
                                    changed=lambda actor: self.actor_keeper.changed(actor),
-                                   load=self.keeper.payload)
+                                   load=self.keeper.payload, sender=self.acting)
         self.actor_keeper = ActorKeeper(store, self.actors, self.graph, self.sched, self._send)
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
                              self.explain.brief, self.sched.infeasible_reason,
-                             cancel=lambda task: self.dispatch.drop(task), store=store)
+                             cancel=lambda task: self.dispatch.drop(task), store=store,
+                             sender=self.acting)
         self.cancels = CancelAnswers(self._send)
         self.client_link = ClientLink(
             self._send, self.clients, self.graph, lambda: self.dispatch, self.actors,
-            self.jobs, self.cancels, self.explain, self.keeper, store, self.limits, self.key_name,
+            self.jobs, self.cancels, self.explain, self.keeper, store, self.limits, self.acting,
             {"epoch": self.epoch, "cluster": self.cluster_id, "keeps": store is not None,
              "heartbeat": self.hb_interval, "limits": {
                  "header_bytes": self.limits.header_bytes,
-                 "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}})
+                 "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
+            conn=lambda: self.ids.conn)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
-                                   on_changed=self.keeper.changed, load=self.keeper.payload)
+                                   on_changed=self.keeper.changed, load=self.keeper.payload,
+                                   token=self.gate.token)
+        self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
         # Clients the broker had when it went have as long to come back as a client waits
@@ -147,7 +151,8 @@ class Broker:
                                   "epoch": self.epoch, "cluster": self.cluster_id,
                                   "heartbeat": self.hb_interval, "adopts": store is not None,
                                   "lease": self.lease, "starve": self.sched.starvation_after},
-                              fd=lambda: self._fd, key=lambda: ":".join(self._sender),
+                              fd=lambda: self._fd, key=lambda: self.ids.conn,
+                              keys=self.gate.names,
                               adopt=lambda *a: self.adoption.offered(*a),
                               commit=lambda: store is None or store.commit())
         # What the HTTP thread serves (zres.broker.http): a snapshot made on demand, and
@@ -169,7 +174,7 @@ class Broker:
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
-            P.RESOURCES: self._on_resources, P.KILL: self.actors.on_kill,
+            P.RESOURCES: self.link.on_resources, P.KILL: self.actors.on_kill,
             P.LOOKUP: self.actors.on_lookup,
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
@@ -286,6 +291,7 @@ class Broker:
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
+            self.clients.disconnected(int(event["value"]))
             for agent in self.agents.disconnected(int(event["value"])):
                 log.info("agent_away", agent=agent.name)
                 self.dispatch.set_accepting(agent)
@@ -307,8 +313,11 @@ class Broker:
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")
             if self.gate.keys is not None:
-                self._sender = role, name = self.gate.sender(frames[0])
-                self._may(role, name, msg)
+                self.ids.check(frames[0], ident, msg)
+            client = self.clients.get(ident)
+            if client is not None:  # (its own key: checked above)
+                for kind, body, held in self.clients.heard(client, self._fd):
+                    self._send(ident, kind, body, held)
             handler(ident, msg, now)
         except (ProtocolError, LimitExceeded, StateUnwritable, Forbidden) as exc:
             # Said to the sender (its tasks or request fail, naming why) and logged short.
@@ -317,30 +326,25 @@ class Broker:
         except Exception:  # a bug must not take the broker down for everyone
             log.exception("message_failed", peer=ident[:16].hex())
 
-    def _may(self, role: str, name: str, msg: P.Message) -> None:
-        """Raise Forbidden unless the key ROLE:NAME may send MSG."""
-        why = self.gate.refuses(role, msg.kind)
-        if why is None and msg.kind in OWNED and role != "admin":
-            owner = self._owner_of(msg)
-            if owner is not None and owner != name:
-                why = (f"that belongs to {owner}: only its owner or an admin key may "
-                       f"{msg.kind.replace('_', ' ')} it")
-        if why is not None:
-            log.warning("message_forbidden", key=f"{role}:{name}", kind=msg.kind)
-            raise Forbidden(why)
+    def acting(self) -> tuple[str, str]:
+        """The role and owner the message being handled acts as ("" and "" without keys):
+        see ``identity``."""
+        return self.ids.acting
 
-    def _owner_of(self, msg: P.Message) -> str | None:
-        """The key name that owns the job or actor MSG is about (None: none such)."""
-        if msg.kind == P.KILL:
-            actor = self.actors.actors.get(str(msg.body.get("actor")))
-            return actor.key if actor is not None else None
-        job_id = msg.body.get("job")
-        job = self.jobs.get(job_id) if type(job_id) is int else None
-        return job.owner if job is not None else None
-
-    def key_name(self) -> str:
-        """The key name of the message being handled ("" without keys)."""
-        return self._sender[1]
+    def _revoke(self) -> None:
+        """End the sessions of keys no longer in the keys directory: clients are dropped
+        (their work as if they had left), agents lost; each is told why."""
+        for client in self.clients.all():
+            if client.public and not self.gate.current(client.public):
+                why = f"its key {client.key} was revoked (removed from the broker's keys)"
+                self._send(client.ident, P.REFUSED, {"kind": P.HELLO, "error": why},
+                           hold=False)
+                self.clients.leave(client.ident, "client_revoked")
+        for agent in list(self.agents.by_ident.values()):
+            if agent.public and not self.gate.current(agent.public):
+                why = f"its key {agent.key} was revoked (removed from the broker's keys)"
+                self._send(agent.ident, P.UNKNOWN, {"refused": why})
+                self.dispatch.lose_agent(agent, why)
 
     def _refuse(self, ident: bytes, msg: P.Message | None, error: str) -> None:
         body: dict[str, Any] = {"error": quote(error, 500)}
@@ -352,10 +356,17 @@ class Broker:
             if isinstance(items, list):
                 body["ids"] = [i[0] for i in items if isinstance(i, list) and i
                                and type(i[0]) is int]
-        self._send(ident, P.REFUSED, body)
+        self._send(ident, P.REFUSED, body, hold=False)  # (to whoever sent it, away or not)
 
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
-              frames: Sequence[Any] = ()) -> None:
+              frames: Sequence[Any] = (), hold: bool = True) -> None:
+        client = self.clients.get(ident) if hold else None
+        if client is not None and client.away:
+            # Its connection closed, or another key's took its routing id: kept for it
+            # until it is back (what it printed is not: output is never sent again).
+            if kind != P.OUTPUT:
+                client.held.append((kind, body, frames))
+            return
         agent = self.agents.by_ident.get(ident)
         if agent is not None:
             # Everything an agent is told names its session: news for an ended session
@@ -368,6 +379,10 @@ class Broker:
         P.send(self.sock, message)
 
     def _heartbeats(self, now: float) -> None:
+        read = self.gate.refresh()  # (a key removed is refused within a heartbeat)
+        if read != self._keys_read:
+            self._keys_read = read
+            self._revoke()
         for agent in self.agents.silent(now):
             self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
         self.clients.expire(now)
@@ -377,7 +392,7 @@ class Broker:
                                                   "ack": agent.kept})
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
         size = sum(map(len, beat))
-        for ident in self.clients.idents():
+        for ident in self.clients.idents(present=True):
             self._traffic.messages_out += 1
             self._traffic.bytes_out += len(ident) + size
             P.send(self.sock, [ident, *beat])
@@ -416,28 +431,8 @@ class Broker:
         status, recent command jobs, tasks finished. The HTTP port asks no key: a job's
         command line (which may hold a token), its error and where the state lives stay
         off it."""
-        jobs = [{k: v for k, v in job.items() if k in _SHOWN_JOB_FIELDS}
+        jobs = [{k: v for k, v in job.items() if k in PUBLIC_FIELDS}
                 for job in self.jobs.listing()]
         return in_user_units({**self.status(), "state": None, "jobs": jobs,
                               "jobs_total": self.jobs.count(), "time": time.time(),
                               "finished": dict(self.graph.finished)})
-
-    # -- agents ---------------------------------------------------------------------
-    def _on_resources(self, ident: bytes, msg: P.Message, now: float) -> None:
-        name = P.field(msg, "agent", str)
-        changes = P.check_units(msg.body.get("units"), "resources")
-        reply: dict[str, Any] = {"req": msg.body.get("req")}
-        agent = self.agents.named(name)
-        if agent is None:
-            known = ", ".join(sorted(a.name for a in self.agents.by_ident.values())) or "none"
-            self._send(ident, P.RESOURCES_REPLY,
-                       {**reply, "error": f"no agent named {name!r} (agents: {known})"})
-            return
-        try:
-            self.agents.set_capacity(agent, changes)
-        except ValueError as exc:
-            self._send(ident, P.RESOURCES_REPLY, {**reply, "error": f"agent {name}: {exc}"})
-            return
-        self._send(agent.ident, P.RESOURCES, {"slots": self.agents.capacity(agent)})
-        self._send(ident, P.RESOURCES_REPLY, {**reply, "slots": self.agents.capacity(agent)})
-        self.dispatch.capacity_changed()

@@ -47,6 +47,9 @@ def add_parsers(sub: Any) -> None:
                         f"{K.default_dir()})")
     keygen.add_argument("--role", choices=K.ROLES, help="make one more key, for this role")
     keygen.add_argument("--name", help="the added key's name (its owner)")
+    keygen.add_argument("--agents", metavar="NODE,...", help="make one agent key per node "
+                        "(agent-NODE: only it may register as NODE; remove its file to "
+                        "revoke it), with the cluster's keys if DIR has none yet")
     keygen.add_argument("--force", action="store_true", help="replace keys already there")
     add_daemon_options(broker)
 
@@ -55,7 +58,8 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument("--resources", "-r", help='what this node offers, e.g. "GPU=2 foo=1"')
     agent.add_argument("--nworkers", type=int, help="worker processes (slots), default 1")
     agent.add_argument("--nthreads", type=int, help="threads per worker (default: cores)")
-    agent.add_argument("--name", help="agent name (default host-pid)")
+    agent.add_argument("--name", help="agent name (default: the node's own key's, agent-NAME;"
+                       " else host-pid)")
     agent.add_argument("--state", metavar="DIR", help="keep this agent's files here (job "
                        "logs, its workers' lease and socket), a directory of its own that "
                        "nobody else may read (default: $XDG_STATE_HOME/zres/agent-NAME, "
@@ -189,9 +193,16 @@ def keygen(args: argparse.Namespace) -> int:
     directory = args.dir or str(K.default_dir())
     if bool(args.role) != bool(args.name):
         raise UsageError("--role and --name go together")
-    made = K.keygen(directory, args.role, args.name, args.force)
+    agents = [a.strip() for a in (args.agents or "").split(",") if a.strip()]
+    if args.agents is not None and (args.role or not agents):
+        raise UsageError("--agents takes node names (NODE1,NODE2,...), without --role")
+    made = K.keygen(directory, args.role, args.name, args.force, agents=agents)
     print(f"made {', '.join(p.name for p in made)} in {directory}")
-    if args.role:
+    if agents:
+        print(f"give each node {K.BROKER}.key and its own agent-NODE.key_secret (in a "
+              "directory of its own); start its agent with --name NODE. Removing a node's "
+              f"agent-NODE.key from {directory} revokes it at once")
+    elif args.role:
         print(f"give its owner {K.BROKER}.key and {made[0].name} (in a directory of their "
               "own, e.g. ~/.config/zres/keys, or one named by --keys / $ZRES_KEYS)")
     else:
@@ -216,9 +227,12 @@ def agent(args: argparse.Namespace) -> int:
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
     address = settings["broker"] or config.DEFAULT_ADDRESS
-    key = config.find_key(None, ("agent",), address, args.config)
+    key = config.find_key(None, ("agent",), address, args.config, settings["name"])
     while True:
-        agent = Agent(address, slots, settings["name"],
+        # A node's own key (agent-NODE, from `zres keygen --agents`) names its agent.
+        name = settings["name"] or (key.name if key is not None and key.role == "agent"
+                                    and key.name != "agent" else None)
+        agent = Agent(address, slots, name,
                       settings["heartbeat_interval"], settings["heartbeat_timeout"],
                       settings["job_logs"], settings["job_grace"], settings["drain_grace"],
                       key, settings["state"])
@@ -227,7 +241,7 @@ def agent(args: argparse.Namespace) -> int:
         # A broker starting on this machine makes this user's keys before it listens: an
         # agent that looked before they were made, refused for having none, looks again.
         if key is None and agent.refused == K.refusal(None):
-            key = config.find_key(None, ("agent",), address, args.config)
+            key = config.find_key(None, ("agent",), address, args.config, settings["name"])
             if key is not None:
                 get_logger("zres.agent").info("agent_found_keys", directory=key.directory)
                 continue

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as P
+from ..core.errors import NotOwnerError
 from .actors import ActorHandle
 from .annotations import current_annotations
 from .futures import Future
@@ -32,7 +33,8 @@ class ActorMethods:
     def actor(self, cls: type, /, *args: Any, resources: Mapping[str, Any] | None = None,
               max_concurrency: int = 1, restarts: int = 0, name: str | None = None,
               priority: int | None = None, infeasible: str | None = None,
-              get_if_exists: bool = False, **kwargs: Any) -> ActorHandle:
+              get_if_exists: bool = False, shared: bool = False,
+              **kwargs: Any) -> ActorHandle:
         """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
 
         The actor holds RESOURCES until it ends, and no CPU unless RESOURCES names CPU.
@@ -41,11 +43,13 @@ class ActorMethods:
         process or agent dies it is started again, up to RESTARTS times (-1: no limit). A
         NAMEd actor can be found with ``get_actor`` and
         outlives this client; an unnamed one ends when this client disconnects.
+        Only its owner (the key that made it) and admin keys may call it, unless SHARED:
+        then every key of the cluster may (a model server for a whole lab, say).
 
         GET_IF_EXISTS (with NAME, as Ray's): return the live actor called NAME if there is
-        one (made by anyone, with whatever arguments), else make this one; the broker
-        decides, so clients racing to make it get one actor. Without it, a NAME in use is
-        a ValueError.
+        one (made by anyone, with whatever arguments, and that this key may call), else
+        make this one; the broker decides, so clients racing to make it get one actor.
+        Without it, a NAME in use is a ValueError.
         """
         if not inspect.isclass(cls):
             raise TypeError(f"actor() needs a class, not {type(cls).__name__}")
@@ -57,6 +61,8 @@ class ActorMethods:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if get_if_exists and name is None:
             raise ValueError("get_if_exists needs the actor's name (name=...)")
+        if not isinstance(shared, bool):
+            raise TypeError(f"shared must be a bool, not {type(shared).__name__}")
         # An actor holds what it asks for, and no CPU unless it asks: an idle actor must not
         # keep a CPU from tasks (Ray's hold none while alive either). One that computes
         # says so: resources={"CPU": 1}.
@@ -70,24 +76,39 @@ class ActorMethods:
         frames = self._pickler.call(self._pickler.function(cls, deps, index), args, kwargs,
                                     deps, index)
         spec = {"id": actor_id, "name": name or "", "cls": cls.__qualname__,
-                "methods": methods, "restarts": restarts, "concurrency": max_concurrency,
-                **({"get_if_exists": True} if get_if_exists else {})}
+                "methods": methods, "restarts": restarts, "concurrency": max_concurrency}
+        if get_if_exists:
+            spec["get_if_exists"] = True
+        if shared:
+            spec["shared"] = True
         ready = self._make_future(cls, f"{cls.__qualname__}.__init__-{name or actor_id[:8]}",
                                   frames, deps, opts, {"actor": spec})
         self._io.wake()
         if name is not None:
             # Sent after the construction, so the broker answers with the name's owner.
-            owner = self._io.request(P.LOOKUP, {"name": name}, 30.0).get("actor") or {}
-            if owner.get("id", actor_id) != actor_id:
-                if get_if_exists:
+            found = self._io.request(P.LOOKUP, {"name": name}, 30.0)
+            owner = found.get("actor") or {}
+            if owner.get("id", actor_id) != actor_id or "private" in found:
+                if get_if_exists and owner:
                     return ActorHandle(owner["id"], owner["cls"], owner["methods"],
                                        owner["name"], self)
+                if get_if_exists:
+                    raise ValueError(f"an actor named {name!r} exists, but it belongs to "
+                                     f"{found['private'].get('owner')} and is not shared")
                 raise ValueError(f"an actor named {name!r} already exists")
         return ActorHandle(actor_id, cls.__qualname__, methods, name or "", self, ready)
 
     def get_actor(self, name: str, timeout: float = 10.0) -> ActorHandle:
-        """Return a handle to the live actor called NAME; ValueError if there is none."""
-        found = self._io.request(P.LOOKUP, {"name": name}, timeout).get("actor")
+        """Return a handle to the live actor called NAME; ValueError if there is none,
+        NotOwnerError if it is another owner's and not shared."""
+        reply = self._io.request(P.LOOKUP, {"name": name}, timeout)
+        found = reply.get("actor")
+        if not found and isinstance(reply.get("private"), dict):
+            hidden = reply["private"]
+            raise NotOwnerError(
+                f"actor {hidden.get('cls', '?')}({name}) exists but belongs to "
+                f"{hidden.get('owner') or 'another key'} and is not shared: only its owner "
+                "or an admin key may use it (the owner makes it with shared=True for others)")
         if not found:
             raise ValueError(f"no live actor named {name!r}")
         return ActorHandle(found["id"], found["cls"], found["methods"], found["name"], self)

@@ -19,6 +19,7 @@ from typing import Any, cast
 from .. import config
 from ..core import protocol as P
 from ..core.address import wait_for_answer
+from ..core.context import task_token
 from ..core.errors import ZresError
 from ..core.keys import refusal
 from ..core.report import entry_in_user_units, in_user_units  # (what users read)
@@ -76,8 +77,11 @@ class Client(Shipping, ActorMethods, DaskMethods):
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, _ROLES, address)
+        # Made inside a task (or a command job): it acts for that task's owner, not for
+        # whoever holds the key found on the agent's host.
+        self._token = task_token()
         self._io = IOThread(self.name, address, settings["broker_timeout"], key,
-                            settings["forward_output"])
+                            settings["forward_output"], self._token)
         self._closed = False
         self._exited = False  # closed at the interpreter's exit
         self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
@@ -90,7 +94,7 @@ class Client(Shipping, ActorMethods, DaskMethods):
                 if key is not None:
                     self._io.stop()
                     self._io = IOThread(self.name, address, settings["broker_timeout"], key,
-                                        settings["forward_output"])
+                                        settings["forward_output"], self._token)
                     wait_for_answer(address, self._io.connected.wait, connect_timeout)
         except ZresError:
             self.close()
@@ -278,6 +282,9 @@ class Client(Shipping, ActorMethods, DaskMethods):
         if self._closed:
             raise ZresError("this client is closed")
         if self._io.dead:
+            if self._io.refused is not None:
+                raise ZresError(f"the broker at {self.address} refused this client: "
+                                f"{self._io.refused}")
             raise ZresError("this client's connection thread has stopped; make a new Client")
 
     # -- other requests -------------------------------------------------------------------

@@ -46,8 +46,10 @@ class IOThread:
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
     def __init__(self, client_name: str, address: str, broker_timeout: float | None,
-                 key: keys.PeerKey | None = None, forward_output: bool = True) -> None:
+                 key: keys.PeerKey | None = None, forward_output: bool = True,
+                 token: str = "") -> None:
         self.client_name = client_name
+        self.token = token  # of the task it was made in: it acts for that task's owner
         self.forward_output = forward_output  # print what our tasks print (see output)
         self.printer = Printer()
         self.address = address
@@ -59,7 +61,7 @@ class IOThread:
         self.sock.setsockopt(zmq.RCVHWM, 0)
         keys.secure(self.sock, key)  # (KEY: this client's, and its broker's public key)
         self._handshakes = keys.Handshakes(address, key)
-        self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES)
+        self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
@@ -152,7 +154,7 @@ class IOThread:
                 now = time.monotonic()
                 if now - last_beat >= self.hb_interval:
                     last_beat = now
-                    P.send(self.sock, P.encode(P.HEARTBEAT))
+                    P.send_now(self.sock, P.encode(P.HEARTBEAT))
                     if not self._welcomed and now - self._hello_at > 2 * self.hb_interval:
                         self._hello()  # (it may have been lost with a connection)
                     if now - self._last_heard > self.broker_timeout and self.pending:
@@ -164,7 +166,7 @@ class IOThread:
                             self.ask(P.CANCEL, {"ids": lost})
                         for task_id in lost:
                             self.outbox.append((P.RELEASE, task_id, ()))
-            P.send(self.sock, P.encode(P.BYE))
+            P.send_now(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
@@ -175,9 +177,14 @@ class IOThread:
             self.sock.close(linger=200)
 
     def _check_handshakes(self) -> None:
-        """A broker that refuses our key: say so at once, and fail what waits on it."""
+        """A refused key: say so at once, failing what waits; lost connection: await a welcome."""
         while self._monitor.poll(0):
-            why = self._handshakes.refused(recv_monitor_message(self._monitor)["event"])
+            event = recv_monitor_message(self._monitor)["event"]
+            if (event == zmq.EVENT_DISCONNECTED and self._welcomed) or (  # (back: at once)
+                    event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.epoch is not None
+                    and not self._welcomed):
+                self._hello()
+            why = self._handshakes.refused(event)
             if why is None:
                 continue
             if self.refused is None and self.connected.is_set():
@@ -187,6 +194,7 @@ class IOThread:
             self.connected.set()
             self.lose_all(f"the broker at {self.address} refused this client: {why}",
                           ZresError)
+            self._stop = True  # (nothing more to say to it: the thread ends)
 
     def _hello(self) -> None:
         """Say hello (again): nothing more is sent until the broker's welcome says which
@@ -194,8 +202,8 @@ class IOThread:
         self._welcomed = False
         self._hello_at = time.monotonic()
         quiet = {} if self.forward_output else {"output": False}  # (then it sends none)
-        P.send(self.sock, P.encode(P.HELLO, {"client": self.client_name,
-                                             "versions": versions.mine(), **quiet}))
+        P.send_now(self.sock, P.encode(P.HELLO, {"client": self.client_name, **quiet,
+                                                "versions": versions.mine(), "token": self.token}))
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then stops and releases."""
@@ -312,7 +320,7 @@ class IOThread:
             self._on_refused(msg)
 
     def _on_refused(self, msg: P.Message) -> None:
-        """The broker refused a message (over a limit, or malformed): fail what it was."""
+        """The broker refused a message (over a limit, malformed, not ours): fail what it was."""
         kind = msg.body.get("kind")
         # Before its first welcome a client has sent only its hello (and heartbeats): a
         # refusal of a message the broker could not even read (over max_header_bytes) is
@@ -323,8 +331,8 @@ class IOThread:
         if kind == P.HELLO or unread:
             self.refused = why
             self.connected.set()
-            if self.epoch is not None:  # welcomed before: a restarted broker refuses us
-                self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
+            self.lose_all(f"the broker at {self.address} refused this client: {why}", ZresError)
+            self._stop = True
             return
         ids = msg.body.get("ids")
         for task_id in ids if isinstance(ids, list) else []:

@@ -18,6 +18,7 @@ _ERRORS: dict[str, type[BaseException]] = {
     "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
     "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
     "CommandFailed": errors.CommandFailed, "ZresError": ZresError,
+    "NotOwnerError": errors.NotOwnerError,
 }
 
 

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..core.context import task_token, token_owner
+
 _open: list[Any] = []
 _lock = threading.Lock()
 _start: Callable[[], Any] | None = None
@@ -40,10 +42,23 @@ def remove(client: Any) -> None:
 
 
 def default() -> Any:
-    """Return the newest open client, starting one if none is open."""
+    """Return the newest open client made where this runs, starting one if none is open:
+    inside a task, one that acts for the task's owner (made by this task, or by an
+    earlier task of the same owner in this worker process: never another owner's)."""
+    token = task_token()
     with _lock:
-        if _open:
-            return _open[-1]
+        # (one refused since, say a client of a task that had ended when the broker
+        # restarted, is no one's default: a new one is made)
+        _open[:] = [c for c in _open if not c._io.dead or not c._io.refused]
+        for client in reversed(_open):
+            if client._token == token:
+                return client
+        owner = token_owner(token)
+        for client in reversed(_open):
+            if owner is not None and token_owner(client._token) == owner:
+                # Its hello, should the broker restart, names a task that runs: this one.
+                client._token = client._io.token = token
+                return client
     assert _start is not None, "zres.client.client sets the factory when it is imported"
     return _start()
 

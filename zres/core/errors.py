@@ -42,6 +42,11 @@ class CommandFailed(ZresError):
         return (type(self), (str(self), self.exit_code, self.log, self.tail))
 
 
+class NotOwnerError(ZresError, PermissionError):
+    """The work asked about belongs to another owner's key (and is not shared): only that
+    key or an admin key may call, cancel, kill or read it; the message names the owner."""
+
+
 class InfeasibleError(ZresError):
     """No agent in the cluster could ever satisfy the task's resource request."""
 

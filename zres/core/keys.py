@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from .errors import ZresError
 
 ROLES = ("client", "agent", "admin")
 BROKER = "broker"
-_STEM = re.compile(r"(client|agent|admin)(?:-([A-Za-z0-9_.@]{1,64}))?")
+# (a name may hold '-', as host names do: the role is always one of three words)
+_STEM = re.compile(r"(client|agent|admin)(?:-([A-Za-z0-9_.@][A-Za-z0-9_.@-]{0,63}))?")
 
 
 class KeysError(ZresError):
@@ -57,23 +59,34 @@ def default_dir() -> Path:
 
 
 def keygen(directory: str | os.PathLike[str], role: str | None = None,
-           name: str | None = None, force: bool = False) -> list[Path]:
+           name: str | None = None, force: bool = False,
+           agents: Sequence[str] = ()) -> list[Path]:
     """Make a cluster's keys in DIRECTORY (0700): the broker's pair and each role's
-    default pair, or (ROLE and NAME) one more named pair. Refuse to overwrite a key unless
+    default pair, or (ROLE and NAME) one more named pair, or one agent pair per node of
+    AGENTS (``agent-NODE``: that node's own, so that it alone may register as NODE, and
+    removing its file revokes it; in a directory with no keys yet, with the broker's,
+    client's and admin's, and no shared agent key). Refuse to overwrite a key unless
     FORCE. Return the secret files made."""
     path = Path(directory)
-    if role is not None:
-        if role not in ROLES or not name or not _STEM.fullmatch(f"{role}-{name}"):
-            raise KeysError(f"a key needs a role ({', '.join(ROLES)}) and a name of letters, "
-                            f"digits and _.@ (got role {role!r}, name {name!r})")
-        stems = [f"{role}-{name}"]
+    fresh = not (path / f"{BROKER}.key").exists()
+    if role is not None or agents:
+        named = [(role, name)] if role is not None else [("agent", a) for a in agents]
+        for each_role, each_name in named:
+            if each_role not in ROLES or not each_name \
+                    or not _STEM.fullmatch(f"{each_role}-{each_name}"):
+                raise KeysError(f"a key needs a role ({', '.join(ROLES)}) and a name of "
+                                f"letters, digits and _.@- (got role {each_role!r}, name "
+                                f"{each_name!r})")
+        stems = [f"{r}-{n}" for r, n in named]
+        if agents and fresh:
+            stems = [BROKER, "client", "admin", *stems]
     else:
         stems = [BROKER, *ROLES]
     taken = [s for s in stems if (path / f"{s}.key_secret").exists()]
     if taken and not force:
         raise KeysError(f"{path} already holds keys {', '.join(taken)} (--force replaces "
                         "them, and every peer then needs the new ones)")
-    if role is not None and not (path / f"{BROKER}.key").exists():
+    if role is not None and fresh:
         raise KeysError(f"{path} holds no cluster keys yet: run `zres keygen {path}` first")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path, 0o700)
@@ -116,16 +129,21 @@ def allowed(directory: str | os.PathLike[str]) -> dict[bytes, tuple[str, str]]:
     return out
 
 
-def peer_key(directory: str | os.PathLike[str], roles: tuple[str, ...]) -> PeerKey:
-    """The key a peer uses in DIRECTORY: its only secret key there, else the first found
-    of ROLES' default keys."""
+def peer_key(directory: str | os.PathLike[str], roles: tuple[str, ...],
+             name: str | None = None) -> PeerKey:
+    """The key a peer uses in DIRECTORY: ROLES[0]-NAME's if NAME is given and it is
+    there (an agent's own key, called by its name), else its only secret key there, else
+    the first found of ROLES' default keys."""
     path = Path(directory)
     if not (path / f"{BROKER}.key").exists():
         raise KeysError(f"no broker key ({BROKER}.key) in {path}: copy the cluster's keys "
                         "there (see `zres keygen`)")
     server, _ = _pair(path / f"{BROKER}.key")
     mine = [p for p in sorted(path.glob("*.key_secret")) if _STEM.fullmatch(p.name[:-11])]
-    if len(mine) != 1:
+    own = path / f"{roles[0]}-{name}.key_secret"
+    if name and own.exists():
+        mine = [own]
+    elif len(mine) != 1:
         mine = [path / f"{role}.key_secret" for role in roles
                 if (path / f"{role}.key_secret").exists()][:1]
     if not mine:
@@ -154,18 +172,18 @@ def forget(address: str) -> None:
 
 
 def find(given: str | None, roles: tuple[str, ...], address: str = "",
-         configured: str | None = None) -> PeerKey | None:
-    """The key a peer connecting to ADDRESS uses: from GIVEN, a cluster this process
-    started, $ZRES_KEYS, CONFIGURED ([security] keys), then this user's own directory;
-    None if there is none anywhere (it connects without CURVE, and a secure broker
-    refuses it, saying so)."""
+         configured: str | None = None, name: str | None = None) -> PeerKey | None:
+    """The key a peer (called NAME, if it has one) connecting to ADDRESS uses: from
+    GIVEN, a cluster this process started, $ZRES_KEYS, CONFIGURED ([security] keys), then
+    this user's own directory; None if there is none anywhere (it connects without
+    CURVE, and a secure broker refuses it, saying so)."""
     if not given and _local.get(address) == "":
         return None  # a cluster this process started without keys
     for directory in (given, _local.get(address), os.environ.get("ZRES_KEYS"), configured):
         if directory:
-            return peer_key(directory, roles)
+            return peer_key(directory, roles, name)
     if (default_dir() / f"{BROKER}.key").exists():
-        return peer_key(default_dir(), roles)
+        return peer_key(default_dir(), roles, name)
     return None
 
 

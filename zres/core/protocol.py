@@ -15,20 +15,31 @@ Bodies, by kind (ids are ints; ``units`` maps resource name -> int in 1/10,000th
 
 client -> broker
     hello      {client: name, epoch?: broker epoch last seen, versions?: {zres, python,
-                cloudpickle}, output?: false}  versions: what the client runs
-                (core/versions.py); the broker refuses a hello (refused{kind: hello})
-                whose versions differ from its own, naming both. output false: send this
-                client none of its tasks' output
+                cloudpickle}, output?: false, token?: task token}  versions: what the
+                client runs (core/versions.py); the broker refuses a hello (refused{kind:
+                hello}) whose versions differ from its own, naming both. output false:
+                send this client none of its tasks' output. token: the client was made
+                inside a task (its context, or $ZRES_TASK_TOKEN in a command job): while
+                that task runs (that actor lives), the session acts for its owner with a
+                client's powers, whatever key the connection has. With keys, a session is
+                bound to the key that said hello with its routing id: that routing id's
+                messages from any other key are refused
+    (any)      {..., token?}                    a one-off request (a command's: jobs, logs,
+                                                job_cancel, status) may carry a task token
+                                                too, and acts for that task's owner
     resume     {ids: [id...]}                   after a broker restart: the tasks it still
                                                 waits for (those that ended are told again,
                                                 those not kept fail)
     submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict,
                          extra?]]}
                extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency,
-               get_if_exists?}} makes the task an actor's construction (its result: the
-               instance is up); get_if_exists: a live actor of that name is kept and this
-               one is not made (its construction fails, ValueError; lookup names the live);
-               {call: actor id} makes it a method call (payload: method name, arguments)
+               get_if_exists?, shared?}} makes the task an actor's construction (its
+               result: the instance is up; shared: any key may call it, else only its
+               owner's and admin keys; get_if_exists: a live actor of that name is kept and
+               this one is not made (its construction fails, ValueError; lookup names the
+               live one)); {call: actor id} makes it a method call (payload: method name,
+               arguments), failed (NotOwnerError) if the actor is another owner's and not
+               shared
                {job: {argv, env, cwd, detached}} makes it a command job (no payload);
                a detached job outlives the client that submitted it
                {workers: [agent name...], allow_other_workers?: bool} (a Python task):
@@ -38,11 +49,19 @@ client -> broker
                {quiet: true}: its client wants to hear it ended, not its result
     jobs       {all?: bool, unreported?: bool, jobs?: [job id...], ids?: [id...],
                 reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
-               reported: a wait has said how these ended (unreported lists the others)
-    job_cancel {job}                             any client may cancel any job
+               reported: a wait of the asker's has said how these of its own ended
+               (unreported: the asker's own jobs its waits have not reported). Each job
+               names its owner; its argv, cwd, env and error go only to its owner and
+               admin keys
+    job_cancel {job}                             only its owner or an admin key may: else
+                                                 refused, naming the owner
     logs       {job, offset}                     -> logs_reply {data, finished, error?}
-    kill       {actor: id}                       end an actor now -> kill_reply
-    lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...}}
+                                                 (its owner or an admin key only)
+    kill       {actor: id}                       end an actor now -> kill_reply (its
+                                                 owner or an admin key only)
+    lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...},
+                                                 private?: {owner, cls}} (private: it
+                                                 exists, is another's and not shared)
     release    {ids: [id...]}                    the client dropped these futures
     cancel     {ids: [id...], force?: bool, req?} those not begun never run; force: stop
                                                  the others too; with req -> cancel_reply
@@ -72,13 +91,19 @@ broker -> client
                                                 written (stream 1 stdout, 2 stderr; data:
                                                 bytes, whole lines, UTF-8), always sent
                                                 before the task's result
-    refused    {kind?, error, req?, ids?}       a message over a limit, or malformed: its
-                                                request (req) or tasks (ids) fail, naming why
+    refused    {kind?, error, req?, ids?}       a message over a limit, malformed, or not
+                                                the key's to send: its request (req) or
+                                                tasks (ids) fail, naming why. kind hello
+                                                ends the session (also sent when the
+                                                client's key is revoked: its file removed
+                                                from the broker's keys directory)
 agent -> broker
     register   {name, session, slots: [{units, gpus: [device id...], gpu_memory}], host,
                 pid, t, resume?: true, epoch?, versions?}
                versions: as a client's hello's; a mismatch is refused (refused{kind:
-               register}) and the agent exits with status 1
+               register}) and the agent exits with status 1. With keys, its name is the
+               node's own key's (agent-NAME) if there is one, else the key's that first
+               registered it (kept in the state store): another key is refused
                session: the agent's record at the broker, kept across pauses and
                reconnections; t: when it was sent (the agent's clock) anchors the lease;
                resume: a reconnection of a live session (answered welcome{resumed} or
@@ -113,10 +138,12 @@ broker -> agent
                 adopts: bool, resumed?, ack?}   adopts: it keeps its state, so jobs run on
                                                 through its restarts (same cluster)
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
-               opts {queued?, taken?, priority, seq, attempt, actor?, job?}: queued
+               opts {queued?, taken?, priority, seq, attempt, actor?, job?, token?}: queued
                grants start when room frees there (direct ones fit now); actor {actor: id,
                concurrency}: start a process of its own that constructs the actor and then
-               serves its calls; job {argv, env, cwd}: a command job the agent runs
+               serves its calls; job {argv, env, cwd}: a command job the agent runs (env
+               holds ZRES_TASK_TOKEN, with keys); token: the task's (or actor's) token,
+               put in its context for the clients made in it
     call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
     kill_actor {ids: [actor id...]}
     logs       {token, job, offset}             read a job's log file
@@ -125,12 +152,14 @@ broker -> agent
     heartbeat  {epoch, echo?: t, ack?}          echo: the agent's latest heartbeat's t
     ack        {ack}                            reports received up to this seq
     unknown    {ended?: why, session?, replaced?, refused?: why}
-               ended: the session is over (lost): stop its work, register anew
+               ended: the session is over (lost): stop its work, register anew;
+               refused: its key was revoked: stop (exit status 1)
 any peer -> broker
     heartbeat  {t?, session?}
 
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}
+               context.token: the task's token (see assign), in its TaskContext;
                context.run numbers the start in the worker's start log; context.queued
                grants start when they fit (priority, seq, since, taken); context.create
                marks an actor's construction (actor processes only)
@@ -258,6 +287,16 @@ def send(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         _backend_send(sock, frame, _SNDMORE if i < last else 0, False)
+
+
+def send_now(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
+    """Send FRAMES (a one-frame message) unless that would wait (no connection): for a
+    heartbeat, hello or goodbye, sent again or not needed, whose sender must never be
+    stuck (a DEALER's send waits while it has no connection, as after a refused key)."""
+    try:
+        _backend_send(sock, frames[0], _NOBLOCK, False)
+    except zmq.Again:
+        pass
 
 
 def recv(sock: zmq.Socket[Any]) -> list[Frame]:

@@ -80,6 +80,9 @@ class Task:
     # Its client wants to know when it ends, not its result (a Dask graph's intermediate,
     # which only its dependents read): a success is told without the result's frames.
     quiet: bool = False
+    # The name of the key that submitted it (for a client made inside a task: that task's
+    # owner); "" without keys.
+    owner: str = ""
 
 
 def set_state(task: Task, new: TaskState) -> None:
