@@ -29,6 +29,7 @@ from .actors import ActorSupervisor
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
 from .deferred import DeferredGrants
+from .draining import Draining
 from .files import open_files
 from .grants import Grant
 from .jobs import GRACE, JobRunner
@@ -42,7 +43,7 @@ log = get_logger("zres.agent")
 DRAIN_GRACE = 30.0   # seconds running work has to finish once the agent is told to stop
 
 
-class Agent:
+class Agent(Draining):
     """Connect to the broker, register slots, run assigned tasks in worker processes."""
 
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
@@ -107,22 +108,6 @@ class Agent:
     def stop(self) -> None:
         """Stop at once: what runs here is killed (and lost, for the broker)."""
         self._stopping = True
-
-    def _ask_drain(self) -> None:
-        if self._drain_asked:
-            self.stop()
-        self._drain_asked = True
-
-    def drain(self) -> None:
-        """Stop gracefully: take no new work, give back what has not started, let what
-        runs finish within the drain grace, then say goodbye. A second call stops at once."""
-        if self._draining_until is not None or not self.session.registered:
-            self.stop()
-            return
-        self._draining_until = time.monotonic() + self.drain_grace
-        log.info("agent_draining", agent=self.name, grace=self.drain_grace)
-        P.send(self.broker, P.encode(P.DRAIN, {"session": self.session.id}))
-        self._give_back_unstarted()
 
     def shutdown(self) -> None:
         self.jobs.stop_all()
@@ -404,34 +389,6 @@ class Agent:
                    info: dict[str, Any]) -> None:
         self.runner.free(task_id)
         self.reports.result(task_id, outcome, frames, info)
-
-    # -- draining ---------------------------------------------------------------------
-    def _give_back_unstarted(self) -> None:
-        """Hand the broker back every grant not handed to a worker yet, and every job
-        whose start still waits for the broker."""
-        for task_id in self._deferred.ids():
-            self.reports.give_back(task_id)
-        self._deferred.take()
-        self.runner.give_back_unstarted()
-        for task_id in list(self.runner.placements):
-            if task_id not in self.jobs.jobs and not self.actors.placed(task_id):
-                self.runner.free(task_id, start=False)  # its start finds it gone
-                self.reports.give_back(task_id)
-
-    def _drain_step(self, now: float) -> None:
-        assert self._draining_until is not None
-        # Actors never finish on their own: they are stopped once the tasks are done.
-        tasks_left = bool(self.runner.grants) or bool(self.jobs.jobs)
-        if tasks_left and now < self._draining_until:
-            return
-        if tasks_left:
-            log.warning("agent_drain_timeout", agent=self.name, grace=self.drain_grace)
-        # What still runs is stopped: the workers' deaths report its tasks as lost.
-        self.actors.stop_all("the agent is shutting down")
-        self.jobs.stop_all()
-        self._send_report()
-        P.send(self.broker, P.encode(P.BYE, {"session": self.session.id}))
-        self.stop()
 
     # -- worker side --------------------------------------------------------------------
     def _from_worker(self, frames: list[Any]) -> None:

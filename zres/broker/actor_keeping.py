@@ -31,7 +31,8 @@ from ..core import protocol as P
 from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
-from .actors import ActorRecord, ActorRouting, ActorState
+from .actor_records import ActorRecord, ActorState
+from .actors import ActorRouting
 from .agents import AgentRecord
 from .graph import TaskGraph
 from .store import Store

@@ -19,7 +19,8 @@ from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
 from ..logs import get_logger
-from .actors import ActorRouting, ActorState
+from .actor_records import ActorState
+from .actors import ActorRouting
 from .cancels import CancelAnswers
 from .clients import ClientRecord, ClientRegistry
 from .dispatch import CancelOutcome, Dispatcher

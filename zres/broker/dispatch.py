@@ -25,7 +25,8 @@ from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant, Workers, workers
-from .actors import ActorRouting, ActorState
+from .actor_records import ActorState
+from .actors import ActorRouting
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
 from .graph import TaskGraph

@@ -10,7 +10,8 @@ from ..core.resources import format_units
 from ..core.tasks import Task, TaskState
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import shape_of
-from .actors import ActorRouting, ActorState
+from .actor_records import ActorState
+from .actors import ActorRouting
 from .agents import AgentRegistry
 from .graph import TaskGraph
 
@@ -128,8 +129,8 @@ class Explainer:
         the scheduler's queue, whose reserved tasks (a few: one per slot at most) are told
         apart, as their reason says so."""
         found: list[tuple[Any, int, list[str], str, Any]] = []
-        for (state, shape, actor), group in self._graph.census.waiting_groups():
-            names = [self._graph.tasks[i].name for i in group.samples]
+        for (state, shape, actor), members in self._graph.census.waiting_groups():
+            names = [self._graph.tasks[i].name for i in members.samples]
             if state is TaskState.WAITING:
                 reason = _DEPENDENCIES
             else:
@@ -137,7 +138,7 @@ class Explainer:
                 reason = (f"queued for actor {actor[:8]} "
                           f"({record.state.value if record is not None else 'dead'}) "
                           "behind the caller's earlier calls")
-            found.append((shape, group.count, names, reason, dict(shape)))
+            found.append((shape, members.count, names, reason, dict(shape)))
         for slot in self._sched.slots.values():
             by_shape: dict[Any, list[int]] = {}
             for task_id in slot.queue:

@@ -9,7 +9,7 @@ from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_count, check_name, check_units
 from ..core.resources import Units
-from .actors import check_actor_spec
+from .actor_records import check_actor_spec
 from .jobs import check_job_spec
 
 

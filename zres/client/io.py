@@ -19,7 +19,6 @@ import weakref
 from collections import deque
 from typing import Any
 
-import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -29,6 +28,7 @@ from ..core.errors import BrokerLostError, ZresError
 from ..core.limits import Limits
 from ..logs import get_logger
 from .futures import Future
+from .outbox import OutboxSender
 from .outcomes import resolve, settle
 from .output import Printer
 
@@ -40,9 +40,8 @@ class InfeasibleWarning(UserWarning):
     """A task asks for resources that no connected agent could ever provide."""
 
 
-STOP = "stop"  # an outbox entry: a task to cancel with force (sent batched, as CANCEL)
 
-class IOThread:
+class IOThread(OutboxSender):
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
     def __init__(self, client_name: str, address: str, broker_timeout: float | None,
@@ -204,74 +203,6 @@ class IOThread:
         quiet = {} if self.forward_output else {"output": False}  # (then it sends none)
         P.send_now(self.sock, P.encode(P.HELLO, {"client": self.client_name, **quiet,
                                                 "versions": versions.mine(), "token": self.token}))
-
-    def _send_outbox(self) -> None:
-        """Send everything queued: submits in batches, then stops and releases."""
-        submits: list[Any] = []
-        frames: list[Any] = []
-        releases: list[int] = []
-        stops: list[int] = []   # cancels with force
-        size = [0, 0]  # the batch's header and payload bytes (bounds)
-        limits = self.limits
-
-        def flush_submits() -> None:
-            if submits:
-                self._send(P.SUBMIT, {"tasks": list(submits)}, list(frames))
-                submits.clear()
-                frames.clear()
-                size[:] = [0, 0]
-
-        while self.outbox:
-            kind, item, item_frames = self.outbox.popleft()
-            if kind == P.SUBMIT:
-                # Batches stay within the broker's limits: a message over one is refused
-                # whole, and one whose header is over cannot even say which tasks it held.
-                head = _header_bytes(item)
-                body = sum(len(P.buffer(f)) for f in item_frames)
-                if head > limits.header_bytes or body > limits.payload_bytes:
-                    self._too_big(item[0], head, body)
-                    continue
-                if len(submits) >= min(1000, limits.tasks) \
-                        or size[0] + head > limits.header_bytes \
-                        or size[1] + body > limits.payload_bytes:
-                    flush_submits()
-                submits.append(item)
-                frames.extend(item_frames)
-                if self.keeps:
-                    self.unacked.append((kind, item, item_frames))
-                size[0] += head
-                size[1] += body
-            elif kind == P.RELEASE:
-                releases.append(item)
-            elif kind == STOP:
-                stops.append(item)
-            else:  # a request: the broker must see what was queued before it first
-                flush_submits()
-                self._send_stops(stops)
-                stops = []
-                body, reply = item
-                req = next(self._request_ids)
-                self.requests[req] = reply
-                self._send(kind, {**body, "req": req})
-        flush_submits()
-        self._send_stops(stops)
-        if releases:
-            self._send(P.RELEASE, {"ids": releases})
-
-    def _too_big(self, task_id: int, head: int, body: int) -> None:
-        future = self.pending.pop(task_id, None)
-        if future is None:
-            return
-        limits = self.limits
-        what = (f"its arguments are {body} bytes, more than the broker's limit of "
-                f"{limits.payload_bytes} (max_payload_bytes)" if body > limits.payload_bytes
-                else f"its description (dependencies, name) takes about {head} bytes, more "
-                f"than the broker's limit of {limits.header_bytes} (max_header_bytes)")
-        settle(future, exception=ZresError(f"task {future.name} was not sent: {what}"))
-
-    def _send_stops(self, stops: list[int]) -> None:
-        if stops:
-            self._send(P.CANCEL, {"ids": stops, "force": True})
 
     def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
         P.send(self.sock, P.encode(kind, body, frames))
@@ -435,14 +366,6 @@ class IOThread:
                           InfeasibleWarning, stacklevel=1)
         except Exception:  # warnings made errors: nobody can catch them in this thread
             log.warning("task_infeasible", task=name, reason=reason)
-
-
-def _header_bytes(item: list[Any]) -> int:
-    """A bound on the bytes one submit item takes in a message's header (msgpack)."""
-    size = 64 + 9 * len(item[4]) + 4 * len(item[6]) + sum(4 * len(n) + 14 for n in item[1])
-    if len(item) > 8:  # an actor's, a call's or a job's description
-        size += len(msgpack.packb(item[8], use_bin_type=True))
-    return size
 
 
 def _close_fds(*fds: int) -> None:

@@ -1,0 +1,107 @@
+"""Sending what a client's user threads queued: submits in batches within the broker's
+limits, forced cancels, releases, and requests after what was queued before them."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from ..core import protocol as P
+from ..core.errors import ZresError
+from .outcomes import settle
+
+STOP = "stop"  # an outbox entry: a task to cancel with force (sent batched, as CANCEL)
+
+
+class OutboxSender:
+    """Mixed into the client's I/O thread, which alone sends (see ``io``)."""
+
+    if TYPE_CHECKING:  # (the I/O thread's own, used here)
+        outbox: deque[tuple[str, Any, Any]]
+        unacked: deque[tuple[str, Any, Any]]
+        pending: dict[int, Any]
+        requests: dict[int, Any]
+        keeps: bool
+        limits: Any
+        _request_ids: itertools.count[int]
+
+        def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ...) -> None: ...
+
+    def _send_outbox(self) -> None:
+        """Send everything queued: submits in batches, then stops and releases."""
+        submits: list[Any] = []
+        frames: list[Any] = []
+        releases: list[int] = []
+        stops: list[int] = []   # cancels with force
+        size = [0, 0]  # the batch's header and payload bytes (bounds)
+        limits = self.limits
+
+        def flush_submits() -> None:
+            if submits:
+                self._send(P.SUBMIT, {"tasks": list(submits)}, list(frames))
+                submits.clear()
+                frames.clear()
+                size[:] = [0, 0]
+
+        while self.outbox:
+            kind, item, item_frames = self.outbox.popleft()
+            if kind == P.SUBMIT:
+                # Batches stay within the broker's limits: a message over one is refused
+                # whole, and one whose header is over cannot even say which tasks it held.
+                head = _header_bytes(item)
+                body = sum(len(P.buffer(f)) for f in item_frames)
+                if head > limits.header_bytes or body > limits.payload_bytes:
+                    self._too_big(item[0], head, body)
+                    continue
+                if len(submits) >= min(1000, limits.tasks) \
+                        or size[0] + head > limits.header_bytes \
+                        or size[1] + body > limits.payload_bytes:
+                    flush_submits()
+                submits.append(item)
+                frames.extend(item_frames)
+                if self.keeps:
+                    self.unacked.append((kind, item, item_frames))
+                size[0] += head
+                size[1] += body
+            elif kind == P.RELEASE:
+                releases.append(item)
+            elif kind == STOP:
+                stops.append(item)
+            else:  # a request: the broker must see what was queued before it first
+                flush_submits()
+                self._send_stops(stops)
+                stops = []
+                body, reply = item
+                req = next(self._request_ids)
+                self.requests[req] = reply
+                self._send(kind, {**body, "req": req})
+        flush_submits()
+        self._send_stops(stops)
+        if releases:
+            self._send(P.RELEASE, {"ids": releases})
+
+    def _too_big(self, task_id: int, head: int, body: int) -> None:
+        future = self.pending.pop(task_id, None)
+        if future is None:
+            return
+        limits = self.limits
+        what = (f"its arguments are {body} bytes, more than the broker's limit of "
+                f"{limits.payload_bytes} (max_payload_bytes)" if body > limits.payload_bytes
+                else f"its description (dependencies, name) takes about {head} bytes, more "
+                f"than the broker's limit of {limits.header_bytes} (max_header_bytes)")
+        settle(future, exception=ZresError(f"task {future.name} was not sent: {what}"))
+
+    def _send_stops(self, stops: list[int]) -> None:
+        if stops:
+            self._send(P.CANCEL, {"ids": stops, "force": True})
+
+
+def _header_bytes(item: list[Any]) -> int:
+    """A bound on the bytes one submit item takes in a message's header (msgpack)."""
+    size = 64 + 9 * len(item[4]) + 4 * len(item[6]) + sum(4 * len(n) + 14 for n in item[1])
+    if len(item) > 8:  # an actor's, a call's or a job's description
+        size += len(msgpack.packb(item[8], use_bin_type=True))
+    return size
