@@ -403,6 +403,8 @@ class Broker:
             sent = msg.body.get("t")
             if isinstance(sent, float):
                 agent.echo = sent
+        elif msg.body.get("side") is True:  # an agent's heartbeat thread
+            self.link.on_side_beat(ident, msg, now)
         elif self.clients.seen(ident, now) is None:
             self._send(ident, P.UNKNOWN,
                        self.link.unknown_body(ident, msg.body.get("session")))
