@@ -4,11 +4,14 @@ and the job list are built without walking every task the broker holds."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from tests.broker.test_agent_link import Peer, report
 from tests.broker.test_keeping import hello, register
 from zres.broker.server import Broker
+from zres.broker.store import Store
 from zres.core import protocol as P
 from zres.core.resources import UNIT
 
@@ -57,4 +60,31 @@ def test_status_counts_and_groups_without_walking_every_task():
     finally:
         for peer in (client, agent):
             peer.close()
+        broker.close()
+
+
+def test_the_tasks_of_a_submit_share_their_function_and_request(tmp_path):
+    """A million queued tasks must not hold a million copies of a map's function, nor of
+    its resource request (issue 28: a third of a queued task's memory was its function),
+    and the state store keeps the function once too."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    client, _ = hello(broker)
+    try:
+        function = b"f" * 1000  # (as a pickled function: the same bytes for every task)
+        items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"t{i}", False] for i in range(1, 101)]
+        frames = [part for i in range(1, 101) for part in (function, b"args%d" % i)]
+        client.send(P.SUBMIT, {"tasks": items}, frames)
+        client.take(P.ACCEPTED)
+        tasks = [broker.graph.tasks[i] for i in broker.sched.waiting]
+        assert len(tasks) == 100
+        assert len({id(t.payload[0]) for t in tasks}) == 1, "each task holds its own function"
+        assert len({id(t.units) for t in tasks}) == 1, "each task holds its own request"
+        waiting = list(broker.sched.waiting.values())
+        assert len({id(w.units) for w in waiting}) == 1, "the queue copies each request"
+        rows = sqlite3.connect(broker.store.path).execute("SELECT count(*) FROM blobs")
+        assert rows.fetchone()[0] == 1, "the store keeps the function once per task"
+        # ... and gives each task its whole call back.
+        assert broker.keeper.payload(tasks[7]) == [function, b"args8"]
+    finally:
+        client.close()
         broker.close()

@@ -206,3 +206,23 @@ def test_a_finished_job_stays_finished_after_a_restart(tmp_path):
     finally:
         client.close()
         broker.close()
+
+
+def test_a_shared_frame_is_kept_once_and_collected_once_no_task_names_it(tmp_path):
+    store = Store(str(tmp_path))
+    for task_id in (1, 2):
+        store.new_task(task_id, b"record", b"rest", b"state", (b"k" * 16, b"function"))
+    store.new_task(3, b"record", b"all", b"state")
+    assert store.commit()
+    assert store.payload(2) == (b"rest", b"function") and store.payload(3) == (b"all", None)
+    count = "SELECT count(*) FROM blobs"
+    assert store._db.execute(count).fetchone()[0] == 1
+    store.forget_task(1)
+    assert store.commit()
+    store.collect_blobs()
+    assert store._db.execute(count).fetchone()[0] == 1, "a blob task 2 names was deleted"
+    store.forget_task(2)
+    assert store.commit()
+    store.collect_blobs()
+    assert store._db.execute(count).fetchone()[0] == 0
+    store.close()

@@ -32,6 +32,7 @@ from .deferred import DeferredGrants
 from .draining import Draining
 from .files import open_files
 from .grants import Grant
+from .heartbeat import HeartbeatThread
 from .jobs import GRACE, JobRunner
 from .reports import Reports
 from .running import TaskRunner
@@ -61,7 +62,8 @@ class Agent(Draining):
         self.broker = self._connection.sock
         self.poller.register(self.broker, zmq.POLLIN)
         self.poller.register(self._connection.monitor, zmq.POLLIN)
-        self.reports = Reports()
+        # (hand-offs wait for the broker's ack, and for the lease: see reports)
+        self.reports = Reports(lambda: self.session.valid())
         self.pool = WorkerPool(self.ctx, slots, broker, self.logs.path, self.files)
         self.session = Session(self.pool.lease)
         self._reach = ReachWarning(broker)
@@ -74,6 +76,11 @@ class Agent(Draining):
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
         self.poller.register(self.pool.sock, zmq.POLLIN)
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
+        # Beats that no busy turn of this loop can hold up; a loop stuck far longer than
+        # the broker waits lets the broker give up on us, as for any silent agent.
+        self.heartbeat = HeartbeatThread(self.ctx, broker, key, self.session,
+                                         heartbeat_interval, stall=4 * heartbeat_timeout)
+        self._leased = False                      # the lease held at the last turn
         self.drain_grace = drain_grace
         self._last_heard = time.monotonic()
         self._last_beat = 0.0
@@ -96,6 +103,7 @@ class Agent(Draining):
                  slots=[format_units(s.units) for s in self.slots], state=self.files.path,
                  leftovers_removed=self.files.left)  # (an agent of this name was killed)
         self.jobs.stop_leftovers()
+        self.heartbeat.start()
         # One GPU-less worker per slot starts now, so the first task does not wait for it.
         for index in range(len(self.slots)):
             self.runner.worker(index, ())
@@ -110,6 +118,7 @@ class Agent(Draining):
         self._stopping = True
 
     def shutdown(self) -> None:
+        self.heartbeat.stop()
         self.jobs.stop_all()
         self.pool.close(self.actors.workers())
         self.actors.by_id.clear()
@@ -136,6 +145,13 @@ class Agent(Draining):
             self.jobs.reap()
         if self._draining_until is not None:
             self._drain_step(now)
+        leased = self.session.valid()
+        if leased and not self._leased:  # (renewed by this loop or the heartbeat thread)
+            self._lease_came_back()
+        elif leased:
+            self.reports.go_on()  # hand-offs a lapsed lease or a turn's budget held back
+        self._leased = leased
+        self.heartbeat.turned(now)
         if self.session.registered:  # (numbered from the welcome) its hand-offs go once acked
             self._send_report()
         self.pool.flush()
@@ -177,12 +193,12 @@ class Agent(Draining):
                 self._register(time.monotonic(), resume=True)
 
     # -- the session -------------------------------------------------------------------
-    def _renew_lease(self, anchor: float) -> None:
-        """The broker heard a heartbeat we sent at ANCHOR (our clock)."""
-        if self.session.renew(anchor):
-            for msg in self._deferred.take():
-                self._on_assign(msg)
-            self.runner.lease_renewed()
+    def _lease_came_back(self) -> None:
+        """The lease holds again: what waited for it starts."""
+        for msg in self._deferred.take():
+            self._on_assign(msg)
+        self.runner.lease_renewed()
+        self.reports.go_on()
 
     def _register(self, now: float, resume: bool = False) -> None:
         self.session.asked_at = now
@@ -220,7 +236,7 @@ class Agent(Draining):
         self.carry.clear()  # (offered with this session)
         first = self.session.welcomed(epoch, float(msg.body.get("lease", self.hb_timeout / 2)))
         self._last_heard = time.monotonic()
-        self._renew_lease(self.session.asked_at)
+        self.session.renew(self.session.asked_at)
         self._acked(msg)
         if msg.body.get("resumed"):
             # Send again what it may not have had, then say what we hold, after it.
@@ -281,7 +297,7 @@ class Agent(Draining):
                 if msg.body.get("epoch") != self.session.epoch:
                     self.session.ask_again()  # a new broker: register again
                 elif isinstance(msg.body.get("echo"), float):
-                    self._renew_lease(msg.body["echo"])
+                    self.session.renew(msg.body["echo"])
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.UNKNOWN:

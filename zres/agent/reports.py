@@ -9,11 +9,15 @@ twice (the broker skips numbers it has seen).
 A hand-off (a task to a worker, a command job started, an actor fed) waits until the
 broker has acknowledged the report saying it is ``held``: the broker always knows that a
 task may have started before it can have, whatever happens to the agent, its connection
-or its messages in between.
+or its messages in between. And it waits while the agent's lease has lapsed (an
+acknowledgement that arrives after the broker may have given up on the agent starts
+nothing), and goes on at the next turn past a turn's budget (200 jobs to start never keep
+the loop from its other work).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -22,15 +26,17 @@ from ..core import protocol as P
 from ..logs import get_logger
 
 log = get_logger("zres.agent")
+_BUDGET = 0.05  # seconds of hand-offs in one turn of the agent's loop, at most
 
 
 class Reports:
-    """The report being gathered, and those sent but not acknowledged."""
+    """The report being gathered, and those sent but not acknowledged. Hand-offs run only
+    while MAY_START() (the lease holds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, may_start: Callable[[], bool] = lambda: True) -> None:
         self._seq = 0
         self._unacked: deque[tuple[int, list[Any], int]] = deque()   # seq, frames, bytes
-        self._gate = Gate()
+        self._gate = Gate(may_start)
         self._clear()
 
     @property
@@ -95,6 +101,11 @@ class Reports:
             self._unacked.popleft()
         self._gate.open(seq)
 
+    def go_on(self) -> None:
+        """Run the acknowledged hand-offs left waiting (the lease had lapsed, or a turn's
+        budget was spent)."""
+        self._gate.run_ready()
+
     def unacked(self) -> list[list[Any]]:
         """The reports sent but not acknowledged, oldest first, to send again."""
         return [message for _, message, _ in self._unacked]
@@ -129,10 +140,14 @@ class Reports:
 
 
 class Gate:
-    """Hand-offs waiting for the broker to acknowledge the report that announces them."""
+    """Hand-offs waiting for the broker to acknowledge the report that announces them, and
+    for MAY_START() (the agent's lease)."""
 
-    def __init__(self) -> None:
+    def __init__(self, may_start: Callable[[], bool]) -> None:
         self._pending: list[list[Any]] = []    # [report seq (0: the next one), action]
+        self._acked = 0
+        self._may_start = may_start
+        self._generation = 0  # bumps when cleared: actions run before it are the old's
 
     def add(self, action: Callable[[], None]) -> None:
         """Run ACTION once the broker has the report being gathered now."""
@@ -153,14 +168,30 @@ class Gate:
 
     def open(self, acked: int) -> None:
         """The broker has every report up to ACKED: run what they announced, in order."""
-        ready = [e for e in self._pending if 0 < e[0] <= acked]
-        if ready:
-            self._pending = [e for e in self._pending if not 0 < e[0] <= acked]
-            for _, action in ready:
-                _run(action)
+        self._acked = max(self._acked, acked)
+        self.run_ready()
+
+    def run_ready(self) -> None:
+        """Run, in order, the acknowledged actions, while the lease holds and for at most
+        a turn's budget (the rest at the next turn)."""
+        start = time.monotonic()
+        generation, ran = self._generation, 0
+        try:
+            while ran < len(self._pending) and 0 < self._pending[ran][0] <= self._acked:
+                if not self._may_start() or time.monotonic() - start > _BUDGET:
+                    return
+                ran += 1
+                _run(self._pending[ran - 1][1])
+                if self._generation != generation:
+                    return  # (an action ended the session: what is left went with it)
+        finally:
+            if self._generation == generation:
+                del self._pending[:ran]
 
     def clear(self) -> None:
         self._pending.clear()
+        self._acked = 0
+        self._generation += 1
 
 
 def _run(action: Callable[[], None]) -> None:

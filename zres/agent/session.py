@@ -11,6 +11,7 @@ someone else's.
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 from ..core.address import unreachable
@@ -21,9 +22,14 @@ log = get_logger("zres.agent")
 
 
 class Session:
-    """The session's state; LEASE is the file the workers read the lease from."""
+    """The session's state; LEASE is the file the workers read the lease from.
+
+    Two threads renew the lease: the agent's loop and its heartbeat thread; a lock keeps
+    the later end from being overwritten by an earlier one, and an echo of a session
+    since left from renewing the new one."""
 
     def __init__(self, lease: Lease) -> None:
+        self._lock = threading.Lock()
         self._lease = lease
         self.id = _new_id()
         self.epoch: int | None = None
@@ -36,17 +42,22 @@ class Session:
         """Whether the broker still counts on this agent: work may start."""
         return self.registered and time.monotonic() < self.until
 
-    def renew(self, anchor: float) -> bool:
-        """The broker heard what we sent at ANCHOR; return whether the lease came back."""
-        was_valid = self.valid()
-        self.until = max(self.until, anchor + self.lease_len)
-        self._lease.set(self.until)
-        return not was_valid and self.valid()
+    def renew(self, anchor: float, session: int | None = None,
+              epoch: int | None = None) -> None:
+        """The broker heard what we sent at ANCHOR (for SESSION, as the broker of EPOCH
+        says: not this session's, or another broker's, renews nothing)."""
+        with self._lock:
+            if session is not None and (session != self.id or epoch != self.epoch
+                                        or not self.registered):
+                return
+            self.until = max(self.until, anchor + self.lease_len)
+            self._lease.set(self.until)
 
     def welcomed(self, epoch: int | None, lease_len: float) -> bool:
         """The broker welcomed this session; return whether for the first time."""
-        first = not self.registered
-        self.epoch, self.lease_len, self.registered = epoch, lease_len, True
+        with self._lock:
+            first = not self.registered
+            self.epoch, self.lease_len, self.registered = epoch, lease_len, True
         return first
 
     def ask_again(self) -> None:
@@ -56,11 +67,12 @@ class Session:
 
     def restart(self) -> None:
         """Begin a new session: the old one's work is void, its lease gone."""
-        self.id = _new_id()
-        self.epoch = None
-        self.until = 0.0
-        self._lease.set(0.0)
-        self.ask_again()
+        with self._lock:
+            self.id = _new_id()
+            self.epoch = None
+            self.until = 0.0
+            self._lease.set(0.0)
+            self.ask_again()
 
 
 def _new_id() -> int:

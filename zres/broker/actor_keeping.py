@@ -131,7 +131,7 @@ class ActorKeeper:
         for dep in deps:
             if (held := self._graph.get(dep)) is not None:
                 held.holders += 1
-                task.deps.append(dep)
+                task.deps = [*task.deps, dep]
         self._graph.set_state(task, TaskState.QUEUED)
         self._graph.set_state(task, TaskState.RUNNING)
         task.agent = actor.agent_name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ class ActorRecord:
     queues: dict[bytes, deque[int]] = field(default_factory=dict)  # caller -> call ids
     inflight: dict[int, None] = field(default_factory=dict)        # sent, in send order
     cause: str = ""              # why it died
-    error: tuple[str, list[Any], dict[str, Any]] | None = None     # __init__'s exception
+    error: tuple[str, Sequence[Any], dict[str, Any]] | None = None  # __init__'s exception
     starts: int = 0
     key: str = ""                # its owner: the name of its creator's key ("": no keys)
     shared: bool = False         # any key may call it, not only its owner's and admins'

@@ -141,6 +141,25 @@ class AgentLink:
             self._dispatch.set_accepting(agent)
         return agent
 
+    def on_side_beat(self, ident: bytes, msg: P.Message, now: float) -> bool:
+        """A heartbeat from an agent's heartbeat thread (a socket of its own, IDENT, not
+        the agent's): the agent is alive, and hears its lease's echo at once, whatever its
+        loop is busy with. False if MSG names no session of a registered agent, or comes
+        with another key than that agent's."""
+        agent = self._agents.by_session.get(msg.body.get("session"))  # type: ignore[arg-type]
+        if agent is None or agent.ident == ident:
+            return False
+        role, name, _ = self._key()
+        if agent.key != (f"{role}:{name}" if role else ""):
+            return False
+        agent.last_seen = now
+        sent = msg.body.get("t")
+        if isinstance(sent, float):
+            agent.echo = sent
+        self._send(ident, P.HEARTBEAT, {"epoch": self._welcome()["epoch"], "echo": sent,
+                                        "session": agent.session})
+        return True
+
     def unknown_body(self, ident: bytes, session: Any = None) -> dict[str, Any]:
         """What to tell IDENT, which is not a registered agent, of its SESSION: the
         session named, so an agent that has begun a new one does not stop that too."""

@@ -120,6 +120,9 @@ class AgentRegistry:
         self.sched = sched
         self.timeout = timeout
         self.by_ident: dict[bytes, AgentRecord] = {}
+        # The same agents by session: an agent's heartbeats also come from a socket of
+        # their own (its heartbeat thread), which names the session it beats for.
+        self.by_session: dict[int, AgentRecord] = {}
         self.slot_owner: dict[int, AgentRecord] = {}
         # Lost agents' ids: why. Kept across the broker's restarts (KEEP_ENDED writes
         # them): an agent declared lost before a restart must not have its work taken
@@ -204,6 +207,7 @@ class AgentRegistry:
         if self.ended.pop(ident, None) is not None:
             self._keep_ended([[i, why] for i, why in self.ended.items()])
         self.by_ident[ident] = record
+        self.by_session[record.session] = record
         for slot_id in slot_ids:
             self.slot_owner[slot_id] = record
         log.info("agent_joined", agent=reg.name, slots=[format_units(u) for u in reg.units])
@@ -213,6 +217,8 @@ class AgentRegistry:
         """Forget AGENT, remembering WHY for its late messages (its scheduler slots are
         removed by whoever handles its work)."""
         del self.by_ident[agent.ident]
+        if self.by_session.get(agent.session) is agent:
+            del self.by_session[agent.session]
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
         self.ended[agent.ident] = why

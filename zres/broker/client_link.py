@@ -168,7 +168,7 @@ class ClientLink:
                 # construction even if its client has let go of it since: the actor lives).
                 continue
             task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
-                        sub.priority, sub.retries, sub.name, sub.strict, sub.payload, [],
+                        sub.priority, sub.retries, sub.name, sub.strict, sub.payload, (),
                         kind=sub.kind, quiet=sub.quiet, owner=client.owner)
             task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
             self._graph.add(task)

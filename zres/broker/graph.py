@@ -7,7 +7,7 @@ the dependents that waited only for it; a failure fails every dependent, transit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core import protocol as P
@@ -87,15 +87,19 @@ class TaskGraph:
         """Make TASK wait for DEPS (ids of tasks held here); ready or fail it at once if
         they have all finished already."""
         failed_dep: Task | None = None
+        if deps:
+            task.deps = [*task.deps, *deps]
         for dep_id in deps:
             dep = self.tasks[dep_id]
-            task.deps.append(dep.id)
             dep.holders += 1
             if dep.state is TaskState.FAILED:
                 failed_dep = dep
             elif dep.state is not TaskState.DONE:
                 task.missing += 1
-                dep.dependents.append(task.id)
+                if isinstance(dep.dependents, list):
+                    dep.dependents.append(task.id)
+                else:
+                    dep.dependents = [task.id]
         if failed_dep is not None:
             self.finish(task, failed_dep.outcome, failed_dep.result, failed_dep.info)
         elif task.missing == 0:
@@ -127,7 +131,8 @@ class TaskGraph:
         """Fail TASK with the zres error type ERROR (a class name) and MESSAGE."""
         self.finish(task, P.FAILED, [], {"type": error, "message": message})
 
-    def finish(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
+    def finish(self, task: Task, outcome: str, frames: Sequence[Any],
+               info: dict[str, Any]) -> None:
         """Record TASK's outcome and pass a failure on to its dependents.
 
         A worklist, not recursion: a failure at the head of a chain of 100,000 tasks fails
@@ -140,7 +145,7 @@ class TaskGraph:
             if outcome != P.OK:
                 work.extend(failed)
 
-    def _record(self, task: Task, outcome: str, frames: list[Any],
+    def _record(self, task: Task, outcome: str, frames: Sequence[Any],
                 info: dict[str, Any]) -> list[Task]:
         """Finish one task; return the waiting dependents a failure must also fail."""
         self.set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)

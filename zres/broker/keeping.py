@@ -22,6 +22,7 @@ A restarted broker restores them:
 from __future__ import annotations
 
 import gc
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ from .store import Store
 
 log = get_logger("zres.broker")
 KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger ones recomputed
+BLOB_MIN = 256  # a call's first frame (its function) of this many bytes is kept once, shared
 _pack = msgpack.Packer().pack  # (one packer, not one made per call as packb does)
 ActorTask = Callable[[Task, list[int], str, Callable[[Task, list[int]], None]], None]
 
@@ -49,6 +51,7 @@ class TaskKeeper:
         self._clients = clients
         # Restored tasks whose results were not kept, not run again yet: id -> inputs.
         self._unrun: dict[int, list[int]] = {}
+        self._digests: dict[bytes, bytes] = {}  # shared function frames' digests
         self._graph: TaskGraph | None = None
         self._fail: Callable[[Task, str, str], None] = lambda task, error, why: None
 
@@ -60,8 +63,23 @@ class TaskKeeper:
         record = _pack([task.client, task.owner, task.local_id, task.units, task.priority,
                         task.name, task.strict, task.kind, deps, task.creates, task.actor,
                         task.quiet, list(task.workers), task.allow_other_workers])
-        payload = _pack([P.buffer(f) for f in task.payload])
-        self._store.new_task(task.id, record, payload, self._state(task))
+        frames = [P.buffer(f) for f in task.payload]
+        blob = None
+        if frames and len(frames[0]) >= BLOB_MIN:  # (a function: the same for many tasks)
+            blob = (self._digest(frames[0]), frames[0])
+            frames = frames[1:]
+        self._store.new_task(task.id, record, _pack(frames), self._state(task), blob)
+
+    def _digest(self, data: Any) -> bytes:
+        """DATA's digest: worked out once for the bytes a submit's tasks share."""
+        if not isinstance(data, bytes):
+            return hashlib.blake2b(data, digest_size=16).digest()
+        key = self._digests.get(data)
+        if key is None:
+            if len(self._digests) >= 4096:
+                self._digests.clear()
+            key = self._digests[data] = hashlib.blake2b(data, digest_size=16).digest()
+        return key
 
     def changed(self, task: Task) -> None:
         """TASK's state changed (held, requeued, ended, released): write it again."""
@@ -113,8 +131,11 @@ class TaskKeeper:
 
     def payload(self, task: Task) -> list[Any]:
         """TASK's call, read from the store (a restored task holds none until granted)."""
-        raw = self._store.payload(task.id) if self._store is not None and task.kept else None
-        return list(msgpack.unpackb(raw)) if raw else []
+        if self._store is None or not task.kept:
+            return []
+        raw, blob = self._store.payload(task.id)
+        frames = list(msgpack.unpackb(raw)) if raw else []
+        return frames if blob is None else [blob, *frames]
 
     def dropped(self, task: Task) -> None:
         if self._store is not None and task.kept:

@@ -34,6 +34,7 @@ from .auth import Forbidden, Gate
 from .cancels import CancelAnswers
 from .client_link import ClientLink
 from .clients import ClientRegistry
+from .collector import Collector
 from .dispatch import Dispatcher
 from .graph import TaskGraph
 from .identity import Identities
@@ -90,6 +91,7 @@ class Broker:
         self._last_turn = time.monotonic()
         self._fd = -1                       # the connection of the message being handled
         self._stopping = False
+        self._collector = Collector()
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
         self.clients = ClientRegistry(client_timeout,
@@ -188,6 +190,7 @@ class Broker:
             signal.signal(sig, lambda *_: self.stop())
         if ready is not None:
             ready()
+        self._collector.start(time.monotonic())
         log.info("broker_started", address=self.address, epoch=self.epoch, pid=os.getpid())
         while not self._stopping:
             self.poll_once(time.monotonic(), timeout=self.hb_interval / 2)
@@ -262,6 +265,8 @@ class Broker:
             try:
                 self._heartbeats(now)
                 self.adoption.expire(now)
+                if self._collector.tick(now, len(self.graph.tasks)) and self.store:
+                    self.store.collect_blobs()
             except Exception:
                 log.exception("heartbeat_failed")
         self.actors.pump_all()
@@ -403,6 +408,8 @@ class Broker:
             sent = msg.body.get("t")
             if isinstance(sent, float):
                 agent.echo = sent
+        elif msg.body.get("side") is True:  # an agent's heartbeat thread
+            self.link.on_side_beat(ident, msg, now)
         elif self.clients.seen(ident, now) is None:
             self._send(ident, P.UNKNOWN,
                        self.link.unknown_body(ident, msg.body.get("session")))

@@ -75,8 +75,6 @@ class Store:
         self._sync = "FULL"
         # Fewer, larger checkpoints (each one fsyncs): the log may grow to ~40 MB.
         self._db.execute("PRAGMA wal_autocheckpoint=10000")
-        if max_pages:
-            self._db.execute(f"PRAGMA max_page_count={int(max_pages)}")
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, "
                          "record BLOB NOT NULL)")
@@ -86,6 +84,14 @@ class Store:
                          "record BLOB NOT NULL, payload BLOB, state BLOB, result BLOB)")
         self._db.execute("CREATE TABLE IF NOT EXISTS actors (id TEXT PRIMARY KEY, "
                          "record BLOB NOT NULL, spawn BLOB)")
+        # A frame many tasks share (a map's pickled function), kept once, by its digest:
+        # a task's row names it (``blob``) instead of holding it.
+        self._db.execute("CREATE TABLE IF NOT EXISTS blobs (key BLOB PRIMARY KEY, "
+                         "data BLOB NOT NULL)")
+        if "blob" not in {row[1] for row in self._db.execute("PRAGMA table_info(tasks)")}:
+            self._db.execute("ALTER TABLE tasks ADD COLUMN blob BLOB")  # (an older store)
+        if max_pages:  # (after the tables: a full disk cannot stop a start here)
+            self._db.execute(f"PRAGMA max_page_count={int(max_pages)}")
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
         self._forget: set[int] = set()
@@ -93,6 +99,8 @@ class Store:
         # (state, result): a task written and dropped within one turn never reaches the
         # disk.
         self._new_tasks: dict[int, list[Any]] = {}
+        self._new_blobs: dict[bytes, Any] = {}
+        self._blob_keys: set[bytes] = set()  # blobs written, or to be at the next commit
         self._changed_tasks: dict[int, tuple[bytes, bytes | None]] = {}
         self._dropped_tasks: set[int] = set()
         self._actors: dict[str, tuple[bytes, bytes]] = {}   # actor id -> record, spawn
@@ -123,10 +131,12 @@ class Store:
         """Every actor kept: (id, record, construction frames)."""
         return self._db.execute("SELECT id, record, spawn FROM actors").fetchall()
 
-    def payload(self, task_id: int) -> bytes | None:
-        """The payload kept for TASK_ID, if any."""
-        row = self._db.execute("SELECT payload FROM tasks WHERE id = ?", (task_id,)).fetchone()
-        return None if row is None else row[0]
+    def payload(self, task_id: int) -> tuple[bytes | None, bytes | None]:
+        """The payload kept for TASK_ID, if any, and the blob its first frame is kept as
+        (None: none, the payload holds every frame)."""
+        row = self._db.execute("SELECT t.payload, b.data FROM tasks t LEFT JOIN blobs b ON "
+                               "b.key = t.blob WHERE t.id = ?", (task_id,)).fetchone()
+        return (None, None) if row is None else (row[0], row[1])
 
     def cluster_id(self) -> str:
         """This cluster's identity: made (12 hex digits) and kept on first start."""
@@ -148,9 +158,17 @@ class Store:
         """Keep RECORD (a job's, with its ``id``) at the next commit."""
         self._jobs[int(record["id"])] = record
 
-    def new_task(self, task_id: int, record: bytes, payload: bytes, state: bytes) -> None:
-        """Keep a new task at the next commit."""
-        self._new_tasks[task_id] = [record, payload, state, None]
+    def new_task(self, task_id: int, record: bytes, payload: bytes, state: bytes,
+                 blob: tuple[bytes, Any] | None = None) -> None:
+        """Keep a new task at the next commit; BLOB (its digest and data) is its payload's
+        first frame, kept once for every task that shares it."""
+        key = None
+        if blob is not None:
+            key = blob[0]
+            if key not in self._blob_keys:
+                self._blob_keys.add(key)
+                self._new_blobs[key] = blob[1]
+        self._new_tasks[task_id] = [record, payload, state, None, key]
 
     def put_task(self, task_id: int, state: bytes, result: bytes | None) -> None:
         """Keep a task's new STATE and RESULT (None: none kept) at the next commit."""
@@ -178,6 +196,7 @@ class Store:
 
     def dirty(self) -> bool:
         return bool(self._meta or self._jobs or self._forget or self._new_tasks
+                    or self._new_blobs
                     or self._changed_tasks or self._dropped_tasks or self._actors
                     or self._dropped_actors)
 
@@ -213,8 +232,10 @@ class Store:
                     ("INSERT OR REPLACE INTO jobs (id, record) VALUES (?, ?)",
                      [(i, msgpack.packb(r)) for i, r in self._jobs.items()]),
                     ("DELETE FROM jobs WHERE id = ?", [(i,) for i in self._forget]),
-                    ("INSERT OR REPLACE INTO tasks (id, record, payload, state, result) "
-                     "VALUES (?, ?, ?, ?, ?)",
+                    ("INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)",
+                     list(self._new_blobs.items())),
+                    ("INSERT OR REPLACE INTO tasks (id, record, payload, state, result, "
+                     "blob) VALUES (?, ?, ?, ?, ?, ?)",
                      [(i, *row) for i, row in self._new_tasks.items()]),
                     ("UPDATE tasks SET state = ?, result = ? WHERE id = ?",
                      [(st, r, i) for i, (st, r) in self._changed_tasks.items()]),
@@ -238,11 +259,25 @@ class Store:
             log.info("state_commit_recovered", dir=self.directory)
         self.error = None
         for pending in (self._meta, self._jobs, self._forget, self._new_tasks,
+                        self._new_blobs,
                         self._changed_tasks, self._dropped_tasks, self._actors,
                         self._dropped_actors):
             pending.clear()
         self.last_commit = time.time()
         return True
+
+    def collect_blobs(self) -> None:
+        """Delete the blobs no kept task names any more (a walk of the task table: run
+        while it is small; nothing else waits on the disk then)."""
+        if self.dirty() or self.error is not None:
+            return
+        try:
+            self._db.execute("DELETE FROM blobs WHERE key NOT IN "
+                             "(SELECT blob FROM tasks WHERE blob IS NOT NULL)")
+        except sqlite3.Error as exc:
+            log.warning("state_blobs_not_collected", dir=self.directory, error=str(exc))
+            return
+        self._blob_keys.clear()
 
     def forget_job(self, job_id: int) -> None:
         """Drop the record of JOB_ID (a finished job past what is remembered)."""

@@ -44,10 +44,55 @@ def parse_submit(msg: P.Message, limits: Limits) -> list[Submission]:
     if not all(isinstance(i, list) and len(i) in (8, 9) for i in items):
         raise ProtocolError("submit: each task must be an 8- or 9-item array")
     payloads = P.split_frames(msg.frames, [i[5] for i in items])
-    return [_submission(item, payload, limits) for item, payload in zip(items, payloads)]
+    shared = _Shared()
+    return [_submission(item, shared.payload(payload), limits, shared)
+            for item, payload in zip(items, payloads)]
 
 
-def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submission:
+class _Shared:
+    """What the tasks of one submit have in common, kept once: a map's 1,000 tasks carry
+    the same pickled function and ask for the same resources, and a million queued tasks
+    must not hold a million copies (nor a million frames of a few bytes each, which cost
+    far more than their bytes)."""
+
+    def __init__(self) -> None:
+        self._frames: dict[bytes, tuple[bytes, int]] = {}  # small frame -> itself, kind
+        self._units: dict[tuple[tuple[str, int], ...], Units] = {}
+
+    def payload(self, frames: list[Any]) -> list[Any]:
+        """FRAMES with each small one as bytes, the same bytes for equal ones (a large
+        one stays the frame it came as: no copy)."""
+        out = []
+        for frame in frames:
+            if len(frame) > _SMALL:
+                out.append(frame)
+                continue
+            data = bytes(P.buffer(frame))
+            known = self._frames.get(data)
+            if known is None:
+                known = self._frames[data] = (data, -1)
+            out.append(known[0])
+        return out
+
+    def kind(self, function: Any) -> int:
+        """``kind_of`` FUNCTION, worked out once per distinct function of this submit."""
+        if not isinstance(function, bytes):
+            return kind_of(function)
+        data, kind = self._frames[function]
+        if kind == -1:
+            kind = kind_of(function)
+            self._frames[function] = (data, kind)
+        return kind
+
+    def units(self, units: Units) -> Units:
+        return self._units.setdefault(tuple(sorted(units.items())), units)
+
+
+_SMALL = 16 * 1024  # frames up to this many bytes are copied into bytes and shared
+
+
+def _submission(item: list[Any], payload: list[Any], limits: Limits,
+                shared: _Shared) -> Submission:
     local, units, priority, retries, deps, _, name, strict, *rest = item
     extra = rest[0] if rest else {}
     if not (isinstance(local, int) and isinstance(priority, int)
@@ -63,9 +108,9 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submissi
     if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
         raise ProtocolError("submit: workers must be a list of agent names")
     return Submission(
-        local, check_units(units, limits, "submit"), priority, max(retries, 0), deps,
-        check_name(name, limits, "submit: a task's name"),
-        bool(strict), payload, kind_of(payload[0]) if payload else 0,
+        local, shared.units(check_units(units, limits, "submit")), priority, max(retries, 0),
+        deps, check_name(name, limits, "submit: a task's name"),
+        bool(strict), payload, shared.kind(payload[0]) if payload else 0,
         actor=check_actor_spec(extra["actor"], limits.name_bytes) if "actor" in extra else None,
         call=call,
         job=check_job_spec(extra["job"]) if "job" in extra else None,

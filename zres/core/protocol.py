@@ -155,7 +155,10 @@ broker -> agent
                ended: the session is over (lost): stop its work, register anew;
                refused: its key was revoked: stop (exit status 1)
 any peer -> broker
-    heartbeat  {t?, session?}
+    heartbeat  {t?, session?, side?: true}      side: from an agent's heartbeat thread (a
+                                                socket of its own, its agent's key):
+                                                SESSION is alive; answered heartbeat
+                                                {epoch, echo: t, session} to that socket
 
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,18 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+class _NoInfo(dict):  # type: ignore[type-arg]
+    """The info of every task that has no outcome yet: one empty map, never written to."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a task's info is replaced whole, never changed in place")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse  # type: ignore[assignment]
+
+
+NO_INFO: dict[str, Any] = _NoInfo()
+
+
 @dataclass(slots=True)
 class Task:
     id: int
@@ -44,14 +57,16 @@ class Task:
     name: str
     strict: bool             # fail at once if infeasible, rather than wait
     payload: list[Any]       # opaque frames: the pickled call
-    deps: list[int]
+    # What a task holds besides (its dependencies, dependents, result, outcome's info)
+    # starts as the one shared empty value: a million queued tasks hold none of their own.
+    deps: Sequence[int]
     state: TaskState = TaskState.WAITING
     missing: int = 0         # dependencies not finished yet
-    dependents: list[int] = field(default_factory=list)
+    dependents: Sequence[int] = ()
     holders: int = 1         # the client's reference plus each unfinished dependent
     outcome: str = ""
-    result: list[Any] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
+    result: Sequence[Any] = ()
+    info: dict[str, Any] = field(default_factory=lambda: NO_INFO)
     agent: str = ""
     warned: str = ""         # the infeasibility reason last reported, if any
     actor: str = ""          # for a method call: the actor it goes to

@@ -28,7 +28,8 @@ class WaitingQueue:
         self.by_shape: dict[Shape, list[tuple[int, int, int]]] = {}
         self._seq = 0
         self._stale: dict[Shape, int] = {}     # removed entries left in a shape's heap
-        self._shapes: dict[Shape, Shape] = {}  # one copy of each, shared by its tasks
+        # One copy of each shape, and of its request, shared by its tasks.
+        self._shapes: dict[Shape, tuple[Shape, Units]] = {}
         self._on_forget = on_forget
 
     def add(self, task_id: int, units: Units, priority: int, queueable: bool,
@@ -37,8 +38,8 @@ class WaitingQueue:
         may run on (None: any)."""
         self._seq += 1
         shape = shape_of(units, where)
-        shape = self._shapes.setdefault(shape, shape)
-        task = Waiting(task_id, dict(units), priority, self._seq, shape,
+        shape, units = self._shapes.setdefault(shape, (shape, dict(units)))
+        task = Waiting(task_id, units, priority, self._seq, shape,
                        queueable=queueable, kind=kind)
         self.tasks[task_id] = task
         heapq.heappush(self.by_shape.setdefault(shape, []), (-priority, self._seq, task_id))
