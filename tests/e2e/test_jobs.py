@@ -5,6 +5,7 @@ the test's sleeps."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -438,11 +439,20 @@ def mode(path: Path) -> int:
 def test_job_logs_are_private_and_never_written_through_a_link(cli, tmp_path):
     logs = tmp_path / "logs"
     cluster, run = cli([{"foo": 1}], env={"ZRES_AGENT__JOB_LOGS": str(logs)})
-    first = int(run("submit", "--", "echo", "first").stdout)
-    assert run("wait", str(first)).returncode == 0
+    # While a job runs, its agent's record of it is a file of its own (its process group,
+    # for the next agent of this name should this one be killed outright), gone as it ends.
+    go = tmp_path / "go"
+    first = int(run("submit", "--", "sh", "-c", f'echo first; while [ ! -e "{go}" ]; '
+                    "do sleep 0.02; done").stdout)
+    record = logs / "running-agent-0" / str(first)
+    wait_until(record.exists, message="the running job's record")
     (log,) = logs.glob(f"*/{first}.log")
-    assert [mode(p) for p in (logs, log.parent, log, logs / "running-agent-0.json")] == \
-        [0o700, 0o700, 0o600, 0o600]
+    assert [mode(p) for p in (logs, log.parent, log, record.parent, record)] == \
+        [0o700, 0o700, 0o600, 0o700, 0o600]
+    assert os.getpgid(json.loads(record.read_text())["pgid"]) > 1
+    go.touch()
+    assert run("wait", str(first)).returncode == 0
+    assert list(record.parent.iterdir()) == []
     # Where the next two jobs will log (ids come in order): a link to a file the agent's
     # user can write, and an older log. Neither is written to; each job fails, naming it.
     precious = tmp_path / "precious"
