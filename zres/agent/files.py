@@ -35,7 +35,6 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
-from typing import Any
 
 from ..core.errors import ZresError
 
