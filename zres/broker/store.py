@@ -82,8 +82,9 @@ class Store:
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, "
                          "record BLOB NOT NULL)")
+        # (one b-tree, keyed by the digest: no rowid table beside an index)
         self._db.execute("CREATE TABLE IF NOT EXISTS envs (key TEXT PRIMARY KEY, "
-                         "env BLOB NOT NULL)")
+                         "env BLOB NOT NULL) WITHOUT ROWID")
         # A task's record (what it is: written once), its state (what became of it) and
         # its result.
         self._db.execute("CREATE TABLE IF NOT EXISTS tasks (id INTEGER PRIMARY KEY, "
