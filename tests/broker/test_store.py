@@ -15,6 +15,7 @@ import pytest
 
 from tests.broker.test_agent_link import Peer
 from zres.broker.graph import TaskGraph
+from zres.broker.job_envs import JobEnvs
 from zres.broker.jobs import JobRecord
 from zres.broker.server import Broker
 from zres.broker.store import ID_BLOCK, Store
@@ -45,6 +46,28 @@ def test_what_is_committed_is_there_for_the_next_broker_and_ids_never_repeat(tmp
     later = graph(again).new_id()
     assert later > max(ids + handed), "an id was handed out again after a restart"
     assert later <= max(handed) + 2 * ID_BLOCK + 1
+
+
+def test_job_environments_are_kept_once_and_go_with_their_last_job(tmp_path):
+    envs = JobEnvs(store := Store(str(tmp_path)))
+    exported = {"PATH": "/usr/bin", "BIG": "x" * 10_000}
+    first, key = envs.take(exported)
+    again, same = envs.take(dict(reversed(list(exported.items()))))  # (order is no matter)
+    assert same == key and again is first, "two jobs with one environment keep two"
+    assert envs.take({}) == ({}, "")  # nothing to keep
+    assert store.commit()
+    store.close()
+
+    store = Store(str(tmp_path))
+    kept = store.envs()
+    assert kept == {key: exported}
+    restored = JobEnvs(store)
+    assert restored.restored(key, kept) == exported and restored.restored("gone", kept) is None
+    restored.drop_unused(kept)
+    assert store.commit() and store.envs() == {key: exported}, "one in use was dropped"
+    restored.release(key)
+    assert store.commit() and store.envs() == {}
+    store.close()
 
 
 def test_a_commit_that_cannot_be_written_is_kept_for_later_and_said(tmp_path):

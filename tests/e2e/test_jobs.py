@@ -5,12 +5,15 @@ the test's sleeps."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sqlite3
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ import zres
 from tests.cli.test_cli import assert_one_line_error, clean_env, free_port, zres_cli
 from tests.conftest import process_gone, wait_until
 from tests.e2e.test_scheduling import FAKE_GPUS
+from zres.core import keys as K
 
 # A job that writes what it was given, then waits until the file RELEASE exists.
 HOLD = ('echo "$ZRES_JOB_NAME cuda=$CUDA_VISIBLE_DEVICES gpus=$ZRES_GPU_IDS '
@@ -438,11 +442,21 @@ def mode(path: Path) -> int:
 def test_job_logs_are_private_and_never_written_through_a_link(cli, tmp_path):
     logs = tmp_path / "logs"
     cluster, run = cli([{"foo": 1}], env={"ZRES_AGENT__JOB_LOGS": str(logs)})
-    first = int(run("submit", "--", "echo", "first").stdout)
-    assert run("wait", str(first)).returncode == 0
+    # While a job runs, its agent's record of it is a file of its own (its process group,
+    # for the next agent of this name should this one be killed outright), gone as it ends.
+    go = tmp_path / "go"
+    first = int(run("submit", "--", "sh", "-c", f'echo first; while [ ! -e "{go}" ]; '
+                    "do sleep 0.02; done").stdout)
+    record = logs / "running-agent-0" / str(first)
+    wait_until(record.exists, message="the running job's record")
     (log,) = logs.glob(f"*/{first}.log")
-    assert [mode(p) for p in (logs, log.parent, log, logs / "running-agent-0.json")] == \
-        [0o700, 0o700, 0o600, 0o600]
+    assert [mode(p) for p in (logs, log.parent, log, record.parent, record)] == \
+        [0o700, 0o700, 0o600, 0o700, 0o600]
+    pgid = json.loads(record.read_text())["pgid"]
+    assert os.getpgid(pgid) == pgid
+    go.touch()
+    assert run("wait", str(first)).returncode == 0
+    assert list(record.parent.iterdir()) == []
     # Where the next two jobs will log (ids come in order): a link to a file the agent's
     # user can write, and an older log. Neither is written to; each job fails, naming it.
     precious = tmp_path / "precious"
@@ -482,3 +496,140 @@ def test_job_log_and_state_directories_open_to_others_are_refused_naming_them(tm
         assert result.returncode == 2, said
         assert f" {path} {why}" in said and said.startswith("zres agent: the "), said
     assert list(open_dir.iterdir()) == []
+
+
+# -- why a job ended, for its owner and for everyone else --------------------------------------
+
+
+def other_key(cluster: zres.LocalCluster, tmp_path: Path, name: str) -> str:
+    """A directory holding the broker's public key and a client key of NAME's own."""
+    K.keygen(cluster.keys, "client", name)
+    mine = tmp_path / f"keys-{name}"
+    mine.mkdir(mode=0o700)
+    for file in ("broker.key", f"client-{name}.key_secret"):
+        (mine / file).write_bytes(Path(cluster.keys, file).read_bytes())
+    return str(mine)
+
+
+def test_a_job_that_cannot_start_says_why_to_its_owner_and_that_it_could_not_to_others(
+        cli, make_client, tmp_path):
+    cluster, run = cli([{"foo": 1}], http="127.0.0.1:0")
+    bob_keys = other_key(cluster, tmp_path, "bob")
+    bob = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=bob_keys)
+    mine = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys, STEPS="steps-42")
+    result = zres_cli("submit", "--name", "nothing", "--env", "TOKEN=s3cret", "--",
+                      "./missing.sh", env=mine, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    missing = int(result.stdout)
+    three = int(run("submit", "--name", "three", "--", "sh", "-c", "echo out; exit 3").stdout)
+    why = "cannot start './missing.sh': No such file or directory"
+    said = run("wait", str(missing), str(three), check=1).stderr
+    assert f"job {missing} (nothing): failed: {why}\n" in said, said
+    assert f"job {three} (three): exit code 3\n" in said, said
+    # zres jobs: the agent that tried it, and why it ended (REASON, last).
+    listing = run("jobs", "--all").stdout
+    assert listing.splitlines()[0].split()[-2:] == ["EXIT", "REASON"]
+    table = job_table(run)
+    assert table[missing][2] == "failed" and table[missing][4] == "agent-0"
+    assert table[missing][-1] == why and table[three][-2:] == ["3", "exit code 3"]
+    # zres logs: no log, and why, on stderr with exit status 1; a log when there is one.
+    logs = run("logs", str(missing), check=1)
+    assert logs.stdout == "" and logs.stderr == \
+        f"zres logs: job {missing} has no log: it never started (failed: {why})\n"
+    assert run("logs", str(three)).stdout == "out\n"
+    # --json, for scripts: its owner sees the error, its environment, its command line.
+    entries = {j["id"]: j for j in json.loads(run("jobs", "--all", "--json").stdout)}
+    assert entries[missing]["reason"] == why and entries[missing]["agent"] == "agent-0"
+    assert entries[missing]["env"] == {"TOKEN": "s3cret"}
+    assert entries[missing]["exported"] > 0 and entries[missing]["argv"] == ["./missing.sh"]
+    # Others read that it could not start, never what it was: not the command, the error,
+    # the directory or the environment (zres jobs, --json, client.jobs(), the dashboard).
+    theirs = zres_cli("jobs", "--all", "--json", env=bob)
+    assert theirs.returncode == 0, theirs.stderr
+    entries = {j["id"]: j for j in json.loads(theirs.stdout)}
+    assert {k: entries[missing][k] for k in ("state", "agent", "reason")} == \
+        {"state": "failed", "agent": "agent-0", "reason": "cannot start"}
+    assert entries[three]["reason"] == "exit code 3"
+    for private in ("missing.sh", "s3cret", "steps-42", str(tmp_path), "echo out"):
+        assert private not in theirs.stdout, private
+    assert not {"argv", "env", "cwd", "error", "exported"} & entries[missing].keys()
+    assert zres_cli("jobs", "--all", env=bob).stdout.splitlines()[1:] != [] and \
+        all(line.endswith(("cannot start", "exit code 3")) for line in
+            zres_cli("jobs", "--all", env=bob).stdout.splitlines()[1:])
+    shown = {j["id"]: j for j in make_client(cluster.address, keys=bob_keys).jobs(all=True)}
+    assert shown[missing]["reason"] == "cannot start" and "env" not in shown[missing]
+    with urllib.request.urlopen(f"{cluster.dashboard}api/status", timeout=10) as answer:
+        page = answer.read().decode()
+    dashboard = {j["id"]: j for j in json.loads(page)["jobs"]}
+    assert dashboard[missing]["reason"] == "cannot start"
+    assert dashboard[missing]["agent"] == "agent-0"
+    for private in ("missing.sh", "s3cret", "steps-42", str(tmp_path), "echo out"):
+        assert private not in page, private
+    status = zres_cli("status", "--json", env=bob)
+    assert status.returncode == 0 and "s3cret" not in status.stdout
+
+
+# -- command lines and the submitter's environment ---------------------------------------------
+
+
+def test_command_lines_run_in_a_shell_with_the_submitters_environment(cli, make_client,
+                                                                      tmp_path):
+    cluster, run = cli([{"foo": 1}], nthreads=2, env={"ZRES_BROKER__MAX_HEADER_BYTES": "65536"})
+    env = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys, STEPS="100",
+                    OTHER="other", ZRES_MARK="zres's own")
+
+    def submit(*args: str) -> list[int]:
+        result = zres_cli("submit", *args, env=env)
+        assert result.returncode == 0, result.stderr
+        return [int(i) for i in result.stdout.split()]
+
+    lines = tmp_path / "runs.txt"
+    lines.write_text("echo hi | tr a-z A-Z\n# a comment\n\nexit 3\n"
+                     "echo $STEPS ${ZRES_MARK-unset} && cd / && pwd  # a trailing comment\n")
+    upper, three, steps = submit("--file", str(lines))
+    [shell] = submit("--shell", "echo $STEPS $OTHER")
+    [argv] = submit("--", "echo", "a | b", "$STEPS")  # executed as is: no shell
+    [none] = submit("--export=NONE", "--env", "KEPT=1", "--shell",
+                    "echo ${STEPS-unset} ${OTHER-unset} $KEPT")
+    [some] = submit("--export=STEPS,FOO=bar", "--shell", "echo $STEPS $FOO ${OTHER-unset}")
+    [more] = submit("--export", "ALL,FOO=bar", "--env", "STEPS=7", "--shell",
+                    "echo $STEPS $FOO $OTHER")
+    client = make_client(cluster.address)
+    piped = client.submit_command("echo hi | tr a-z A-Z", shell=True, env={"X": "1"})
+    split = client.submit_command("echo 'a | b'")  # a string without shell=True: split
+    assert Path(piped.result(30).log).read_text() == "HI\n"
+    assert Path(split.result(30).log).read_text() == "a | b\n"
+    ids = [upper, three, steps, shell, argv, none, some, more]
+    said = run("wait", *map(str, ids), check=1).stderr
+    assert said == f"job {three} (exit): exit code 3\n"
+    assert [run("logs", str(i)).stdout for i in ids if i != three] == [
+        "HI\n", "100 unset\n/\n", "100 other\n", "a | b $STEPS\n", "unset unset 1\n",
+        "100 bar unset\n", "7 bar other\n"]
+    assert job_table(run)[three][8] == "3"
+
+    # The environment is kept once for all the jobs that share it, and goes as they end.
+    big = {**env, "BIG": "x" * 20_000}
+    waiting = zres_cli("submit", "-r", "bar=1", "--file", str(lines), env=big)
+    queued = [int(i) for i in waiting.stdout.split()]
+    assert waiting.returncode == 0 and len(queued) == 3, waiting.stderr
+    state = sqlite3.connect(f"file:{cluster.state_dir}/state.sqlite3?mode=ro", uri=True)
+    try:
+        envs = state.execute("SELECT count(*), sum(length(env)) FROM envs").fetchone()
+        assert envs[0] == 1 and envs[1] > 20_000, envs
+        records = state.execute("SELECT max(length(record)) FROM jobs").fetchone()[0]
+        assert records < 2_000, f"a job's record holds {records} bytes"
+        run("cancel", *map(str, queued))
+        wait_until(lambda: state.execute("SELECT count(*) FROM envs").fetchone()[0] == 0,
+                   message="the environment to go with its last job")
+    finally:
+        state.close()
+    # The broker's limit on a submit still holds, and says which it is.
+    refused = zres_cli("submit", "--shell", "true", env={**env, "BIG": "x" * 100_000})
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "its command line and environment take about" in refused.stderr
+    assert "max_header_bytes" in refused.stderr
+    # What is not a variable list, or two commands, are refused where they were typed.
+    bad = zres_cli("submit", "--export", "A B", "--shell", "true", env=env)
+    assert bad.returncode == 2 and "'A B' is not a variable name" in bad.stderr
+    both = zres_cli("submit", "--shell", "true", "--", "true", env=env)
+    assert both.returncode == 2 and "not -- COMMAND and --shell" in both.stderr

@@ -79,7 +79,10 @@ def test_a_killed_broker_restarted_on_its_state_carries_on(spawn, tmp_path):  # 
     running = cluster.submit(f"echo $$ > {started_pid}.tmp; mv {started_pid}.tmp "
                              f"{started_pid}; exec sleep 300")
     wait_until(started_pid.exists, message="the long job to start")
-    queued = cluster.submit("echo after the restart")
+    # (what it exported from its submitter's environment is kept, once, across the restart)
+    exported = zres_cli("submit", "-r", "foo=1", "--shell", "echo after the restart $STEPS",
+                        env={**cluster.env, "ZRES_BROKER": cluster.address, "STEPS": "100"})
+    queued = int(exported.stdout)
     assert cluster.jobs()[queued] == "queued"
 
     pid = pid_of(started_pid)
@@ -98,7 +101,7 @@ def test_a_killed_broker_restarted_on_its_state_carries_on(spawn, tmp_path):  # 
     assert cluster.jobs()[queued] == "queued"
     cluster.run("cancel", str(running))
     assert cluster.run("wait", str(queued)).returncode == 0
-    assert cluster.run("logs", str(queued)).stdout == "after the restart\n"
+    assert cluster.run("logs", str(queued)).stdout == "after the restart 100\n"
     assert cluster.run("logs", str(finished)).stdout == "first\n", "a log was overwritten"
     newer = cluster.submit("echo new")
     assert newer > queued, "job ids repeat after a restart"

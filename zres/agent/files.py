@@ -6,7 +6,8 @@ else ``~/.local/state/zres/agent-NAME``) holds:
 - ``lock``: locked while its agent runs, so a second agent given the same directory is
   refused, and whatever is found there at start was left by a dead one;
 - ``jobs/``: the command jobs' logs, ``<cluster>/<job id>.log``, and the record of the jobs
-  running (``running-NAME.json``), unless ``--job-logs`` names another directory;
+  running (``running-NAME/<job id>``, one small file per job, so that starting or ending
+  one never touches the others'), unless ``--job-logs`` names another directory;
 - ``run/``: what the agent shares with its worker processes (the lease, their start logs,
   their ipc socket), removed when the agent stops, and at its next start after a kill.
 
@@ -34,7 +35,6 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
-from typing import Any
 
 from ..core.errors import ZresError
 
@@ -184,12 +184,21 @@ class AgentFiles:
 
 class JobLogs:
     """A directory of command jobs' logs, ``<cluster>/<job id>.log``, with the record of
-    the jobs that agent AGENT runs (``running-AGENT.json``)."""
+    the jobs that agent AGENT runs: ``running-AGENT/<job id>``, a file per job holding its
+    process group (made when it starts, removed when it ends: O(1) whatever else runs)."""
 
     def __init__(self, path: str, agent: str) -> None:
         self.path = os.path.abspath(path)
         self.fd = private_dir(self.path, "the job logs directory")
-        self._record = f"running-{safe_name(agent)}.json"
+        # (Before the record was a directory, it was one file rewritten at each start.)
+        self._legacy = f"running-{safe_name(agent)}.json"
+        name = f"running-{safe_name(agent)}"
+        try:
+            self._running = private_dir(name, "the running jobs' record directory", self.fd,
+                                        os.path.join(self.path, name))
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def path_of(self, cluster: str, job_id: int) -> str:
         """Where job JOB_ID of CLUSTER logs: one directory per cluster, so the jobs of
@@ -241,26 +250,63 @@ class JobLogs:
             os.close(fd)
         return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
-    def load_record(self) -> Any:
-        """The record of running jobs a previous agent of this name left; None if none."""
+    # -- the record of running jobs ------------------------------------------------------
+    def note_running(self, job_id: int, pgid: int) -> None:
+        """Record that job JOB_ID runs as process group PGID: its own file (0600, made
+        anew, never through a link), nobody else's read or written. OSError if it cannot
+        be."""
+        name = str(int(job_id))
+        data = json.dumps({"pgid": int(pgid)}).encode()
         try:
-            with os.fdopen(open_existing(self._record, self.fd), "rb") as fh:
-                return json.load(fh)
-        except (OSError, ValueError):
-            return None
+            fd = open_new(name, self._running)
+        except FileExistsError:  # an earlier attempt's, whose end was not recorded
+            os.unlink(name, dir_fd=self._running)
+            fd = open_new(name, self._running)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
-    def save_record(self, record: Any) -> None:
-        """Replace the record of running jobs with RECORD (OSError if it cannot be)."""
-        tmp = f"{self._record}.{os.getpid()}"
+    def forget_running(self, job_id: int | str) -> None:
+        """Remove job JOB_ID's record (it ended, or was stopped); nothing if there is none."""
         try:
-            os.unlink(tmp, dir_fd=self.fd)
+            os.unlink(str(job_id), dir_fd=self._running)
         except FileNotFoundError:
             pass
-        with os.fdopen(open_new(tmp, self.fd), "w") as fh:
-            json.dump(record, fh)
-        os.replace(tmp, self._record, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def running_left(self) -> dict[str, int]:
+        """The jobs a previous agent of this name left recorded as running: job id ->
+        process group (an unreadable record is dropped; an older version's file of all of
+        them is read, then removed)."""
+        left: dict[str, int] = {}
+        try:
+            with os.fdopen(open_existing(self._legacy, self.fd), "rb") as fh:
+                old = json.load(fh)
+            left.update({str(k): v for k, v in old.items() if type(v) is int and v > 1}
+                        if isinstance(old, dict) else {})
+        except (OSError, ValueError):
+            pass
+        try:
+            os.unlink(self._legacy, dir_fd=self.fd)
+        except OSError:
+            pass
+        for name in os.listdir(self._running):
+            try:
+                with os.fdopen(open_existing(name, self._running), "rb") as fh:
+                    pgid = json.load(fh)["pgid"]
+                if name.isdigit() and type(pgid) is int and pgid > 1:
+                    left[name] = pgid
+                    continue
+            except (OSError, ValueError, TypeError, KeyError):
+                pass
+            try:
+                os.unlink(name, dir_fd=self._running)  # not one to act on: only dropped
+            except OSError:
+                pass
+        return left
 
     def close(self) -> None:
+        os.close(self._running)
         os.close(self.fd)
 
 

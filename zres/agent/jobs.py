@@ -81,31 +81,35 @@ class JobRunner:
         # the agent's loop wakes at once; elsewhere the loop looks every tenth of a second.
         self._watch, self._unwatch = watch, unwatch
         self._pidfds: dict[int, int] = {}    # job -> pidfd
-        # The running jobs' process groups are kept on disk (``logs``' record): an agent
-        # killed outright leaves its jobs running; the next agent of this name stops them
-        # before it offers anything.
+        # The running jobs' process groups are kept on disk (``logs``' record, a file per
+        # job, written as it starts and removed as it ends: O(1) in the jobs running): an
+        # agent killed outright leaves its jobs running; the next agent of this name stops
+        # them before it offers anything.
 
     def stop_leftovers(self) -> int:
         """Stop the jobs a previous agent of this name left running; return how many."""
-        left = self.logs.load_record()
-        if not isinstance(left, dict):
-            return 0
         stopped = 0
-        for job_id, pgid in left.items():
-            members = _members(int(pgid), str(job_id))
+        for job_id, pgid in self.logs.running_left().items():
+            members = _members(pgid, job_id)
             for pid in members:
                 _signal(pid, signal.SIGKILL)
             stopped += bool(members)
+            self.logs.forget_running(job_id)
         if stopped:
             log.warning("jobs_left_behind_stopped", count=stopped)
-        self._save()
         return stopped
 
-    def _save(self) -> None:
+    def _note(self, job: Job) -> None:
         try:
-            self.logs.save_record({str(j.task): j.proc.pid for j in self.jobs.values()})
+            self.logs.note_running(job.task, job.proc.pid)
         except OSError as exc:
-            log.warning("jobs_record_failed", error=str(exc))
+            log.warning("jobs_record_failed", job=job.task, error=str(exc))
+
+    def _unnote(self, task_id: int) -> None:
+        try:
+            self.logs.forget_running(task_id)
+        except OSError as exc:
+            log.warning("jobs_record_failed", job=task_id, error=str(exc))
 
     def start(self, task_id: int, spec: dict[str, Any], gpus: list[str],
               place: tuple[int, list[int], dict[str, int]] = (0, [], {}),
@@ -145,10 +149,10 @@ class JobRunner:
             return
         finally:
             os.close(out)
-        self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
-                                 positions=list(place[1]), taken=dict(place[2]),
-                                 cluster=self.cluster)
-        self._save()
+        job = self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
+                                       positions=list(place[1]), taken=dict(place[2]),
+                                       cluster=self.cluster)
+        self._note(job)
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
                 fd = os.pidfd_open(proc.pid)
@@ -204,7 +208,7 @@ class JobRunner:
                 continue  # the leader is being killed: wait for it
             del self.jobs[job.task]
             self._forget(job.task)
-            self._save()
+            self._unnote(job.task)
             self._finished(job)
 
     def _finished(self, job: Job) -> None:
@@ -257,9 +261,9 @@ class JobRunner:
             except subprocess.TimeoutExpired:
                 pass
             self._forget(job.task)
+            self._unnote(job.task)
         self.jobs.clear()
         self.recent.clear()  # (a broker that gets these is not the one they ran for)
-        self._save()
 
     def holding(self) -> list[int]:
         return list(self.jobs)

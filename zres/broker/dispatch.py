@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
-from ..core.context import TOKEN_ENV
 from ..core.resources import token_devices
 from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
@@ -196,8 +195,7 @@ class Dispatcher:
             if job is not None:
                 # (a job's programs find it in their environment: `zres submit` in a job
                 # submits as the job's owner)
-                opts["job"] = job.run if not token else {
-                    **job.run, "env": {**job.run["env"], TOKEN_ENV: token}}
+                opts["job"] = job.for_agent(token)
             elif token:
                 opts["token"] = token
             if not task.payload and not job:  # restored: its call stayed on disk till now

@@ -8,96 +8,31 @@ Every job records its owner (the key name that submitted it, detached or not). I
 line, working directory and environment (which may hold a token) are shown only to that
 owner and admin keys; others see its name, owner, state, resources and agent. What
 ``zres wait`` has reported is its owner's: nobody else's wait changes it.
+
+Why a job ended is in ``reason`` (``job_records``): its own words for its owner and admin
+keys, words that quote nothing of it for everyone else.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import protocol as P
-from ..core.errors import ProtocolError
 from ..core.resources import Units
 from ..core.tasks import FINISHED, Task, TaskState
 from .agents import AgentRegistry
 from .clients import ClientRegistry
 from .graph import TaskGraph
+from .job_envs import JobEnvs
+from .job_records import FAILED_STATES, PUBLIC_FIELDS, STORED, JobRecord, ended_reason
 from .outbox import Send
 from .store import Store
 
 _FINISHED_KEPT = 10_000  # finished jobs remembered for `zres jobs --all` and `zres logs`
-# What anyone may see of a job (the dashboard, and keys other than its owner's and admins').
-PUBLIC_FIELDS = frozenset({"id", "name", "owner", "state", "reason", "agent", "units", "gpus",
-                           "submitted", "started", "finished", "exit_code"})
-
-# How a failed job's error type reads in the table.
-_FAILED_STATES = {"CancelledError": "cancelled", "InfeasibleError": "infeasible",
-                  "AgentLostError": "lost", "WorkerLostError": "lost",
-                  "BrokerLostError": "lost"}
-
-
-@dataclass(slots=True)
-class JobRecord:
-    id: int
-    name: str
-    argv: list[str]
-    units: dict[str, int]
-    detached: bool               # outlives the client that submitted it
-    submitted: float             # wall-clock seconds
-    run: dict[str, Any]          # what the agent runs: {argv, env, cwd}
-    state: str = "queued"        # queued, running, done, failed, cancelled, infeasible, lost
-    agent: str = ""
-    gpus: list[str] = field(default_factory=list)
-    started: float | None = None
-    finished: float | None = None
-    exit_code: int | None = None
-    error: str = ""
-    reported: bool = False       # a `zres wait` of its owner's has reported how it ended
-    priority: int = 0
-    strict: bool = False         # fails at once if infeasible
-    held_on: str = ""            # the agent that may start it (it heard the grant held)
-    # The client that waits for it (not for a detached job), by routing id and its own id
-    # for it: a restarted broker gives it back to that client when it comes back.
-    client: bytes = b""
-    owner: str = ""              # the name of the key that submitted it ("": no keys)
-    local: int = -1
-    ended: list[Any] = field(default_factory=list)  # [outcome, info, frames], for it
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
-                "state": self.state, "agent": self.agent, "gpus": self.gpus,
-                "submitted": self.submitted, "started": self.started,
-                "finished": self.finished, "exit_code": self.exit_code, "error": self.error,
-                "owner": self.owner, "cwd": self.run.get("cwd"), "env": self.run.get("env")}
-
-
-def check_job_spec(spec: Any) -> dict[str, Any]:
-    """Validate a job spec {argv, env, cwd, detached} off the wire."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("argv"), list) \
-            or not spec["argv"] or not all(isinstance(a, str) for a in spec["argv"]):
-        raise ProtocolError("submit: a job needs argv, a non-empty array of strings")
-    env = spec.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                            for k, v in env.items()):
-        raise ProtocolError("submit: a job's env must map strings to strings")
-    if not isinstance(spec.get("cwd"), (str, type(None))):
-        raise ProtocolError("submit: a job's cwd must be a string")
-    # What the agent's exec would refuse, refused here, naming it.
-    texts = [*spec["argv"], *env, *env.values(), spec.get("cwd") or ""]
-    if any("\0" in text for text in texts):
-        raise ProtocolError("submit: a job's argv, env and cwd cannot hold a NUL character")
-    if any("=" in key or not key for key in env):
-        raise ProtocolError("submit: a job's environment variable names must be non-empty "
-                            "and hold no '='")
-    return {"argv": spec["argv"], "env": env, "cwd": spec.get("cwd"),
-            "detached": bool(spec.get("detached"))}
-
-
 class JobTable:
     """The job table, and the requests about jobs.
 
@@ -120,6 +55,7 @@ class JobTable:
         self._infeasible = infeasible
         self._cancel = cancel
         self._store = store
+        self.envs = JobEnvs(store)
         self.active: dict[int, JobRecord] = {}
         # Running when the broker restarted: back once its agent offers it (adoption).
         self.adopting: dict[int, JobRecord] = {}
@@ -137,6 +73,8 @@ class JobTable:
             {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]},
             priority=task.priority, strict=task.strict)
         job.owner = task.owner
+        job.export, job.export_key = self.envs.take(spec["export"])
+        job.exported = len(job.export)
         client = self._clients.get(task.client)
         if client is not None and not spec["detached"]:
             job.client, job.local = client.ident, task.local_id
@@ -145,7 +83,14 @@ class JobTable:
     def _keep(self, job: JobRecord) -> None:
         """Write JOB to the state store at the end of this loop turn."""
         if self._store is not None:
-            self._store.put_job(dataclasses.asdict(job))
+            self._store.put_job(job.record())
+
+    def _ended(self, job: JobRecord) -> None:
+        """JOB will not run again: it lets go of its exported environment."""
+        job.finished, job.held_on = time.time(), ""
+        if job.export_key:
+            self.envs.release(job.export_key)
+        job.export, job.export_key = {}, ""
 
     def restore(self, records: list[dict[str, Any]]) -> list[JobRecord]:
         """Take back the jobs a previous life of this broker kept; return those to queue
@@ -153,12 +98,15 @@ class JobTable:
         a queued one of a client it does not know (kept by an older version) has nobody
         to report to."""
         again: list[JobRecord] = []
-        names = {f.name for f in dataclasses.fields(JobRecord)}
+        names = {f.name for f in STORED}
+        envs = self._store.envs() if self._store is not None else {}
         for record in records:
             try:
-                job = JobRecord(**record)
+                job = JobRecord(**{k: v for k, v in record.items() if k != "export"})
             except TypeError:  # kept by another version: the fields both know
                 job = JobRecord(**{k: v for k, v in record.items() if k in names})
+            if job.export_key and job.finished is None:
+                job.export = self.envs.restored(job.export_key, envs) or {}
             if job.state == "queued" and not job.detached and not job.client:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
@@ -169,6 +117,7 @@ class JobTable:
                 again.append(job)
             else:
                 self.done[job.id] = job
+        self.envs.drop_unused(envs)
         return again
 
     def held_only(self, job: JobRecord) -> bool:
@@ -193,7 +142,8 @@ class JobTable:
 
     def not_adopted(self, job: JobRecord, why: str, state: str = "lost") -> None:
         self.adopting.pop(job.id, None)
-        job.state, job.error, job.finished = state, why, time.time()
+        job.state, job.error, job.reason = state, why, why  # (the broker's words)
+        self._ended(job)
         self.done[job.id] = job
         self._keep(job)
 
@@ -225,7 +175,9 @@ class JobTable:
         job = self.active.pop(task.id, None)
         if job is None:
             return
-        job.finished, job.held_on = time.time(), ""
+        self._ended(job)
+        # The agent that tried it, also when it could not start it (never "started").
+        job.agent = job.agent or str(info.get("agent") or "")
         if job.client:  # told again should its client come back to a restarted broker
             job.ended = [outcome, info, [bytes(P.buffer(f)) for f in task.result]]
         code = info.get("exit_code")
@@ -236,8 +188,9 @@ class JobTable:
             job.state = "failed"
             job.error = str(info.get("error", ""))
         else:
-            job.state = _FAILED_STATES.get(str(info.get("type")), "failed")
+            job.state = FAILED_STATES.get(str(info.get("type")), "failed")
             job.error = str(info.get("message", ""))
+        job.reason = ended_reason(outcome, job.state, code, job.error)
         self.done[job.id] = job
         self._keep(job)
         while len(self.done) > _FINISHED_KEPT:
@@ -250,6 +203,8 @@ class JobTable:
         environment and error only for its owner and admin keys."""
         entry = self._describe(job)
         if role == "admin" or owner == job.owner:
+            if job.finished is not None and job.error:
+                entry["reason"] = job.error  # (its own words: the command it could not run)
             return entry
         return {k: v for k, v in entry.items() if k in PUBLIC_FIELDS}
 
@@ -353,9 +308,17 @@ class JobTable:
             return
         finished = job.finished is not None
         agent = self._agents.named(job.agent)
-        if not job.agent:
+        if finished and job.started is None:  # (its owner's or an admin's: they may know)
+            self._send(ident, P.LOGS_REPLY, {
+                "req": req, "finished": True, "state": job.state,
+                "error": f"job {job_id} has no log: it never started ({job.state}"
+                         f"{': ' if job.error or job.reason else ''}"
+                         f"{job.error or job.reason})"})
+        elif not job.agent:
+            entry = self._describe(job)
             self._send(ident, P.LOGS_REPLY, {"req": req, "data": b"", "finished": finished,
-                                               "state": self._describe(job)["state"]})
+                                               "state": entry["state"],
+                                               "reason": entry.get("reason", "")})
         elif agent is None:
             self._send(ident, P.LOGS_REPLY, {
                 "req": req, "finished": finished,

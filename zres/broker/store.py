@@ -6,7 +6,9 @@ on as the same cluster:
 - a ceiling under which task ids have been handed out: a restarted broker starts above
   it, so task ids, job ids and job log paths never repeat;
 - the job table: every command job with what it needs to run (its command, resources,
-  priority) and how it ended;
+  priority) and how it ended; the environments jobs exported from their submitters, each
+  once however many queued and running jobs use it (``envs``, named by a digest that the
+  jobs' records hold: see ``job_envs``);
 - the Python tasks its clients hold: each one's call (the pickled payload), options,
   dependencies and owner, whether an agent holds it, and how it ended, with its result
   when that is small (``keeping``);
@@ -78,6 +80,9 @@ class Store:
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, "
                          "record BLOB NOT NULL)")
+        # (one b-tree, keyed by the digest: no rowid table beside an index)
+        self._db.execute("CREATE TABLE IF NOT EXISTS envs (key TEXT PRIMARY KEY, "
+                         "env BLOB NOT NULL) WITHOUT ROWID")
         # A task's record (what it is: written once), its state (what became of it) and
         # its result.
         self._db.execute("CREATE TABLE IF NOT EXISTS tasks (id INTEGER PRIMARY KEY, "
@@ -95,6 +100,8 @@ class Store:
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
         self._forget: set[int] = set()
+        self._envs: dict[str, dict[str, str]] = {}
+        self._dropped_envs: set[str] = set()
         # Tasks new this turn (record, payload, state, result) and older ones changed
         # (state, result): a task written and dropped within one turn never reaches the
         # disk.
@@ -120,6 +127,11 @@ class Store:
         """Every job kept, in id order."""
         return [msgpack.unpackb(record) for (record,) in
                 self._db.execute("SELECT record FROM jobs ORDER BY id")]
+
+    def envs(self) -> dict[str, dict[str, str]]:
+        """Every job environment kept, by its key."""
+        return {key: msgpack.unpackb(env) for key, env in
+                self._db.execute("SELECT key, env FROM envs")}
 
     def tasks(self) -> list[tuple[int, bytes, bytes, bytes | None]]:
         """Every task kept: (id, record, state, result), in id order (payloads are read
@@ -157,6 +169,16 @@ class Store:
     def put_job(self, record: dict[str, Any]) -> None:
         """Keep RECORD (a job's, with its ``id``) at the next commit."""
         self._jobs[int(record["id"])] = record
+
+    def put_env(self, key: str, env: dict[str, str]) -> None:
+        """Keep a job environment under KEY at the next commit."""
+        self._dropped_envs.discard(key)
+        self._envs[key] = env
+
+    def forget_env(self, key: str) -> None:
+        """Drop the job environment KEY (no job uses it any more) at the next commit."""
+        self._envs.pop(key, None)
+        self._dropped_envs.add(key)  # (a row that is not there costs nothing to delete)
 
     def new_task(self, task_id: int, record: bytes, payload: bytes, state: bytes,
                  blob: tuple[bytes, Any] | None = None) -> None:
@@ -198,7 +220,7 @@ class Store:
         return bool(self._meta or self._jobs or self._forget or self._new_tasks
                     or self._new_blobs
                     or self._changed_tasks or self._dropped_tasks or self._actors
-                    or self._dropped_actors)
+                    or self._dropped_actors or self._envs or self._dropped_envs)
 
     def reserve_ids(self, above: int) -> int:
         """Note that task ids up to a new ceiling over ABOVE may be handed out, durably,
@@ -220,7 +242,7 @@ class Store:
         # broker's crash, an OOM kill, a clean reboot; the next fsync covers it): an fsync
         # costs ~0.4 ms, several times a short task's own cost here.
         sync = "FULL" if self._meta or self._jobs or self._forget or self._actors \
-            or self._dropped_actors else "NORMAL"
+            or self._dropped_actors or self._envs or self._dropped_envs else "NORMAL"
         try:
             if sync != self._sync:
                 self._db.execute(f"PRAGMA synchronous={sync}")
@@ -232,6 +254,9 @@ class Store:
                     ("INSERT OR REPLACE INTO jobs (id, record) VALUES (?, ?)",
                      [(i, msgpack.packb(r)) for i, r in self._jobs.items()]),
                     ("DELETE FROM jobs WHERE id = ?", [(i,) for i in self._forget]),
+                    ("INSERT OR REPLACE INTO envs (key, env) VALUES (?, ?)",
+                     [(k, msgpack.packb(e)) for k, e in self._envs.items()]),
+                    ("DELETE FROM envs WHERE key = ?", [(k,) for k in self._dropped_envs]),
                     ("INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)",
                      list(self._new_blobs.items())),
                     ("INSERT OR REPLACE INTO tasks (id, record, payload, state, result, "
@@ -261,7 +286,7 @@ class Store:
         for pending in (self._meta, self._jobs, self._forget, self._new_tasks,
                         self._new_blobs,
                         self._changed_tasks, self._dropped_tasks, self._actors,
-                        self._dropped_actors):
+                        self._dropped_actors, self._envs, self._dropped_envs):
             pending.clear()
         self.last_commit = time.time()
         return True

@@ -10,7 +10,7 @@ from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_count, check_name, check_units
 from ..core.resources import Units
 from .actor_records import check_actor_spec
-from .jobs import check_job_spec
+from .job_records import check_job_spec
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """``zres submit / jobs / logs / cancel / wait / run-queue``: command jobs from a shell.
 
     zres submit -r "GPU=1" --name aaa -- python train.py --lr 0.1   # prints the job id
-    zres jobs [--all]
+    zres submit --shell 'python train.py | tee out.txt'               # run by /bin/sh -c
+    zres jobs [--all] [--json]
     zres logs JOB [--follow]
     zres cancel JOB
     zres wait [JOB ...]            # exit status 1 if any did not succeed, naming it
@@ -12,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
+import shlex
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import ZresError
+from ..core.report import entry_in_user_units
 from ..core.resources import format_units, parse_spec, units_to_float
 from .options import BROKER_ORDER, broker_address, request, seconds
 
@@ -35,6 +40,11 @@ def add_parsers(sub: Any) -> None:
     submit.add_argument("--name", help="a name shown by zres jobs")
     submit.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                         help="set an environment variable for the job (repeatable)")
+    submit.add_argument("--export", default="ALL", metavar="ALL|NONE|VAR,VAR=VAL",
+                        help="what of this environment the job gets, as for sbatch: ALL "
+                        "(default: all of it, but zres's own ZRES_* variables), NONE (only "
+                        "the agent's and --env), or these variables (ALL,... adds them to "
+                        "all)")
     submit.add_argument("--cwd", help="the job's working directory on the agent (default: "
                         "this directory, as for sbatch; a relative one is taken from here)")
     submit.add_argument("--priority", type=int, default=0,
@@ -44,14 +54,21 @@ def add_parsers(sub: Any) -> None:
                         help="run again elsewhere if its agent is lost (default 0)")
     submit.add_argument("--infeasible", choices=["warn", "error"], default="warn",
                         help="error: refuse a job no agent could ever run")
+    submit.add_argument("--shell", metavar="'COMMAND LINE'", help="run this command line "
+                        "with /bin/sh -c (pipes, &&, $VAR), instead of -- COMMAND ARGS...")
     submit.add_argument("--file", help="queue one job per line of this file ('-': stdin), "
-                        "each with these options; prints one id per line")
+                        "each run by /bin/sh -c with these options (blank lines and lines "
+                        "starting with # skipped); prints one id per line")
     submit.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
-                        help="-- then the command and its arguments")
+                        help="-- then the command and its arguments, executed as given (no "
+                        "shell)")
     _broker_option(submit)
 
-    jobs = sub.add_parser("jobs", help="list queued and running jobs")
+    jobs = sub.add_parser("jobs", help="list queued and running jobs (ended ones say why in "
+                          "REASON)")
     jobs.add_argument("--all", action="store_true", help="finished jobs too")
+    jobs.add_argument("--json", action="store_true", help="the table as JSON, for scripts "
+                      "(resources in user units)")
     _broker_option(jobs)
 
     logs = sub.add_parser("logs", help="print a job's output")
@@ -87,13 +104,21 @@ def _request(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[
 
 def submit(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    commands = [command] if command else []
-    if args.file:
-        if command:
-            raise ValueError("give a command or --file, not both")
-        commands = _read_commands(args.file)
+    given = [what for what, there in (("-- COMMAND", command), ("--shell", args.shell),
+                                      ("--file", args.file)) if there]
+    if len(given) > 1:
+        raise ValueError(f"give one of -- COMMAND, --shell and --file, not {' and '.join(given)}")
+    # An argv is executed as is; a command line (--shell, a --file line) by /bin/sh -c.
+    commands: list[list[str] | str] = [command] if command else []
+    if args.shell is not None:
+        if not args.shell.strip():
+            raise ValueError("--shell '': an empty command line")
+        commands = [args.shell]
+    elif args.file:
+        commands = list(_read_commands(args.file))
     if not commands:
-        raise ValueError("no command given: zres submit [options] -- COMMAND [ARGS...]")
+        raise ValueError("no command given: zres submit [options] -- COMMAND [ARGS...] (or "
+                         "--shell 'COMMAND LINE', or --file FILE)")
     resources = parse_spec(args.resources) if args.resources.strip() else {}
     env = {}
     for item in args.env:
@@ -103,17 +128,24 @@ def submit(args: argparse.Namespace) -> int:
         env[key] = value
     # `zres submit -- python train.py` runs train.py from here, as typed.
     cwd = os.path.abspath(args.cwd or os.getcwd())
+    # Made once: every job of a --file shares it (sent and kept once by the broker).
+    from ..client.job_methods import exported_env
+    export = exported_env(args.export)
     from ..client.client import Client
     from ..client.io import InfeasibleWarning
     with Client(broker_address(args.broker), connect_timeout=10.0) as client, \
             warnings.catch_warnings():
         warnings.simplefilter("ignore", InfeasibleWarning)  # said below, without a traceback
-        futures = [client.submit_command(argv, resources=units_to_float(resources), env=env,
-                                         cwd=cwd, name=args.name, retries=args.retries,
-                                         priority=args.priority, infeasible=args.infeasible,
-                                         detached=True) for argv in commands]
+        futures = [client.submit_command(argv, shell=isinstance(argv, str),
+                                         resources=units_to_float(resources), env=env,
+                                         export=export, cwd=cwd, name=args.name,
+                                         retries=args.retries, priority=args.priority,
+                                         infeasible=args.infeasible, detached=True)
+                   for argv in commands]
         ids = client.job_ids(futures)
-        table = _request(args, P.JOBS, {"jobs": ids})["jobs"]
+        # One that was never sent (over a limit of the broker's) says why.
+        unsent = [f for f in futures if f.done() and f.exception() is not None]
+        table = _request(args, P.JOBS, {"jobs": [i for i in ids if i is not None]})["jobs"]
     refused = [j for j in table if j["state"] == "infeasible" and j.get("error")]
     if refused:  # --infeasible error refused them (all alike: same resources)
         raise ZresError(f"refused: {refused[0]['error']}")
@@ -122,35 +154,42 @@ def submit(args: argparse.Namespace) -> int:
         if job["state"] == "infeasible":
             print(f"zres submit: job {job['id']} is queued, but no agent can run it now: "
                   f"{job.get('reason')}", file=sys.stderr)
+    if unsent:
+        raise ZresError(f"{len(unsent)} of {len(futures)} job(s) not queued: "
+                        f"{unsent[0].exception()}")
     return 0
 
 
-def _read_commands(path: str) -> list[list[str]]:
-    """One command per non-blank line, split as a shell would; # starts a comment."""
-    import shlex
+def _read_commands(path: str) -> Iterator[str]:
+    """The command lines of file PATH: one per line, skipping blank ones and comments
+    (lines starting with #). A line whose quotes do not close is refused here, naming it,
+    rather than failing later on an agent."""
     text = sys.stdin.read() if path == "-" else open(path).read()
-    commands = []
     for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
         try:
-            argv = shlex.split(line, comments=True)
+            shlex.split(line, comments=True)
         except ValueError as exc:
             raise ValueError(f"{path}:{number}: {exc}: {line!r}") from None
-        if argv:
-            commands.append(argv)
-    return commands
+        yield line
 
 
 def jobs(args: argparse.Namespace) -> int:
     table = _request(args, P.JOBS, {"all": args.all})["jobs"]
-    print(render_jobs(table))
+    if args.json:
+        print(json.dumps([entry_in_user_units(job) for job in table], indent=1))
+    else:
+        print(render_jobs(table))
     return 0
 
 
 def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
-    """Format the job table for people."""
+    """Format the job table for people: ended jobs say why in REASON (their error, for
+    their owner; words that quote nothing of them for others), waiting ones below it."""
     now = now or time.time()
     rows = [("ID", "NAME", "OWNER", "STATE", "RESOURCES", "AGENT", "GPUS", "START", "DURATION",
-             "EXIT")]
+             "EXIT", "REASON")]
     for job in table:
         started, finished = job.get("started"), job.get("finished")
         duration = ((finished or now) - started) if started else None
@@ -160,7 +199,8 @@ def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
                      ",".join(job.get("gpus", [])) or "-",
                      time.strftime("%H:%M:%S", time.localtime(started)) if started else "-",
                      f"{duration:.1f}s" if duration is not None else "-",
-                     "-" if exit_code is None else str(exit_code)))
+                     "-" if exit_code is None else str(exit_code),
+                     _one_line(job.get("reason") or "") if finished else ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     for job in table:
@@ -169,7 +209,14 @@ def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def logs(args: argparse.Namespace) -> int:
+    """Print a job's log (a job that ended without starting has none: why is said on
+    stderr, exit status 1)."""
     offset = 0
     while True:
         reply = _request(args, P.LOGS, {"job": args.job, "offset": offset})
@@ -182,6 +229,10 @@ def logs(args: argparse.Namespace) -> int:
             offset += len(data)
             continue
         if not args.follow or reply.get("finished") or reply.get("state") in _FINAL:
+            if not offset and reply.get("state") in ("queued", "infeasible"):
+                print(f"zres logs: job {args.job} has not started: {reply['state']}"
+                      + (f": {reply['reason']}" if reply.get("reason") else ""),
+                      file=sys.stderr)
             return 0
         time.sleep(_POLL)
 
@@ -248,6 +299,8 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
         detail = job.get("reason") or job.get("error") or ""
         code = job.get("exit_code")
         what = f"exit code {code}" if code is not None else job["state"]
+        if detail == what:
+            detail = ""
         print(f"job {job['id']} ({job.get('name', '')}): {what}" + (f": {detail}" if detail
                                                                      else ""),
               file=sys.stderr)

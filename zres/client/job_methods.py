@@ -1,5 +1,5 @@
 """The command-job face of ``zres.Client``: queue shell commands, find their job ids, list
-the job table."""
+the job table; what of the submitter's environment a job takes (``exported_env``)."""
 
 from __future__ import annotations
 
@@ -28,23 +28,39 @@ class JobMethods:
                          deps: list[Future[Any]], opts: dict[str, Any],
                          extra: dict[str, Any] | None = None) -> Future[Any]: ...
 
-    def submit_command(self, argv: str | Iterable[str], *,
+    def submit_command(self, argv: str | Iterable[str], *, shell: bool = False,
                        resources: Mapping[str, Any] | None = None,
-                       env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None
-                       = None, name: str | None = None, retries: int | None = None,
-                       priority: int | None = None, infeasible: str | None = None,
-                       detached: bool = False) -> Future:
-        """Queue a shell command as a job; return a future of its ``CommandResult``.
+                       env: Mapping[str, str] | None = None,
+                       export: str | Mapping[str, str] = "ALL",
+                       cwd: str | os.PathLike[str] | None = None, name: str | None = None,
+                       retries: int | None = None, priority: int | None = None,
+                       infeasible: str | None = None, detached: bool = False) -> Future:
+        """Queue a command as a job; return a future of its ``CommandResult``.
 
         It runs on an agent with RESOURCES free, in a process group of its own, with
         CUDA_VISIBLE_DEVICES set to the granted devices and ZRES_JOB_ID, ZRES_GPU_IDS in
         its environment; its output goes to a log on that agent (``zres logs``). A
-        non-zero exit fails the future with ``CommandFailed``. A string ARGV is split as a
-        shell would (no shell runs it). A DETACHED job outlives this client.
+        non-zero exit fails the future with ``CommandFailed``. ARGV is executed as is; a
+        string is split as a shell would split it, unless SHELL: then the string is a
+        command line that ``/bin/sh -c`` runs (pipes, ``&&``, ``$VAR``, ``exit 3``).
+
+        Its environment is the agent's, then what EXPORT takes from this process's (as
+        sbatch's ``--export``: "ALL", the default, all of it but zres's own ``ZRES_*``
+        variables; "NONE"; "VAR,VAR=value,...", those only, "ALL,..." all and those; or a
+        mapping, exactly that), then ENV. A DETACHED job outlives this client.
         """
-        args = shlex.split(argv) if isinstance(argv, str) else list(argv)
-        if not args or not all(isinstance(a, str) for a in args):
-            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+        if shell:
+            if not isinstance(argv, str) or not argv.strip():
+                raise ValueError(f"shell=True takes a command line (a non-empty string), "
+                                 f"got {argv!r}")
+            args = ["/bin/sh", "-c", argv]
+            label = name or os.path.basename(argv.split()[0])
+        else:
+            args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+            if not args or not all(isinstance(a, str) for a in args):
+                raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+            label = name or os.path.basename(args[0])
+        exported = exported_env(export)
         extra_env = dict(env or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
             raise TypeError("env must map strings to strings")
@@ -55,10 +71,9 @@ class JobMethods:
                                           os.fspath(cwd or "")]):
             raise ValueError("argv, env and cwd cannot hold a NUL character")
         opts = self._options(resources, retries, priority, infeasible, name)
-        label = name or os.path.basename(args[0])
         # The agent runs the command itself: nothing is pickled, the spec travels as is.
-        spec = {"argv": args, "env": extra_env, "cwd": None if cwd is None else os.fspath(cwd),
-                "detached": bool(detached)}
+        spec = {"argv": args, "env": extra_env, "export": exported,
+                "cwd": None if cwd is None else os.fspath(cwd), "detached": bool(detached)}
         future = self._make_future(args[0], label, [], [], opts, {"job": spec})
         self._io.wake()
         return future
@@ -75,3 +90,46 @@ class JobMethods:
         """Return the job table: queued and running jobs, finished ones too with ALL."""
         return [entry_in_user_units(job)
                 for job in self._io.request(P.JOBS, {"all": all}, timeout)["jobs"]]
+
+
+# The last environment exported, and what it was made from: a loop of submits (or a
+# file of commands) shares one dict, sent and kept as one.
+_last_export: list[tuple[Any, dict[str, str]]] = [(None, {})]
+
+
+def exported_env(export: str | Mapping[str, str],
+                 environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What of ENVIRON a job takes, as sbatch's ``--export`` says it (see
+    ``submit_command``); ValueError naming what is wrong with EXPORT.
+
+    zres's own variables (``ZRES_*``) never travel with ALL: they belong to the submitter's
+    host and role (its key directory and broker address, the task token of the task it
+    runs in, its settings), and the agent gives each job its own (``ZRES_JOB_ID``,
+    ``ZRES_TASK_TOKEN``, ...)."""
+    if not isinstance(export, str):
+        given = export if type(export) is dict else dict(export)
+        if not all(isinstance(k, str) and k and "=" not in k and "\0" not in k
+                   and isinstance(v, str) and "\0" not in v for k, v in given.items()):
+            raise ValueError("export: a mapping of variable names to strings (no '=' in a "
+                             "name, no NUL character)")
+        return given
+    key = (export, tuple(environ.items()))
+    last_key, last = _last_export[0]  # (one read: another thread may replace it)
+    if last_key == key:
+        return last
+    made: dict[str, str] = {}
+    items = [item.strip() for item in export.split(",")]
+    if items != ["NONE"]:
+        for item in items:
+            name, sep, value = item.partition("=")
+            if item == "ALL":
+                made.update((k, v) for k, v in environ.items() if not k.startswith("ZRES_"))
+            elif not name or item == "NONE" or "\0" in item or any(c.isspace() for c in name):
+                raise ValueError(f"export {export!r}: {item!r} is not a variable name: give "
+                                 "ALL, NONE, or VAR,VAR=value,... (as sbatch's --export)")
+            elif sep:
+                made[name] = value
+            elif name in environ:  # (one that is not set is not exported, as in sbatch)
+                made[name] = environ[name]
+    _last_export[0] = (key, made)
+    return made

@@ -54,7 +54,7 @@ class OutboxSender:
                 head = _header_bytes(item)
                 body = sum(len(P.buffer(f)) for f in item_frames)
                 if head > limits.header_bytes or body > limits.payload_bytes:
-                    self._too_big(item[0], head, body)
+                    self._too_big(item, head, body)
                     continue
                 if len(submits) >= min(1000, limits.tasks) \
                         or size[0] + head > limits.header_bytes \
@@ -83,15 +83,18 @@ class OutboxSender:
         if releases:
             self._send(P.RELEASE, {"ids": releases})
 
-    def _too_big(self, task_id: int, head: int, body: int) -> None:
-        future = self.pending.pop(task_id, None)
+    def _too_big(self, item: list[Any], head: int, body: int) -> None:
+        future = self.pending.pop(item[0], None)
         if future is None:
             return
         limits = self.limits
+        described = "its command line and environment take" \
+            if len(item) > 8 and "job" in item[8] else \
+            "its description (dependencies, name) takes"
         what = (f"its arguments are {body} bytes, more than the broker's limit of "
                 f"{limits.payload_bytes} (max_payload_bytes)" if body > limits.payload_bytes
-                else f"its description (dependencies, name) takes about {head} bytes, more "
-                f"than the broker's limit of {limits.header_bytes} (max_header_bytes)")
+                else f"{described} about {head} bytes, more than the broker's limit of "
+                f"{limits.header_bytes} (max_header_bytes)")
         settle(future, exception=ZresError(f"task {future.name} was not sent: {what}"))
 
     def _send_stops(self, stops: list[int]) -> None:

@@ -40,8 +40,10 @@ client -> broker
                live one)); {call: actor id} makes it a method call (payload: method name,
                arguments), failed (NotOwnerError) if the actor is another owner's and not
                shared
-               {job: {argv, env, cwd, detached}} makes it a command job (no payload);
-               a detached job outlives the client that submitted it
+               {job: {argv, env, export?, cwd, detached}} makes it a command job (no
+               payload); export: the variables taken from the submitter's environment
+               (kept once per distinct map), env: its own, which win; a detached job
+               outlives the client that submitted it
                {workers: [agent name...], allow_other_workers?: bool} (a Python task):
                it runs only on agents of those names (infeasible while none of them
                could), or, allow_other_workers, on one of them when one fits, else
@@ -51,12 +53,15 @@ client -> broker
                 reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
                reported: a wait of the asker's has said how these of its own ended
                (unreported: the asker's own jobs its waits have not reported). Each job
-               names its owner; its argv, cwd, env and error go only to its owner and
-               admin keys
+               names its owner; its argv, cwd, env, exported (a count) and error go only
+               to its owner and admin keys; reason: why it waits, or why it ended (its
+               error for those, words quoting nothing of it for others)
     job_cancel {job}                             only its owner or an admin key may: else
                                                  refused, naming the owner
-    logs       {job, offset}                     -> logs_reply {data, finished, error?}
-                                                 (its owner or an admin key only)
+    logs       {job, offset}                     -> logs_reply {data, finished, state,
+                                                 reason?, error?} (its owner or an admin
+                                                 key only; error: none, as for a job that
+                                                 ended without starting, saying why)
     kill       {actor: id}                       end an actor now -> kill_reply (its
                                                  owner or an admin key only)
     lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...},
@@ -141,9 +146,10 @@ broker -> agent
                opts {queued?, taken?, priority, seq, attempt, actor?, job?, token?}: queued
                grants start when room frees there (direct ones fit now); actor {actor: id,
                concurrency}: start a process of its own that constructs the actor and then
-               serves its calls; job {argv, env, cwd}: a command job the agent runs (env
-               holds ZRES_TASK_TOKEN, with keys); token: the task's (or actor's) token,
-               put in its context for the clients made in it
+               serves its calls; job {argv, env, cwd}: a command job the agent runs (env:
+               its exported variables, then its own, then ZRES_TASK_TOKEN, with keys);
+               token: the task's (or actor's) token, put in its context for the clients
+               made in it
     call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
     kill_actor {ids: [actor id...]}
     logs       {token, job, offset}             read a job's log file

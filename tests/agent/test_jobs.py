@@ -1,0 +1,125 @@
+"""The agent's command jobs (``zres.agent.jobs``) without a broker: what starting and ending
+a job costs on disk. Each running job has a record file of its own, so the N-th start (and
+any end) reads and writes nothing of the others'; an agent killed outright leaves the
+records its next start needs to stop what it left. Jobs are real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import process_gone, wait_until
+from zres.agent.files import JobLogs
+from zres.agent.jobs import JobRunner
+
+pytestmark = pytest.mark.timeout(60)
+
+# File-system events (Python's audit hooks) seen while ``watching`` holds a list: a hook
+# cannot be removed, so one is added for the whole module and records only when asked.
+_FILE_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir"}
+watching: list[list[tuple[str, str]]] = []
+
+
+def _hook(event: str, args: tuple[Any, ...]) -> None:
+    if watching and event in _FILE_EVENTS and args:
+        watching[-1].append((event, os.fsdecode(args[0]) if isinstance(args[0], (str, bytes))
+                             else str(args[0])))
+
+
+sys.addaudithook(_hook)
+
+
+def touched(action: Any) -> list[tuple[str, str]]:
+    """Run ACTION(); return the file-system events it caused (event, name)."""
+    watching.append([])
+    try:
+        action()
+    finally:
+        seen = watching.pop()
+    return seen
+
+
+def records(logs_dir: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file under LOGS_DIR that is not a job's log: path -> (inode, mtime, bytes)."""
+    found = {}
+    for path in logs_dir.rglob("*"):
+        if path.is_file() and path.suffix != ".log":
+            st = path.stat()
+            found[str(path.relative_to(logs_dir))] = (st.st_ino, st.st_mtime_ns,
+                                                      path.read_bytes())
+    return found
+
+
+def runner(logs_dir: Path, ended: list[Any]) -> JobRunner:
+    jobs = JobRunner(JobLogs(str(logs_dir), "node"), "node",
+                     lambda *report: ended.append(report))
+    jobs.cluster = "c0ffee"
+    return jobs
+
+
+def test_starting_the_nth_job_reads_and_writes_nothing_of_the_others(tmp_path):
+    logs_dir = tmp_path / "logs"
+    ended: list[Any] = []
+    jobs = runner(logs_dir, ended)
+    spec = {"argv": ["sleep", "60"], "env": {}, "cwd": None}
+    try:
+        for job_id in range(1, 31):
+            jobs.start(job_id, spec, [])
+        before = records(logs_dir)
+        seen = touched(lambda: jobs.start(31, spec, []))
+        after = records(logs_dir)
+        assert {k: v for k, v in after.items() if k in before} == before, \
+            "starting a job rewrote the others' records"
+        assert len(before) == 30 and len(after) == 31  # one record per running job
+        others = {str(i) for i in range(1, 31)} | {f"{i}.log" for i in range(1, 31)}
+        assert {"31", "31.log"} <= {name for _, name in seen} <= \
+            {"31", "31.log", "c0ffee", os.devnull}, seen
+        assert not {name for _, name in seen} & others
+        assert not any("running" in name or event in ("os.listdir", "os.scandir", "os.rename")
+                       for event, name in seen), seen
+        # Ending one: only its own record goes.
+        os.kill(jobs.jobs[7].proc.pid, signal.SIGKILL)
+        seen = touched(lambda: wait_until(lambda: (jobs.reap(), ended)[1],
+                                          message="job 7 to be reaped"))
+        assert [report[0] for report in ended] == [7]
+        assert {k: v for k, v in records(logs_dir).items()} == \
+            {k: v for k, v in after.items() if not k.endswith("/7")}
+        assert not any(name in {str(i) for i in range(1, 32) if i != 7} or "running" in name
+                       or event in ("os.listdir", "os.scandir", "os.rename")
+                       for event, name in seen), seen
+    finally:
+        jobs.stop_all()
+        jobs.logs.close()
+    assert records(logs_dir) == {}, "a stopped agent leaves no record of running jobs"
+
+
+def test_records_are_private_and_a_killed_agents_jobs_are_stopped_by_the_next(tmp_path):
+    logs_dir = tmp_path / "logs"
+    first = runner(logs_dir, [])
+    spec = {"argv": ["sleep", "60"], "env": {}, "cwd": None}
+    for job_id in (3, 4):
+        first.start(job_id, spec, [])
+    pids = [job.proc.pid for job in first.jobs.values()]
+    record_dir = logs_dir / "running-node"
+    assert sorted(p.name for p in record_dir.iterdir()) == ["3", "4"]
+    assert [oct(p.stat().st_mode & 0o777) for p in (record_dir, record_dir / "3")] == \
+        ["0o700", "0o600"]
+    # Killed outright: nothing of the first runner is stopped or cleaned; the next one of
+    # this name finds the records (a malformed one, and a link, are dropped unread).
+    first.logs.close()
+    (record_dir / "junk").write_text("not json")
+    (record_dir / "9").symlink_to(tmp_path / "elsewhere")
+    second = runner(logs_dir, [])
+    try:
+        assert second.stop_leftovers() == 2
+        for proc in [job.proc for job in first.jobs.values()]:
+            proc.wait(10)  # (they are this test's children: reaped here)
+        assert all(process_gone(pid) for pid in pids)
+        assert list(record_dir.iterdir()) == []
+    finally:
+        second.logs.close()
