@@ -30,10 +30,12 @@ from .keeping import TaskKeeper
 from .outbox import Batches
 from .status import Explainer
 from .store import StateUnwritable, Store
-from .submit import parse_submit
+from .submit import SubmitReader
 
 log = get_logger("zres.broker")
 Send = Callable[..., None]
+Refuse = Callable[[bytes, P.Message, Exception, list[int]], None]
+CHUNK = 1000  # a submit's tasks taken in one go; a larger one is taken across turns
 
 
 class ClientLink:
@@ -44,7 +46,9 @@ class ClientLink:
                  cancels: CancelAnswers, explain: Explainer, keeper: TaskKeeper,
                  store: Store | None, limits: Limits,
                  acting: Callable[[], tuple[str, str]], welcome: dict[str, Any],
-                 conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", "")) -> None:
+                 conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
+                 later: Callable[[bytes, Callable[[], None]], None] | None = None,
+                 refuse: Refuse | None = None) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -64,6 +68,11 @@ class ClientLink:
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self._to_accept: dict[bytes, ClientRecord] = {}
+        # LATER(ident, work): go on with a client's large submit at the loop's next round,
+        # before what it sent after (see ``backlog``); REFUSE(ident, msg, error, ids): fail
+        # the tasks of it that were not taken (LATER None: every submit in one go).
+        self._later = later
+        self._refuse = refuse
 
     def client(self, ident: bytes, now: float) -> ClientRecord | None:
         client = self.clients.seen(ident, now)
@@ -153,11 +162,17 @@ class ClientLink:
             raise LimitExceeded(f"a submit's payload of {payload} bytes is larger than the "
                                 f"broker's limit of {self._limits.payload_bytes} "
                                 "(max_payload_bytes)")
-        submissions = parse_submit(msg, self._limits)
+        self._take(client, msg, SubmitReader(msg, self._limits))
+
+    def _take(self, client: ClientRecord, msg: P.Message, reader: SubmitReader) -> None:
+        """Take the next chunk of READER's tasks (all of them, with no backlog), and leave
+        the rest for the loop's next round: a submit of 100,000 tasks holds nobody up."""
+        submissions = reader.take(CHUNK if self._later is not None else 1 << 62)
         if self._store is not None and self._store.error is not None:
             raise StateUnwritable(f"the broker cannot keep new work: writing its state in "
                                   f"{self._store.directory} fails ({self._store.error})")
-        # Refused before anything is recorded: a refusal fails every task it held.
+        # Refused before anything of the chunk is recorded: a refusal fails every task of
+        # it (and of what was left of the submit).
         self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor],
                                    client.ident)
         for sub in submissions:
@@ -194,6 +209,19 @@ class ClientLink:
                 self._keeper.new(task, deps)
             self._graph.link(task, deps)
         self._to_accept[client.ident] = client
+        if not reader.done() and self._later is not None:
+            self._later(client.ident, lambda: self._go_on(client, msg, reader))
+
+    def _go_on(self, client: ClientRecord, msg: P.Message, reader: SubmitReader) -> None:
+        """Take the next chunk of a large submit of CLIENT's (if it is still here)."""
+        if self.clients.get(client.ident) is not client:
+            return  # it left (or was dropped): what it had not handed over goes with it
+        start = reader.at
+        try:
+            self._take(client, msg, reader)
+        except (ProtocolError, LimitExceeded, StateUnwritable) as exc:
+            assert self._refuse is not None
+            self._refuse(client.ident, msg, exc, reader.left(start))
 
     def accept(self) -> None:
         """Acknowledge what clients submitted, now that it is written."""

@@ -20,8 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..core import protocol as P
-from ..core.errors import ProtocolError
-from ..core.limits import LimitExceeded, Limits, quote
+from ..core.limits import Limits
 from ..core.report import in_user_units
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
@@ -30,7 +29,8 @@ from .actors import ActorRouting
 from .adoption import Adoption
 from .agent_link import AgentLink
 from .agents import AgentRegistry
-from .auth import Forbidden, Gate
+from .auth import Gate
+from .backlog import Backlog
 from .cancels import CancelAnswers
 from .client_link import ClientLink
 from .clients import ClientRegistry
@@ -38,21 +38,22 @@ from .collector import Collector
 from .dispatch import Dispatcher
 from .graph import TaskGraph
 from .identity import Identities
+from .intake import Handler, Intake
 from .jobs import PUBLIC_FIELDS, JobTable
 from .keeping import TaskKeeper
 from .metrics import BrokerMetrics, Snapshots
 from .output import OutputRouter
 from .status import Explainer
-from .store import StateUnwritable, Store
+from .store import Store
 
 log = get_logger("zres.broker")
 _BATCH = 2000          # messages handled per loop turn before scheduling, at most
-_TURN_BUDGET = 0.05    # seconds of message handling per loop turn, at most
+_TURN_BUDGET = 0.03    # seconds of message handling per loop turn, at most
+_BACKLOG_BUDGET = 0.02  # ... and of work left from earlier turns (large submits)
 
-Handler = Callable[[bytes, P.Message, float], None]
 
 
-class Broker:
+class Broker(Intake):
     """Route messages between clients and agents; own the parts that keep the records."""
 
     def __init__(self, listen: str, heartbeat_interval: float = 0.5,
@@ -94,8 +95,9 @@ class Broker:
         self._collector = Collector()
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
-        self.clients = ClientRegistry(client_timeout,
-                                      lambda *a: self.client_link.drop(*a))
+        # Work taken across turns (a large submit), each client's in order.
+        self.backlog = Backlog()
+        self.clients = ClientRegistry(client_timeout, self._client_gone)
         self.keeper = TaskKeeper(store, self.clients)
         self.agents = AgentRegistry(
             self.sched, heartbeat_timeout, ended=store.meta("ended_agents") if store else None,
@@ -127,7 +129,7 @@ class Broker:
              "heartbeat": self.hb_interval, "limits": {
                  "header_bytes": self.limits.header_bytes,
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
-            conn=lambda: self.ids.conn)
+            conn=lambda: self.ids.conn, later=self.backlog.next, refuse=self._refused)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
@@ -241,8 +243,9 @@ class Broker:
                 self._traffic.bytes_in += sum(map(len, frames))
                 now = time.monotonic()
                 self._dispatch(frames, now)
-                if now - start > _TURN_BUDGET:
+                if now - busy_from > _TURN_BUDGET:
                     break  # the rest next turn, after heartbeats and scheduling
+        self.backlog.run(_BACKLOG_BUDGET)  # (what large submits left: see backlog)
         now = time.monotonic()
         if now - start > max(2 * self.hb_interval, 1.0):  # one message held us that long
             self.agents.forgive(now - start)
@@ -301,35 +304,10 @@ class Broker:
                 log.info("agent_away", agent=agent.name)
                 self.dispatch.set_accepting(agent)
 
-    def _dispatch(self, frames: list[Any], now: float) -> None:
-        ident = frames[0].bytes
-        try:
-            self._fd = frames[0].get(zmq.SRCFD)
-        except zmq.ZMQError:  # a message libzmq made itself, of no connection
-            self._fd = -1
-        msg: P.Message | None = None
-        try:
-            if len(frames) > 1 and len(frames[1]) > self.limits.header_bytes:
-                raise LimitExceeded(
-                    f"a message's header of {len(frames[1])} bytes is larger than the "
-                    f"broker's limit of {self.limits.header_bytes} (max_header_bytes)")
-            msg = P.decode(frames[1:])
-            handler = self._handlers.get(msg.kind)
-            if handler is None:
-                raise ProtocolError(f"{msg.kind} is not a message for the broker")
-            if self.gate.keys is not None:
-                self.ids.check(frames[0], ident, msg)
-            client = self.clients.get(ident)
-            if client is not None:  # (its own key: checked above)
-                for kind, body, held in self.clients.heard(client, self._fd):
-                    self._send(ident, kind, body, held)
-            handler(ident, msg, now)
-        except (ProtocolError, LimitExceeded, StateUnwritable, Forbidden) as exc:
-            # Said to the sender (its tasks or request fail, naming why) and logged short.
-            log.warning("bad_message", peer=ident[:16].hex(), error=quote(str(exc)))
-            self._refuse(ident, msg, str(exc))
-        except Exception:  # a bug must not take the broker down for everyone
-            log.exception("message_failed", peer=ident[:16].hex())
+    def _client_gone(self, client: Any, event: str) -> None:
+        """A client left, or was dropped: what it had not handed over goes with it."""
+        self.backlog.drop(client.ident)
+        self.client_link.drop(client, event)
 
     def acting(self) -> tuple[str, str]:
         """The role and owner the message being handled acts as ("" and "" without keys):
@@ -350,18 +328,6 @@ class Broker:
                 why = f"its key {agent.key} was revoked (removed from the broker's keys)"
                 self._send(agent.ident, P.UNKNOWN, {"refused": why})
                 self.dispatch.lose_agent(agent, why)
-
-    def _refuse(self, ident: bytes, msg: P.Message | None, error: str) -> None:
-        body: dict[str, Any] = {"error": quote(error, 500)}
-        if msg is not None:
-            body["kind"] = msg.kind
-            if "req" in msg.body:
-                body["req"] = msg.body["req"]
-            items = msg.body.get("tasks") if msg.kind == P.SUBMIT else None
-            if isinstance(items, list):
-                body["ids"] = [i[0] for i in items if isinstance(i, list) and i
-                               and type(i[0]) is int]
-        self._send(ident, P.REFUSED, body, hold=False)  # (to whoever sent it, away or not)
 
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
               frames: Sequence[Any] = (), hold: bool = True) -> None:

@@ -34,19 +34,42 @@ class Submission:
     allow_other_workers: bool = False    # ... or only prefers
 
 
-def parse_submit(msg: P.Message, limits: Limits) -> list[Submission]:
-    """Return the tasks of a SUBMIT; raise ProtocolError, naming the fault, if any is bad,
-    or LimitExceeded naming the limit."""
-    items = P.field(msg, "tasks", list)
-    if len(items) > limits.tasks:
-        raise LimitExceeded(f"a submit holds {len(items)} tasks, more than the broker's "
-                            f"limit of {limits.tasks} (max_tasks)")
-    if not all(isinstance(i, list) and len(i) in (8, 9) for i in items):
-        raise ProtocolError("submit: each task must be an 8- or 9-item array")
-    payloads = P.split_frames(msg.frames, [i[5] for i in items])
-    shared = _Shared()
-    return [_submission(item, shared.payload(payload), limits, shared)
-            for item, payload in zip(items, payloads)]
+class SubmitReader:
+    """A SUBMIT's tasks, read and checked a chunk at a time (``take``): a large submit is
+    taken across turns of the broker's loop. What is wrong with the message as a whole is
+    refused at once (ProtocolError naming the fault, LimitExceeded naming the limit); a
+    fault in one task, when its chunk is read."""
+
+    def __init__(self, msg: P.Message, limits: Limits) -> None:
+        items = P.field(msg, "tasks", list)
+        if len(items) > limits.tasks:
+            raise LimitExceeded(f"a submit holds {len(items)} tasks, more than the broker's "
+                                f"limit of {limits.tasks} (max_tasks)")
+        if not all(isinstance(i, list) and len(i) in (8, 9) for i in items):
+            raise ProtocolError("submit: each task must be an 8- or 9-item array")
+        self._payloads = P.split_frames(msg.frames, [i[5] for i in items])
+        self._items = items
+        self._limits = limits
+        self._shared = _Shared()
+        self._at = 0
+
+    def take(self, count: int) -> list[Submission]:
+        """The next COUNT tasks (fewer at the end), checked."""
+        start, self._at = self._at, min(self._at + count, len(self._items))
+        return [_submission(item, self._shared.payload(payload), self._limits, self._shared)
+                for item, payload in zip(self._items[start:self._at],
+                                         self._payloads[start:self._at])]
+
+    def done(self) -> bool:
+        return self._at >= len(self._items)
+
+    def left(self, since: int) -> list[int]:
+        """The client's ids of the tasks from the SINCE-th on (those a refusal fails)."""
+        return [item[0] for item in self._items[since:] if type(item[0]) is int]
+
+    @property
+    def at(self) -> int:
+        return self._at
 
 
 class _Shared:

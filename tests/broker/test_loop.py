@@ -1,0 +1,51 @@
+"""The broker's loop turns whatever anyone sends (issue 28): the broker stepped in this
+thread, clients played by hand. A huge submit is taken across turns, and what its client
+sends after it waits behind it, while everyone else is answered at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.broker.test_agent_link import Peer
+from tests.broker.test_keeping import hello
+from zres.broker.server import Broker
+from zres.broker.store import Store
+from zres.core import protocol as P
+from zres.core.resources import UNIT
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_huge_submit_is_taken_across_turns_and_holds_nobody_up(tmp_path):
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    big, _ = hello(broker)
+    other = Peer(broker, ident=b"client-2")
+    try:
+        other.send(P.HELLO, {"client": "other"})
+        other.take(P.WELCOME)
+        count = 20_000
+        items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"t{i}", False] for i in range(1, count + 1)]
+        big.send(P.SUBMIT, {"tasks": items}, [b"fn", b"args"] * count)
+        big.send(P.WHY, {"id": count, "req": 1})  # about its last task: after it is taken
+        while not broker.sock.poll(0):
+            time.sleep(0.001)  # (until the submit is there to be read, first)
+        other.send(P.STATUS, {"req": 7})
+        turns = 0
+        while not other.sock.poll(0):
+            broker.poll_once(time.monotonic(), timeout=0.05)
+            turns += 1
+            assert turns < 1000, "the other client's status was never answered"
+        assert len(broker.graph.tasks) < count, \
+            "the other client waited for the whole of a huge submit to be taken"
+        why = big.take(P.WHY_REPLY)  # (stepping until it comes)
+        assert len(broker.graph.tasks) == count
+        assert not why.body["reason"].startswith("unknown task"), \
+            f"its client's next message was answered before its submit was taken: {why.body}"
+        accepted = [m.body["upto"] for m in big.inbox + big.sync() if m.kind == P.ACCEPTED]
+        assert accepted[0] < count and accepted[-1] == count, "not acknowledged as taken"
+    finally:
+        for peer in (big, other):
+            peer.close()
+        broker.close()
