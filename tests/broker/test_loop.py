@@ -49,3 +49,30 @@ def test_a_huge_submit_is_taken_across_turns_and_holds_nobody_up(tmp_path):
         for peer in (big, other):
             peer.close()
         broker.close()
+
+
+def test_a_client_that_leaves_a_huge_graph_holds_nobody_up(tmp_path):
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    big, _ = hello(broker)
+    other = Peer(broker, ident=b"client-2")
+    try:
+        other.send(P.HELLO, {"client": "other"})
+        other.take(P.WELCOME)
+        count = 20_000
+        for start in range(0, count, 1000):
+            items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"t{i}", False]
+                     for i in range(start + 1, start + 1001)]
+            big.send(P.SUBMIT, {"tasks": items}, [b"fn", b"args"] * 1000)
+        big.sync()
+        assert len(broker.graph.tasks) == count
+        big.send(P.BYE, {})
+        while broker.clients.get(b"client-1") is not None:
+            broker.poll_once(time.monotonic(), timeout=0.05)
+        assert broker.graph.tasks, "the turn its goodbye came in let go of all it held"
+        other.sync()  # (answered while the rest is let go of, turn by turn)
+        while broker.graph.tasks:
+            broker.poll_once(time.monotonic(), timeout=0.01)
+    finally:
+        for peer in (big, other):
+            peer.close()
+        broker.close()

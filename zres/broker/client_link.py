@@ -35,7 +35,10 @@ from .submit import SubmitReader
 log = get_logger("zres.broker")
 Send = Callable[..., None]
 Refuse = Callable[[bytes, P.Message, Exception, list[int]], None]
-CHUNK = 1000  # a submit's tasks taken in one go; a larger one is taken across turns
+# A submit's tasks taken in one go (a few ms of work); the rest of a larger one (a map's
+# 1,000 a message) is taken across turns, for a bounded time each.
+CHUNK = 250
+DROP_CHUNK = 5000  # ... and tasks of a gone client let go of in one go
 
 
 class ClientLink:
@@ -146,12 +149,24 @@ class ClientLink:
         log.info(event, client=quote(client.name))
         self._to_accept.pop(client.ident, None)
         self._actors.drop_owned_by(client.ident, client.name)
-        self._dispatch().drop_work_of(client.ident, list(client.ids.values()))
-        for task_id in list(client.ids.values()):
+        held = list(client.ids.values())
+        client.ids.clear()
+        self._let_go_of(client, held)
+
+    def _let_go_of(self, client: ClientRecord, held: list[int]) -> None:
+        """Cancel and let go of what CLIENT, gone, held: a chunk now, the rest at the
+        loop's next rounds (a client leaving a million tasks holds nobody up)."""
+        chunk, rest = held[:DROP_CHUNK], held[DROP_CHUNK:]
+        self._dispatch().drop_work_of(client.ident, chunk)
+        for task_id in chunk:
             task = self._graph.get(task_id)
             if task is not None:
                 self._graph.unhold(task)
-        client.ids.clear()
+        if rest:
+            if self._later is None:
+                self._let_go_of(client, rest)
+            else:
+                self._later(client.ident, lambda: self._let_go_of(client, rest))
 
     def on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self.client(ident, now)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import os
+import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -75,6 +76,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
         self.address = address
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
+        self._futures_lock = threading.RLock()  # (its futures' conditions: see futures)
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, _ROLES, address)

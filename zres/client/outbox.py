@@ -16,6 +16,9 @@ from .outcomes import settle
 STOP = "stop"  # an outbox entry: a task to cancel with force (sent batched, as CANCEL)
 
 
+_RELEASES = 10_000  # task ids per release message
+
+
 class OutboxSender:
     """Mixed into the client's I/O thread, which alone sends (see ``io``)."""
 
@@ -80,8 +83,10 @@ class OutboxSender:
                 self._send(kind, {**body, "req": req})
         flush_submits()
         self._send_stops(stops)
-        if releases:
-            self._send(P.RELEASE, {"ids": releases})
+        # (in messages of at most 10,000: a million futures let go of at once is taken by
+        # the broker over several turns, not in one that holds everyone else up)
+        for start in range(0, len(releases), _RELEASES):
+            self._send(P.RELEASE, {"ids": releases[start:start + _RELEASES]})
 
     def _too_big(self, item: list[Any], head: int, body: int) -> None:
         future = self.pending.pop(item[0], None)

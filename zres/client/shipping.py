@@ -13,6 +13,8 @@ from types import ModuleType
 
 import cloudpickle
 
+from ..core.serialize import forget_functions
+
 
 class Shipping:
     """What a client has to ship code (``Client(modules=[...])`` calls it too)."""
@@ -27,3 +29,4 @@ class Shipping:
                                 "(import mymodule; client.ship(mymodule))")
         for module in modules:
             cloudpickle.register_pickle_by_value(module)
+        forget_functions()  # (pickled by reference so far: by value from now on)

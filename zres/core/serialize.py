@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 import traceback
+import types
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,6 +65,21 @@ class _TaskPickler(cloudpickle.Pickler):
         return ("zres.dep", self.index[id(obj)])
 
 
+# Functions pickled recently, as Dask's client and Ray's driver keep them: cloudpickle
+# pickles a function defined in a script by value, its globals and closure with it, which
+# costs 100-300 us a submit. So a function is pickled at its first submit of the process,
+# as it is then; a change to what it closes over after that does not reach later tasks
+# (as in Dask and Ray). ``forget_functions`` (shipping a module) empties it.
+_FUNCTIONS: OrderedDict[Callable[..., Any], bytes] = OrderedDict()
+_FUNCTIONS_LOCK = threading.Lock()  # (clients submit from any thread)
+
+
+def forget_functions() -> None:
+    """Pickle every function afresh (how some are pickled has changed)."""
+    with _FUNCTIONS_LOCK:
+        _FUNCTIONS.clear()
+
+
 class CallPickler:
     """Pickle calls into payload frames: [function, arguments, out-of-band buffers...].
 
@@ -73,9 +91,25 @@ class CallPickler:
         self.dep_type = dep_type
 
     def function(self, fn: Callable[..., Any], deps: list[Any], index: dict[int, int]) -> bytes:
+        """FN pickled: once per process for a plain function (see ``_FUNCTIONS``)."""
+        plain = type(fn) is types.FunctionType
+        if plain:
+            with _FUNCTIONS_LOCK:
+                cached = _FUNCTIONS.get(fn)
+                if cached is not None:
+                    _FUNCTIONS.move_to_end(fn)
+                    return cached
         buf = io.BytesIO()
+        found = len(deps)
         _TaskPickler(buf, self.dep_type, None, deps, index).dump(fn)
-        return buf.getvalue()
+        data = buf.getvalue()
+        # (a function closing over futures is its tasks' own: never shared)
+        if plain and len(deps) == found and len(data) < 100_000:
+            with _FUNCTIONS_LOCK:
+                _FUNCTIONS[fn] = data
+                if len(_FUNCTIONS) > 128:
+                    _FUNCTIONS.popitem(last=False)
+        return data
 
     def call(self, fn_frame: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
              deps: list[Any], index: dict[int, int]) -> list[Frame]:
