@@ -247,13 +247,24 @@ LOGS_REPLY = "logs_reply"
 RESUME = "resume"
 ACCEPTED = "accepted"
 OUTPUT = "output"
+# The data plane: an agent's data port (zres.core.transfer), objects freed, put, located.
+GET = "get"
+CHUNK = "chunk"
+PUT = "put"
+PUT_ACK = "put_ack"
+FREE = "free"
+PLACE = "place"
+PLACE_REPLY = "place_reply"
+LOCATE = "locate"
+LOCATE_REPLY = "locate_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
-                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT})
+                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, GET, CHUNK, PUT, PUT_ACK, FREE,
+                   PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY})
 
 # Task outcomes.
 OK = "ok"
