@@ -155,9 +155,10 @@ class Explainer:
             task = self._sched.waiting[task_id]
             found.append((task.shape, 1, [self._name(task_id)], self._reason(task_id, reasons),
                           task.units))
-        for shape, count, ids in self._sched.queue.census():
+        for lane, count, ids in self._sched.queue.census():
+            shape = lane[1]
             ids = sorted(i for i in ids if i not in reserved)
-            count -= sum(1 for i in reserved if self._sched.waiting[i].shape == shape)
+            count -= sum(1 for i in reserved if self._sched.waiting[i].lane == lane)
             if count > 0 and ids:
                 found.append((shape, count, [self._name(i) for i in ids],
                               self._reason(ids[0], reasons), self._sched.waiting[ids[0]].units))
