@@ -19,6 +19,7 @@ from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
 from ..logs import get_logger
+from ..scheduler.owners import Quotas
 from .actor_records import ActorState
 from .actors import ActorRouting
 from .cancels import CancelAnswers
@@ -44,7 +45,8 @@ class ClientLink:
                  cancels: CancelAnswers, explain: Explainer, keeper: TaskKeeper,
                  store: Store | None, limits: Limits,
                  acting: Callable[[], tuple[str, str]], welcome: dict[str, Any],
-                 conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", "")) -> None:
+                 conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
+                 quotas: Quotas | None = None) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -61,6 +63,7 @@ class ClientLink:
         # name, public key): see ``identity`` ("" without keys).
         self._acting = acting
         self._conn = conn
+        self._quotas = quotas or Quotas()  # (how many tasks each owner may have waiting)
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self._to_accept: dict[bytes, ClientRecord] = {}
@@ -158,6 +161,8 @@ class ClientLink:
             raise StateUnwritable(f"the broker cannot keep new work: writing its state in "
                                   f"{self._store.directory} fails ({self._store.error})")
         # Refused before anything is recorded: a refusal fails every task it held.
+        self._check_queued(client.owner,
+                           sum(1 for sub in submissions if sub.local not in client.ids))
         self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor],
                                    client.ident)
         for sub in submissions:
@@ -194,6 +199,18 @@ class ClientLink:
                 self._keeper.new(task, deps)
             self._graph.link(task, deps)
         self._to_accept[client.ident] = client
+
+    def _check_queued(self, owner: str, adding: int) -> None:
+        """Refuse ADDING more tasks of OWNER if they take it over its queued quota (its
+        tasks waiting for dependencies or resources): that owner's submit alone fails."""
+        cap = self._quotas.queued_of(owner)
+        have = self._graph.census.waiting_of(owner)
+        if cap is not None and adding and have + adding > cap:
+            named = owner if owner in self._quotas.queued else "default"
+            raise LimitExceeded(
+                f"over the queued quota of owner {owner or '(the default key)'}: "
+                f"{cap} tasks waiting at once ([quotas.queued] {named}); it has {have} "
+                f"waiting and this submit adds {adding}")
 
     def accept(self) -> None:
         """Acknowledge what clients submitted, now that it is written."""

@@ -87,7 +87,7 @@ class Dispatcher:
         # of its own, usually long: neither waits in a slot's queue.
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
                             queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind, where=where(task))
+                            kind=task.kind, where=where(task), owner=task.owner)
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
         """Tell TASK's client, once per reason, that no agent could ever run it."""

@@ -84,7 +84,9 @@ class Explainer:
                 del counts["running"]
         reasons: dict[Any, str] = {}  # one explanation per request and reservation
         return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
-                "counts": counts, "waiting": self._first_waiting(reasons),
+                "counts": counts, "owners": self._sched.owners.describe(
+                    time.monotonic(), census.waiting_by_owner),
+                "waiting": self._first_waiting(reasons),
                 "actors": self._actor_status(), "groups": self._groups(reasons),
                 "running": self._first_running()}
 

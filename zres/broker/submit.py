@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import limits as L
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_count, check_name, check_units
@@ -55,6 +56,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits) -> Submissi
             and (payload or "job" in extra)  # a command job carries no call
             and all(type(d) is int for d in deps) and isinstance(extra, dict)):
         raise ProtocolError("submit: malformed task")
+    if (wrong := L.priority_error(priority)) is not None:  # (a raw peer sends anything)
+        raise ProtocolError(f"submit: {wrong}")
     call = extra.get("call")
     if call is not None and not isinstance(call, str):
         raise ProtocolError("submit: call must name an actor id")

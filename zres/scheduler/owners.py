@@ -155,21 +155,27 @@ class Owners:
         account = self.accounts.get(owner)
         return dict(account.held) if account is not None else {}
 
-    def describe(self, now: float) -> list[dict[str, Any]]:
-        """Each owner with work held or recent use, or a quota: what it holds (amounts
-        and grants), its use U (weight-seconds), its share of all owners' recent use, its
-        charge, and its quota. By charge, then name. O(owners)."""
-        names = set(self.accounts) | set(self.quotas.hold)
+    def describe(self, now: float, waiting: Mapping[str, int] | None = None
+                 ) -> list[dict[str, Any]]:
+        """Each owner with work held, waiting (WAITING: its tasks waiting, by owner) or
+        recent use, or a quota: what it holds (amounts, grants, and its dominant share
+        now: ``weight``), its use U (weight-seconds), its share of all owners' recent use,
+        its charge, and its quotas. In the order a pass serves them. O(owners)."""
+        waiting = waiting or {}
+        names = (set(self.accounts) | set(self.quotas.hold) | set(self.quotas.queued)
+                 | set(waiting))
         uses = {name: self.usage(name, now) for name in names}
         total = sum(uses.values())
         out = []
         for name in names:
             account = self.accounts.get(name, Account())
-            if not account.grants and uses[name] < 1e-9 and name not in self.quotas.hold:
-                continue
+            if not (account.grants or uses[name] >= 1e-9 or waiting.get(name)
+                    or name in self.quotas.hold or name in self.quotas.queued):
+                continue  # (an owner whose use has decayed away, and nothing else)
             out.append({"owner": name, "holds": dict(account.held), "grants": account.grants,
                         "weight": round(account.weight, 6), "usage": round(uses[name], 3),
                         "share": round(uses[name] / total, 4) if total else 0.0,
                         "charge": round(self.charge(name, now), 3),
-                        "quota": self.quotas.hold_of(name)})
+                        "waiting": waiting.get(name, 0), "quota": self.quotas.hold_of(name),
+                        "queued_quota": self.quotas.queued_of(name)})
         return sorted(out, key=lambda o: (o["charge"], o["owner"]))
