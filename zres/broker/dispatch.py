@@ -216,8 +216,8 @@ class Dispatcher:
         return {"ack": agent.kept}
 
     def release(self, task_id: int) -> None:
-        """Give TASK_ID's grant back to the scheduler."""
-        self._sched.release(task_id)
+        """Give TASK_ID's grant back to the scheduler (its owner is charged till now)."""
+        self._sched.release(task_id, time.monotonic())
 
     def _owner(self, task_id: int) -> AgentRecord | None:
         grant = self._sched.running.get(task_id)
