@@ -405,7 +405,8 @@ def _owners(owners: list[dict[str, Any]]) -> list[str]:
         if owner["queued_quota"] is not None:
             quota += f"  may queue {owner['queued_quota']:,}"
         shown.append(_wrap(f"{owner['owner'] or '(default key)':<20} holds "
-                           f"{_request(owner['holds'])} ({owner['grants']} grants)  "
+                           f"{_request(owner['holds'])} ({owner['grants']} "
+                           f"grant{'' if owner['grants'] == 1 else 's'})  "
                            f"recent use {owner['share']:.0%}  waiting {owner['waiting']:,}"
                            f"{quota}"))
     return ["", "owners (fair share: served in this order, least recent use first):",

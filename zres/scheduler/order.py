@@ -33,7 +33,10 @@ class PassOrder:
         for lane in queue.lanes():
             head = queue.head(lane)
             if head is not None:
-                self._heads.setdefault(lane[0], []).append((-head.priority, head.seq, lane))
+                heads = self._heads.get(lane[0])
+                if heads is None:
+                    heads = self._heads[lane[0]] = []
+                heads.append((-head.priority, head.seq, lane))
         for heads in self._heads.values():
             heapq.heapify(heads)
         self.owners = len(self._heads)  # owners with work waiting as the pass begins
@@ -50,8 +53,14 @@ class PassOrder:
 
     def next(self) -> Waiting | None:
         """The next task to decide on (None: the pass is over); say ``done`` after it."""
-        if self._only is not None:
-            return self._first(self._only)
+        heads = self._only
+        if heads is not None:
+            while heads:
+                task = self._queue.head(heads[0][2])
+                if task is not None:
+                    return task
+                heapq.heappop(heads)  # (emptied since: cancelled)
+            return None
         while self._line:
             owner = self._line[0][3]
             task = self._first(self._heads[owner])

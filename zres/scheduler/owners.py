@@ -120,16 +120,18 @@ class Owners:
 
     def take(self, owner: str, units: Units, weight: float, now: float) -> None:
         """OWNER's work was granted UNITS, weighing WEIGHT, at NOW."""
-        account = self._account(owner)
-        self._advance(account, now)
+        account = self.accounts.get(owner) or self._account(owner)
+        if now > account.at:
+            self._advance(account, now)
         add_to(account.held, units)
         account.weight += weight
         account.grants += 1
 
     def give(self, owner: str, units: Units, weight: float, now: float) -> None:
         """OWNER's grant of UNITS, weighing WEIGHT, ended at NOW."""
-        account = self._account(owner)
-        self._advance(account, now)
+        account = self.accounts.get(owner) or self._account(owner)
+        if now > account.at:
+            self._advance(account, now)
         add_to(account.held, units, -1)
         account.grants -= 1
         # (sums of floats drift: nothing held is exactly nothing)

@@ -242,7 +242,8 @@ class Scheduler:
                 # It waits for its owner's quota, and reserves nothing meanwhile (that
                 # would idle what others can use); the owner's other lanes and other
                 # owners go on.
-                drop_fence(fences, task)
+                if fences:
+                    drop_fence(fences, task)
                 self._unreserve(task)
                 order.done(task, more=False)
                 continue
@@ -263,7 +264,8 @@ class Scheduler:
                 order.done(task, more=False)  # its lane is blocked this pass; others go on
                 continue
             self.queue.take(task)
-            drop_fence(fences, task)
+            if fences:
+                drop_fence(fences, task)
             self._unreserve(task)
             grants.append(grant)
             order.done(task, more=True)

@@ -33,6 +33,7 @@ class WaitingQueue:
         self._stale: dict[Lane, int] = {}      # removed entries left in a lane's heap
         self._shapes: dict[Shape, Shape] = {}  # one copy of each, shared by its tasks
         self._lanes: dict[Shape, int] = {}     # how many lanes each shape has
+        self._lane_keys: dict[Lane, Lane] = {}  # one copy of each lane, as for shapes
         self._on_forget = on_forget
 
     def add(self, task_id: int, units: Units, priority: int, queueable: bool,
@@ -42,10 +43,11 @@ class WaitingQueue:
         self._seq += 1
         shape = shape_of(units, where)
         shape = self._shapes.setdefault(shape, shape)
-        task = Waiting(task_id, dict(units), priority, self._seq, shape,
-                       queueable=queueable, kind=kind, owner=owner)
-        self.tasks[task_id] = task
         lane = (owner, shape)
+        lane = self._lane_keys.setdefault(lane, lane)
+        task = Waiting(task_id, dict(units), priority, self._seq, shape,
+                       queueable=queueable, kind=kind, owner=owner, lane=lane)
+        self.tasks[task_id] = task
         heap = self.by_lane.get(lane)
         if heap is None:
             heap = self.by_lane[lane] = []
@@ -103,6 +105,7 @@ class WaitingQueue:
         if not heap:
             del self.by_lane[lane]
             self._stale.pop(lane, None)
+            self._lane_keys.pop(lane, None)
             shape = lane[1]
             self._lanes[shape] -= 1
             if not self._lanes[shape]:

@@ -67,10 +67,7 @@ class Waiting:
     queueable: bool = True       # may be granted into a slot's queue (pipelining)
     kind: Hashable | None = None  # what it runs, for its expected duration (None: short)
     owner: str = ""              # the key that submitted it ("": none), for fair share
-
-    @property
-    def lane(self) -> Lane:
-        return (self.owner, self.shape)
+    lane: Lane = ("", ())        # (owner, shape): one tuple shared by the lane's tasks
 
 
 @dataclass(slots=True)
