@@ -96,8 +96,15 @@ def test_alices_quota_holds_while_bobs_work_passes(clients, tmp_path):
     shown = owners(alice)
     assert shown["alice"]["holds"] == {"foo": 2.0} and shown["alice"]["quota"] == {"foo": 2.0}
     assert shown["bob"]["holds"] == {"foo": 2.0} and shown["bob"]["quota"] is None
+    # One more of bob's waits for room, beside alice's two that wait for her quota: the
+    # status tells the two apart (a reason per owner and request).
+    his.append(bob.submit(hold, release, str(tmp_path / "b2"), resources={"foo": 1, "CPU": 0}))
+    groups = wait_until(lambda: [(g["count"], "alice's quota" in g["reason"])
+                                 for g in bob.status()["groups"]
+                                 if g["request"] == "foo=1"], message="bob's waits")
+    assert sorted(groups) == [(1, False), (2, True)], groups
     Path(release).touch()
-    assert [f.result(30) for f in hers + his] == ["released"] * 6
+    assert [f.result(30) for f in hers + his] == ["released"] * 7
 
 
 def test_a_submit_over_alices_queued_quota_is_refused_to_her_alone(clients, tmp_path):

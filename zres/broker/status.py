@@ -101,10 +101,11 @@ class Explainer:
         return out
 
     def _reason(self, task_id: int, reasons: dict[Any, str]) -> str:
-        """Why queued task TASK_ID waits, explained once per request, kind (what it runs:
-        how long it is expected to take) and reservation."""
+        """Why queued task TASK_ID waits, explained once per owner and request (its lane:
+        an owner may wait for its quota), kind (what it runs: how long it is expected to
+        take) and reservation."""
         waiting = self._sched.waiting[task_id]
-        key = (waiting.shape, waiting.kind, waiting.reserved_slot,
+        key = (waiting.lane, waiting.kind, waiting.reserved_slot,
                waiting.id if waiting.reserved_slot is not None else None)
         if key not in reasons:
             reasons[key] = self._sched.why(task_id, False, self._label)
