@@ -46,27 +46,51 @@ class PassOrder:
         self._line = [] if self._only is not None else [
             self._in_line(owner, heads) for owner, heads in self._heads.items()]
         heapq.heapify(self._line)
+        self._begun = False  # (a task was returned: the next call says how it went)
 
     def _in_line(self, owner: str, heads: list[Head]) -> tuple[float, int, int, str]:
         priority, seq, _ = heads[0]
         return (self._owners.charge(owner, self._now), priority, seq, owner)
 
-    def next(self) -> Waiting | None:
-        """The next task to decide on (None: the pass is over); say ``done`` after it."""
+    def next(self, more: bool = False) -> Waiting | None:
+        """The next task to decide on (None: the pass is over). MORE says how the task it
+        returned last was decided: granted, so its lane may go on in this pass; else its
+        lane is done for the pass (blocked, or over its owner's quota). One call a
+        decision: this is the pass's inner loop."""
         heads = self._only
-        if heads is not None:
-            while heads:
-                task = self._queue.head(heads[0][2])
-                if task is not None:
-                    return task
-                heapq.heappop(heads)  # (emptied since: cancelled)
-            return None
-        while self._line:
-            owner = self._line[0][3]
-            task = self._first(self._heads[owner])
+        if heads is None:
+            return self._next_in_line(more)
+        if self._begun:
+            lane = heads[0][2]
+            head = self._queue.head(lane) if more else None
+            if head is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (-head.priority, head.seq, lane))
+        self._begun = True
+        return self._first(heads)
+
+    def _next_in_line(self, more: bool) -> Waiting | None:
+        line = self._line
+        if self._begun:
+            owner = line[0][3]
+            heads = self._heads[owner]
+            lane = heads[0][2]
+            head = self._queue.head(lane) if more else None
+            if head is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (-head.priority, head.seq, lane))
+            if heads:  # back in line, with its charge as it is now
+                heapq.heapreplace(line, self._in_line(owner, heads))
+            else:
+                heapq.heappop(line)
+        self._begun = True
+        while line:
+            task = self._first(self._heads[line[0][3]])
             if task is not None:
                 return task
-            heapq.heappop(self._line)
+            heapq.heappop(line)
         return None
 
     def _first(self, heads: list[Head]) -> Waiting | None:
@@ -76,19 +100,3 @@ class PassOrder:
                 return task
             heapq.heappop(heads)  # (emptied since: cancelled)
         return None
-
-    def done(self, task: Waiting, more: bool) -> None:
-        """TASK (from ``next``) was decided; MORE: its lane may go on in this pass (TASK
-        was granted), else the lane is done for the pass (blocked, or over quota)."""
-        heads = self._only if self._only is not None else self._heads[task.owner]
-        lane = heads[0][2]
-        head = self._queue.head(lane) if more else None
-        if head is None:
-            heapq.heappop(heads)
-        else:
-            heapq.heapreplace(heads, (-head.priority, head.seq, lane))
-        if self._only is None:  # back in line, with its charge as it is now
-            if heads:
-                heapq.heapreplace(self._line, self._in_line(task.owner, heads))
-            else:
-                heapq.heappop(self._line)

@@ -235,8 +235,10 @@ class Scheduler:
         # shape that fit nowhere (no fence in the way) fits nowhere for any later owner.
         probes: dict[Shape, list[Slot]] = {}
         failed: set[Shape] = set()
-        capped = self.owners.capped
-        while (task := order.next()) is not None:
+        several, capped = order.owners > 1, self.owners.capped
+        granted = False
+        while (task := order.next(granted)) is not None:
+            granted = False
             shape = task.shape
             if capped and self.owners.over_quota(task.owner, task.units) is not None:
                 # It waits for its owner's quota, and reserves nothing meanwhile (that
@@ -245,7 +247,6 @@ class Scheduler:
                 if fences:
                     drop_fence(fences, task)
                 self._unreserve(task)
-                order.done(task, more=False)
                 continue
             grant, fenced = None, False
             if shape not in failed:
@@ -258,17 +259,17 @@ class Scheduler:
             if grant is None:
                 if not fenced:  # a fence binds only tasks after its owner: not a later head
                     self._blocked.add(shape)
-                    failed.add(shape)
+                    if several:
+                        failed.add(shape)
                 self._fence(task, fences, now)
                 blocked.append(task)
-                order.done(task, more=False)  # its lane is blocked this pass; others go on
-                continue
+                continue  # its lane is blocked this pass; others go on
             self.queue.take(task)
             if fences:
                 drop_fence(fences, task)
             self._unreserve(task)
             grants.append(grant)
-            order.done(task, more=True)
+            granted = True
         if self.prefetch and blocked:
             grants.extend(self._fill_queues(blocked))
         return grants
