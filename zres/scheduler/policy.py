@@ -186,8 +186,7 @@ class Scheduler:
             return False
         gpus, shares, memory = devices
         grant = Grant(task_id, slot.id, units, gpus, taken_by(units, shares, memory), shares,
-                      memory,
-                      priority=priority, short=False, since=self._now, owner=owner)
+                      memory, priority=priority, short=False, since=self._now, owner=owner)
         self._start(slot, grant)
         self._charge(grant)
         self._changed = True
@@ -343,8 +342,7 @@ class Scheduler:
             return None, fenced
         slot, (gpus, shares, memory) = found
         grant = Grant(task.id, slot.id, task.units, gpus, taken_by(task.units, shares, memory),
-                      shares, memory,
-                      priority=task.priority, seq=task.seq,
+                      shares, memory, priority=task.priority, seq=task.seq,
                       short=self.durations.short(task.kind), kind=task.kind, since=self._now,
                       owner=owner)
         self._start(slot, grant)
