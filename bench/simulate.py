@@ -19,6 +19,14 @@ Scenarios
   (``-turns``) one pass per 0.5 ms of simulated time, taking every end in it first, as the
   broker takes a loop turn's reports before its pass (many slots gain room per pass).
   Also reports the passes, the grants per pass and the reservations made.
+- owners-trickle: fair share (issue 28). 20 [4] agents of CPU=8; alice floods 100,000 [20,000]
+  tasks of 1-3 s at priority 1000 at t=0; bob submits one task of 1-3 s at priority 1
+  every 2 s from t=1, 300 in all. Reports bob's waits (queued to granted), alice's
+  makespan and the cost per decision, with fair share (alice and bob own their tasks) and
+  without (every task of one owner, as before fair share: bob waits for the flood).
+- owners-two-floods: the same, and bob also floods 20,000 [4,000] tasks (priority 0) at
+  t=300: the share of the grants made from t=300 to t=600 that each owner got (bob's
+  trickle goes ahead of his own flood: priority orders one owner's tasks).
 """
 
 from __future__ import annotations
@@ -214,29 +222,100 @@ def simulate_pipelined(agents: list[dict[str, float]],
             "makespan_ratio": now / lower_bound(agents, tasks)}
 
 
+def simulate_owners(flood: int, bob_flood: int = 0, fair: bool = True, agents: int = 20,
+                    cpus: int = 8) -> dict[str, Any]:
+    """Alice's FLOOD at t=0, bob's trickle (a task every 2 s) and, with BOB_FLOOD, bob's
+    own flood at t=300 (see the module's docstring). FAIR=False: no owners given."""
+    sched = Scheduler(starvation_after=60.0)
+    for slot in range(agents):
+        sched.add_slot(slot, f"agent-{slot}", {"CPU": cpus * UNIT})
+    rng = random.Random(5)
+    durations: dict[int, float] = {}
+    owner_of: dict[int, str] = {}
+    queued_at: dict[int, float] = {}
+    spent = 0.0
+
+    def enqueue(task: int, owner: str, priority: int, now: float) -> None:
+        nonlocal spent
+        owner_of[task], queued_at[task] = owner, now
+        durations[task] = rng.uniform(1, 3)
+        started = time.process_time()
+        sched.enqueue(task, task_request({}), priority, now, owner=owner if fair else "")
+        spent += time.process_time() - started
+
+    for task in range(flood):
+        enqueue(task, "alice", 1000, 0.0)
+    trickle = set(range(flood, flood + 300))
+    arrivals = [(1.0 + 2.0 * i, task) for i, task in enumerate(sorted(trickle))]
+    arrivals += [(300.0, flood + 300 + i) for i in range(bob_flood)]
+    arrivals.sort()
+    finishing: list[tuple[float, int]] = []
+    now, decisions, arrived, waits = 0.0, 0, 0, []
+    granted = {"alice": 0, "bob": 0}  # from t=300 to t=600
+    while sched.waiting or finishing or arrived < len(arrivals):
+        while arrived < len(arrivals) and arrivals[arrived][0] <= now:
+            task = arrivals[arrived][1]
+            enqueue(task, "bob", 1 if task in trickle else 0, now)
+            arrived += 1
+        started = time.process_time()
+        grants = sched.schedule(now)
+        spent += time.process_time() - started
+        decisions += len(grants)
+        for grant in grants:
+            heapq.heappush(finishing, (now + durations[grant.task], grant.task))
+            if grant.task in trickle:
+                waits.append(now - queued_at[grant.task])
+            if 300.0 <= now < 600.0:
+                granted[owner_of[grant.task]] += 1
+        upcoming = [finishing[0][0]] if finishing else []
+        if arrived < len(arrivals):
+            upcoming.append(arrivals[arrived][0])
+        now = min(upcoming)
+        started = time.process_time()
+        while finishing and finishing[0][0] <= now:
+            sched.release(heapq.heappop(finishing)[1], now)
+        spent += time.process_time() - started
+    waits.sort()
+    total = sum(granted.values()) or 1
+    return {"fair": fair, "agents": agents, "tasks": len(durations), "decisions": decisions,
+            "us_per_decision": spent / decisions * 1e6, "makespan": now,
+            "bob_wait_p50": waits[len(waits) // 2], "bob_wait_p95": waits[len(waits) * 95 // 100],
+            "bob_wait_max": waits[-1],
+            "share_300_600": {o: round(n / total, 3) for o, n in granted.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller scale runs")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["plain", "pipelined"],
+    parser.add_argument("--only", choices=["plain", "pipelined", "owners"],
                         help="run only these scenarios (default: all)")
     args = parser.parse_args()
     scale = [(100, 10_000), (1_000, 100_000)] if not args.quick else [(30, 3_000),
                                                                       (300, 30_000)]
     runs: dict[str, dict[str, Any]] = {}
-    if args.only != "pipelined":
+    if args.only in (None, "plain"):
         runs["seed"] = simulate(*seed_cluster())
         for n_agents, n_tasks in scale:
             runs[f"scale-{n_agents}-{n_tasks}"] = simulate(*mixed(n_agents, n_tasks))
-    if args.only != "plain":
+    if args.only in (None, "pipelined"):
         for n_agents, n_tasks in scale:
             runs[f"pipelined-{n_agents}-{n_tasks}"] = simulate_pipelined(
                 *short_tasks(n_agents, n_tasks))
             runs[f"pipelined-{n_agents}-{n_tasks}-turns"] = simulate_pipelined(
                 *short_tasks(n_agents, n_tasks), turn=0.0005)
-    print(f"{'scenario':<30}{'decisions/s':>13}{'us/decision':>13}{'B/waiting':>11}"
-          f"{'makespan':>10}{'bound':>9}{'ratio':>7}")
+    owners: dict[str, dict[str, Any]] = {}
+    if args.only in (None, "owners"):
+        flood, second, agents = (100_000, 20_000, 20) if not args.quick else (20_000, 4_000, 4)
+        for fair in (False, True):
+            label = "fair" if fair else "no owners"
+            owners[f"owners-trickle ({label})"] = simulate_owners(flood, 0, fair, agents)
+            owners[f"owners-two-floods ({label})"] = simulate_owners(flood, second, fair,
+                                                                     agents)
+    if runs:
+        print(f"{'scenario':<30}{'decisions/s':>13}{'us/decision':>13}{'B/waiting':>11}"
+              f"{'makespan':>10}{'bound':>9}{'ratio':>7}")
     for name, r in runs.items():
         waiting = r.get("bytes_per_waiting_task")
         print(f"{name:<30}{r['decisions_per_s']:>13,.0f}{r['us_per_decision']:>13.1f}"
@@ -246,8 +325,16 @@ def main() -> None:
         if "passes" in r:
             print(f"{name}: {r['passes']:,} passes, {r['grants_per_pass']:.1f} grants per "
                   f"pass, {r['reservations']} reservations")
+    if owners:
+        print(f"\n{'scenario':<32}{'us/decision':>12}{'makespan':>10}"
+              f"{'bob trickle waits: p50':>24}{'p95':>11}{'max':>11}   share t=300-600")
+    for name, r in owners.items():
+        share = ", ".join(f"{o} {v:.0%}" for o, v in r["share_300_600"].items())
+        print(f"{name:<32}{r['us_per_decision']:>12.1f}{r['makespan']:>10.0f}"
+              f"{r['bob_wait_p50']:>23.3f}s{r['bob_wait_p95']:>10.3f}s"
+              f"{r['bob_wait_max']:>10.3f}s   {share}")
     if args.json:
-        Path(args.json).write_text(json.dumps(runs, indent=2))
+        Path(args.json).write_text(json.dumps({**runs, **owners}, indent=2))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zres.config import DEFAULT_ADDRESS, ConfigError, load
+from zres.config import DEFAULT_ADDRESS, ConfigError, load, quotas
 from zres.core.resources import UNIT
 
 
@@ -286,3 +286,48 @@ def test_the_state_directory_comes_from_the_flag_env_file_or_the_port(tmp_path):
     bad = write(tmp_path / "b.toml", "[broker]\nstate = 5\n")
     with pytest.raises(ConfigError, match="state must be a directory's path"):
         load("broker", path=bad, environ={})
+
+
+# -- fair share and quotas ---------------------------------------------------------------
+
+
+def test_the_fairshare_half_life_defaults_to_hours_and_must_be_finite():
+    assert load("broker", environ={})["fairshare_half_life"] == 4 * 3600.0
+    got = load("broker", environ={"ZRES_BROKER__FAIRSHARE_HALF_LIFE": "600"})
+    assert got["fairshare_half_life"] == 600.0
+    for bad in ("inf", "0", "-5", "soon"):
+        with pytest.raises(ConfigError, match="environment: fairshare_half_life must be"):
+            load("broker", environ={"ZRES_BROKER__FAIRSHARE_HALF_LIFE": bad})
+
+
+def test_quotas_come_from_the_file_and_the_environment_per_owner(tmp_path):
+    conf = write(tmp_path / "q.toml", '[quotas]\nAlice = "GPU=4"\nbob = "GPU=1 CPU=8"\n'
+                 'default = { GPU = 2 }\n[quotas.queued]\nAlice = 100_000\ndefault = 5\n')
+    got = quotas(path=conf, environ={})
+    assert got.hold == {"Alice": {"GPU": 4 * UNIT}, "bob": {"GPU": UNIT, "CPU": 8 * UNIT}}
+    assert got.default_hold == {"GPU": 2 * UNIT}
+    assert got.queued == {"Alice": 100_000} and got.default_queued == 5
+    assert got.hold_of("carol") == {"GPU": 2 * UNIT} and got.queued_of("carol") == 5
+    env = {"ZRES_QUOTAS__BOB": "GPU=3", "ZRES_QUOTAS__QUEUED__CAROL": "7"}
+    got = quotas(path=conf, environ=env)
+    assert got.hold["bob"] == {"GPU": 3 * UNIT} and got.queued["carol"] == 7
+    empty = quotas(environ={})
+    assert (empty.hold, empty.queued, empty.default_hold, empty.default_queued) == \
+        ({}, {}, None, None)
+
+
+@pytest.mark.parametrize(("text", "env", "error"), [
+    ('[quotas]\nalice = "GPU=x"\n', {}, r"q.toml: quotas.alice: invalid resource spec"),
+    ('[quotas]\nalice = 4\n', {}, r"q.toml: quotas.alice must be resources like"),
+    ('[quotas]\nqueued = 5\n', {}, r"q.toml: quotas.queued must be a table"),
+    ('[quotas.queued]\nalice = -1\n', {}, r"q.toml: quotas.queued.alice must be a whole"),
+    ('[quotas.queued]\nalice = 2.5\n', {}, r"quotas.queued.alice must be a whole number"),
+    ("", {"ZRES_QUOTAS__QUEUED__ALICE": "lots"},
+     r"environment: quotas.queued.alice must be a whole number of tasks"),
+    ("", {"ZRES_QUOTAS__ALICE": "GPU=-1"}, r"environment: quotas.alice: "),
+])
+def test_bad_quotas_are_refused_naming_the_quota_and_where_it_came_from(tmp_path, text, env,
+                                                                        error):
+    conf = write(tmp_path / "q.toml", text)
+    with pytest.raises(ConfigError, match=error):
+        quotas(path=conf, environ=env)

@@ -10,6 +10,18 @@ The file is TOML: ``--config PATH``, else ``$ZRES_CONFIG``, else ``./zres.toml``
 Environment: ``ZRES_<SECTION>__<KEY>``, e.g. ``ZRES_AGENT__NTHREADS=4``, and for resources
 either ``ZRES_AGENT__RESOURCES="GPU=2 foo=1"`` or one per name,
 ``ZRES_AGENT__RESOURCES__GPU=2``. Resource names keep their case on every route.
+
+The broker's quotas, per owner (the name of a key), are a section of their own (``quotas``):
+
+    [quotas]                  # what an owner's work holds at once, at most
+    alice = "GPU=4"
+    default = "GPU=8"         # every owner not named (none: no cap)
+    [quotas.queued]           # how many tasks an owner may have waiting at once
+    alice = 100000
+    default = 1000000
+
+or ``ZRES_QUOTAS__ALICE="GPU=4"`` and ``ZRES_QUOTAS__QUEUED__ALICE=100000`` (an owner
+named in the environment is lower case: the file names any).
 ``ZRES_BROKER`` is the broker address for agents, clients and every command; it comes after
 an address given on the command line (or to ``Client()``) and before the file's ``broker``.
 """
@@ -26,12 +38,15 @@ from .core import keys
 from .core.address import normalize
 from .core.errors import ZresError
 from .core.resources import Units, mapping_to_units, parse_spec
+from .scheduler.owners import DEFAULT_HALF_LIFE, Quotas
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
                "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32,
+               # Fair share: an owner's recent use halves every this many seconds.
+               "fairshare_half_life": DEFAULT_HALF_LIFE,
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
@@ -52,11 +67,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "starvation_after": float, "job_grace": float,
+          "fairshare_half_life": float,
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
                                               "resources", "slots", "tasks", "deps")}}
 _ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
+_FINITE = {"fairshare_half_life"}  # (use that never decays would never forgive)
 
 
 class _Parsed(dict[str, int]):
@@ -217,6 +234,58 @@ def _convert(key: str, value: Any, origin: str) -> Any:
         converted = kind(value)
     except (TypeError, ValueError):
         raise wrong from None
-    if not (converted > 0 or key in _ZERO_OK and converted == 0):
+    if not (converted > 0 or key in _ZERO_OK and converted == 0) or (
+            key in _FINITE and converted == float("inf")):
         raise wrong  # refuses NaN too; inf is allowed (starvation_after=inf: never)
     return converted
+
+
+def quotas(path: str | None = None, environ: Mapping[str, str] | None = None) -> Quotas:
+    """Return the broker's quotas (``[quotas]``, see above): the file's, each owner's
+    overridden by the environment's."""
+    env = os.environ if environ is None else environ
+    hold: dict[str, Any] = {}
+    queued: dict[str, Any] = {}
+    origin = _file_name(path, env) or ""
+    table = _read_file(path, env).get("quotas", {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{origin}: quotas must be a table of owner = \"RESOURCES\"")
+    for name, value in table.items():
+        if name == "queued":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{origin}: quotas.queued must be a table of owner = count")
+            queued.update((owner, (origin, count)) for owner, count in value.items())
+        else:
+            hold[name] = (origin, value)
+    for key, value in env.items():
+        if key.startswith("ZRES_QUOTAS__QUEUED__"):
+            queued[key[len("ZRES_QUOTAS__QUEUED__"):].lower()] = ("environment", value)
+        elif key.startswith("ZRES_QUOTAS__"):
+            hold[key[len("ZRES_QUOTAS__"):].lower()] = ("environment", value)
+    out = Quotas()
+    for owner, (where, value) in hold.items():
+        if isinstance(value, Mapping) or isinstance(value, str):
+            units = _resources(value, f"{where}: quotas.{owner}")
+        else:
+            raise ConfigError(f"{where}: quotas.{owner} must be resources like \"GPU=4\", "
+                              f"got {value!r}")
+        if owner == "default":
+            out.default_hold = units
+        else:
+            out.hold[owner] = units
+    for owner, (where, value) in queued.items():
+        count = _count(value, f"{where}: quotas.queued.{owner}")
+        if owner == "default":
+            out.default_queued = count
+        else:
+            out.queued[owner] = count
+    return out
+
+
+def _count(value: Any, what: str) -> int:
+    """VALUE as a count of tasks (0 or more), from the file or the environment."""
+    if isinstance(value, str) and value.strip().replace("_", "").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{what} must be a whole number of tasks (0 or more), got {value!r}")
+    return value

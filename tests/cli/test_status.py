@@ -133,3 +133,32 @@ def test_a_reserved_task_is_a_group_of_its_own(make_cluster, make_client, tmp_pa
                message=f"the reserved task apart, not {groups()}")
     Path(release).touch()
     assert holding.result(30) == "released" and [f.result(30) for f in wide] == ["released"] * 3
+
+
+def test_owners_are_shown_in_fair_share_order_with_their_holdings_and_quotas():
+    """Several owners (or a quota): each one's holdings, share of recent use, tasks
+    waiting and quotas, in the order a pass serves them; one owner alone: nothing new."""
+    from zres.cli.cluster import render_status
+    from zres.core.report import in_user_units
+    from zres.core.resources import UNIT
+
+    def owner(name: str, holds: dict[str, int], share: float, waiting: int,
+              quota: dict[str, int] | None = None, queued: int | None = None) -> dict:
+        return {"owner": name, "holds": holds, "grants": len(holds), "weight": 0.1,
+                "usage": 1.0, "share": share, "charge": 1.0, "waiting": waiting,
+                "quota": quota, "queued_quota": queued}
+
+    report = {"address": "tcp://b:1", "clients": 2, "agents": [], "counts": {},
+              "owners": [owner("bob", {"CPU": UNIT}, 0.02, 3),
+                         owner("alice", {"GPU": 4 * UNIT}, 0.98, 299_996,
+                               {"GPU": 4 * UNIT}, 300_000)]}
+    lines = render_status(in_user_units(report)).splitlines()
+    start = lines.index("owners (fair share: served in this order, least recent use first):")
+    bob, alice = lines[start + 1], " ".join(lines[start + 2:])
+    assert bob.split()[0] == "bob" and "holds CPU=1 (1 grant)" in bob and \
+        "recent use 2%" in bob
+    assert alice.split()[0] == "alice" and "quota GPU=4" in alice and \
+        "may queue 300,000" in alice and "waiting 299,996" in alice
+    assert max(len(line) for line in lines) <= 100
+    alone = {**report, "owners": [owner("", {"CPU": UNIT}, 1.0, 5)]}
+    assert "owners" not in render_status(in_user_units(alone))

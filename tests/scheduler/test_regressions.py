@@ -60,7 +60,7 @@ def test_cancelled_entries_do_not_pile_up_behind_a_blocked_head():
     for task in range(1, 20_001):
         sched.enqueue(task, task_request({}))
         sched.dequeue(task)
-    assert sum(len(h) for h in sched.queue.by_shape.values()) < 200
+    assert sum(len(h) for h in sched.queue.by_lane.values()) < 200
 
 
 def test_distinct_shapes_do_not_pile_up_in_caches():

@@ -95,7 +95,7 @@ class ActorKeeper:
             elif state == ActorState.RESTARTING.value:
                 actor.state = ActorState.RESTARTING
                 self._sched.enqueue(placement, actor.units, actor.priority, time.monotonic(),
-                                    queueable=False)
+                                    queueable=False, owner=actor.key)
             # (a pending one waits for its construction task: restored with the tasks)
         if rows:
             log.info("actors_restored", actors=len(rows), adopting=len(self.adopting))
@@ -149,7 +149,7 @@ class ActorKeeper:
             actor = self.adopting.get(actor_id)
             if actor is None or actor.agent_name != agent.name or actor.placement != placement \
                     or not self._sched.adopt(placement, agent.slots[index], dict(actor.units),
-                                             positions, actor.priority):
+                                             positions, actor.priority, actor.key):
                 log.warning("actor_not_adopted", actor=actor_id, agent=agent.name)
                 stop.append(actor_id)
                 continue

@@ -277,7 +277,7 @@ class ActorRouting:
         actor.agent, actor.agent_name = b"", ""
         self.placements[actor.placement] = actor
         self._sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
-                            queueable=False)
+                            queueable=False, owner=actor.key)
         self._changed(actor)
 
     def call_on(self, agent: bytes, task_id: Any) -> Task | None:

@@ -140,14 +140,15 @@ class Adoption:
         slot = agent.slots[index]
         waiting = self._waiting(task_id, agent.name)
         if waiting is not None and self._sched.adopt(task_id, slot, dict(waiting.units),
-                                                     positions, waiting.priority):
+                                                     positions, waiting.priority,
+                                                     waiting.owner):
             self._hold_inputs(task_id)
             self._running(waiting, agent)
             log.info("task_adopted", task=waiting.name, id=task_id, agent=agent.name)
             return True
         job = self._jobs.adopting.get(task_id)
         if job is not None and _on(job) == agent.name and self._sched.adopt(
-                task_id, slot, dict(job.units), positions, job.priority):
+                task_id, slot, dict(job.units), positions, job.priority, job.owner):
             self._running(self._task(job), agent)
             self._jobs.adopted(job, agent.name)
             log.info("job_adopted", job=job.id, agent=agent.name)

@@ -39,6 +39,8 @@ class Census:
         self.by_state: dict[TaskState, int] = {state: 0 for state in TaskState}
         self.running: dict[int, None] = {}   # started or granted, in the order granted
         self.groups: dict[GroupKey, Group] = {}
+        # Tasks waiting (for dependencies or resources) by owner: its queued quota.
+        self.waiting_by_owner: dict[str, int] = {}
         # The group each grouped task was counted in (a call's request changes once it
         # is made: what it left must be the group it entered).
         self._grouped: dict[int, GroupKey] = {}
@@ -47,6 +49,8 @@ class Census:
         """TASK is held in its current state."""
         state = task.state
         self.by_state[state] += 1
+        if state is TaskState.WAITING or state is TaskState.QUEUED:
+            self.waiting_by_owner[task.owner] = self.waiting_by_owner.get(task.owner, 0) + 1
         if state is TaskState.RUNNING:
             self.running[task.id] = None
         elif state is TaskState.WAITING or (state is TaskState.QUEUED and task.actor):
@@ -62,6 +66,12 @@ class Census:
     def leave(self, task: Task) -> None:
         """TASK is no longer held in its current state (it changes state, or is dropped)."""
         self.by_state[task.state] -= 1
+        if task.state is TaskState.WAITING or task.state is TaskState.QUEUED:
+            left = self.waiting_by_owner[task.owner] - 1
+            if left:
+                self.waiting_by_owner[task.owner] = left
+            else:
+                del self.waiting_by_owner[task.owner]
         if task.state is TaskState.RUNNING:
             self.running.pop(task.id, None)
             return
@@ -74,6 +84,10 @@ class Census:
             del self.groups[key]
         elif task.id in group.samples:
             group.samples.remove(task.id)
+
+    def waiting_of(self, owner: str) -> int:
+        """How many of OWNER's tasks wait, for dependencies or for resources."""
+        return self.waiting_by_owner.get(owner, 0)
 
     def waiting_groups(self) -> Iterator[tuple[GroupKey, Group]]:
         return iter(self.groups.items())

@@ -19,6 +19,7 @@ from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
 from ..core.tasks import FINISHED, Task
 from ..logs import get_logger
+from ..scheduler.owners import Quotas
 from .actor_records import ActorState
 from .actors import ActorRouting
 from .cancels import CancelAnswers
@@ -50,6 +51,7 @@ class ClientLink:
                  store: Store | None, limits: Limits,
                  acting: Callable[[], tuple[str, str]], welcome: dict[str, Any],
                  conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
+                 quotas: Quotas | None = None,
                  later: Callable[[bytes, Callable[[], None]], None] | None = None,
                  refuse: Refuse | None = None) -> None:
         self._send = send
@@ -68,6 +70,7 @@ class ClientLink:
         # name, public key): see ``identity`` ("" without keys).
         self._acting = acting
         self._conn = conn
+        self._quotas = quotas or Quotas()  # (how many tasks each owner may have waiting)
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self._to_accept: dict[bytes, ClientRecord] = {}
@@ -177,7 +180,10 @@ class ClientLink:
             raise LimitExceeded(f"a submit's payload of {payload} bytes is larger than the "
                                 f"broker's limit of {self._limits.payload_bytes} "
                                 "(max_payload_bytes)")
-        self._take(client, msg, SubmitReader(msg, self._limits))
+        reader = SubmitReader(msg, self._limits)
+        # (the owner's queued quota, for the whole submit: refused whole, to it alone)
+        self._check_queued(client.owner, reader.new_for(client.ids))
+        self._take(client, msg, reader)
 
     def _take(self, client: ClientRecord, msg: P.Message, reader: SubmitReader) -> None:
         """Take the next chunk of READER's tasks (all of them, with no backlog), and leave
@@ -237,6 +243,18 @@ class ClientLink:
         except (ProtocolError, LimitExceeded, StateUnwritable) as exc:
             assert self._refuse is not None
             self._refuse(client.ident, msg, exc, reader.left(start))
+
+    def _check_queued(self, owner: str, adding: int) -> None:
+        """Refuse ADDING more tasks of OWNER if they take it over its queued quota (its
+        tasks waiting for dependencies or resources): that owner's submit alone fails."""
+        cap = self._quotas.queued_of(owner)
+        have = self._graph.census.waiting_of(owner)
+        if cap is not None and adding and have + adding > cap:
+            named = owner if owner in self._quotas.queued else "default"
+            raise LimitExceeded(
+                f"over the queued quota of owner {owner or '(the default key)'}: "
+                f"{cap} tasks waiting at once ([quotas.queued] {named}); it has {have} "
+                f"waiting and this submit adds {adding}")
 
     def accept(self) -> None:
         """Acknowledge what clients submitted, now that it is written."""

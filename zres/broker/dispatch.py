@@ -86,7 +86,7 @@ class Dispatcher:
         # of its own, usually long: neither waits in a slot's queue.
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
                             queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind, where=where(task))
+                            kind=task.kind, where=where(task), owner=task.owner)
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
         """Tell TASK's client, once per reason, that no agent could ever run it."""
@@ -214,8 +214,8 @@ class Dispatcher:
         return {"ack": agent.kept}
 
     def release(self, task_id: int) -> None:
-        """Give TASK_ID's grant back to the scheduler."""
-        self._sched.release(task_id)
+        """Give TASK_ID's grant back to the scheduler (its owner is charged till now)."""
+        self._sched.release(task_id, time.monotonic())
 
     def _owner(self, task_id: int) -> AgentRecord | None:
         grant = self._sched.running.get(task_id)

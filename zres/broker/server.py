@@ -23,6 +23,7 @@ from ..core import protocol as P
 from ..core.limits import Limits
 from ..core.report import in_user_units
 from ..logs import get_logger
+from ..scheduler.owners import DEFAULT_HALF_LIFE, Quotas
 from ..scheduler.policy import Scheduler
 from .actor_keeping import ActorKeeper
 from .actors import ActorRouting
@@ -60,7 +61,8 @@ class Broker(Intake):
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
                  prefetch: int = 32, limits: Limits | None = None,
-                 store: Store | None = None, keys: str | None = None) -> None:
+                 store: Store | None = None, keys: str | None = None,
+                 half_life: float = DEFAULT_HALF_LIFE, quotas: Quotas | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
@@ -94,7 +96,11 @@ class Broker(Intake):
         self._stopping = False
         self._collector = Collector()
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
-        self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
+        # Owners are served by fair share (their use halves every HALF_LIFE seconds), each
+        # within its QUOTAS (see ``scheduler.owners``).
+        self.quotas = quotas or Quotas()
+        self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch),
+                               half_life=half_life, quotas=self.quotas)
         # Work taken across turns (a large submit), each client's in order.
         self.backlog = Backlog()
         self.clients = ClientRegistry(client_timeout, self._client_gone)
@@ -129,7 +135,8 @@ class Broker(Intake):
              "heartbeat": self.hb_interval, "limits": {
                  "header_bytes": self.limits.header_bytes,
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
-            conn=lambda: self.ids.conn, later=self.backlog.next, refuse=self._refused)
+            conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
+            refuse=self._refused)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,

@@ -84,7 +84,9 @@ class Explainer:
                 del counts["running"]
         reasons: dict[Any, str] = {}  # one explanation per request and reservation
         return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
-                "counts": counts, "waiting": self._first_waiting(reasons),
+                "counts": counts, "owners": self._sched.owners.describe(
+                    time.monotonic(), census.waiting_by_owner),
+                "waiting": self._first_waiting(reasons),
                 "actors": self._actor_status(), "groups": self._groups(reasons),
                 "running": self._first_running()}
 
@@ -99,10 +101,11 @@ class Explainer:
         return out
 
     def _reason(self, task_id: int, reasons: dict[Any, str]) -> str:
-        """Why queued task TASK_ID waits, explained once per request, kind (what it runs:
-        how long it is expected to take) and reservation."""
+        """Why queued task TASK_ID waits, explained once per owner and request (its lane:
+        an owner may wait for its quota), kind (what it runs: how long it is expected to
+        take) and reservation."""
         waiting = self._sched.waiting[task_id]
-        key = (waiting.shape, waiting.kind, waiting.reserved_slot,
+        key = (waiting.lane, waiting.kind, waiting.reserved_slot,
                waiting.id if waiting.reserved_slot is not None else None)
         if key not in reasons:
             reasons[key] = self._sched.why(task_id, False, self._label)
@@ -155,9 +158,10 @@ class Explainer:
             task = self._sched.waiting[task_id]
             found.append((task.shape, 1, [self._name(task_id)], self._reason(task_id, reasons),
                           task.units))
-        for shape, count, ids in self._sched.queue.census():
+        for lane, count, ids in self._sched.queue.census():
+            shape = lane[1]
             ids = sorted(i for i in ids if i not in reserved)
-            count -= sum(1 for i in reserved if self._sched.waiting[i].shape == shape)
+            count -= sum(1 for i in reserved if self._sched.waiting[i].lane == lane)
             if count > 0 and ids:
                 found.append((shape, count, [self._name(i) for i in ids],
                               self._reason(ids[0], reasons), self._sched.waiting[ids[0]].units))

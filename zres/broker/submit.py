@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import limits as L
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_count, check_name, check_units
@@ -62,6 +63,11 @@ class SubmitReader:
 
     def done(self) -> bool:
         return self._at >= len(self._items)
+
+    def new_for(self, known: Any) -> int:
+        """How many of its tasks are not among KNOWN (the client's ids the broker has:
+        a submit sent again after a restart may hold some)."""
+        return sum(1 for item in self._items if item[0] not in known)
 
     def left(self, since: int) -> list[int]:
         """The client's ids of the tasks from the SINCE-th on (those a refusal fails)."""
@@ -123,6 +129,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
             and (payload or "job" in extra)  # a command job carries no call
             and all(type(d) is int for d in deps) and isinstance(extra, dict)):
         raise ProtocolError("submit: malformed task")
+    if (wrong := L.priority_error(priority)) is not None:  # (a raw peer sends anything)
+        raise ProtocolError(f"submit: {wrong}")
     call = extra.get("call")
     if call is not None and not isinstance(call, str):
         raise ProtocolError("submit: call must name an actor id")

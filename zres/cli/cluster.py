@@ -103,6 +103,7 @@ def broker(args: argparse.Namespace) -> int:
     settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch,
                                       "state": args.state, "http": args.http},
                            path=args.config)
+    quotas = config.quotas(path=args.config)  # (bad ones refused before anything starts)
     logs.setup(args.log_format, args.log_level)
     given = "off" if settings["http"] is False else settings["http"]  # (TOML: http = false)
     if not isinstance(given, (str, type(None))):
@@ -127,7 +128,9 @@ def broker(args: argparse.Namespace) -> int:
         broker = Broker(settings["listen"], settings["heartbeat_interval"],
                         settings["heartbeat_timeout"], settings["client_timeout"],
                         settings["starvation_after"], prefetch=settings["prefetch"],
-                        limits=Limits.from_settings(settings), store=store, keys=keys_dir)
+                        limits=Limits.from_settings(settings), store=store, keys=keys_dir,
+                        half_life=settings["fairshare_half_life"],
+                        quotas=quotas)
         dashboard = _serve_http(broker, http, given=given is not None)
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
@@ -358,6 +361,7 @@ def render_status(status: dict[str, Any]) -> str:
     counts = status["counts"]
     lines += ["", *_wrap("tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                                       or "none"), "")]
+    lines += _owners(status.get("owners", []))
     if status.get("actors"):
         lines += ["", "actors:"]
         actors = []
@@ -387,6 +391,26 @@ def render_status(status: dict[str, Any]) -> str:
                              f"{_request(t['units'])}  for {t['seconds']:.0f}s")
                        for t in running], max(counts.get("running", 0), len(running)))
     return "\n".join(lines)
+
+
+def _owners(owners: list[dict[str, Any]]) -> list[str]:
+    """Each owner's holdings, share of recent use and quotas, in the order a pass serves
+    them: shown when there are several owners or a quota (one user sees no change)."""
+    if len(owners) < 2 and not any(o["quota"] or o["queued_quota"] is not None
+                                   for o in owners):
+        return []
+    shown = []
+    for owner in owners:
+        quota = f"  quota {_request(owner['quota'])}" if owner["quota"] else ""
+        if owner["queued_quota"] is not None:
+            quota += f"  may queue {owner['queued_quota']:,}"
+        shown.append(_wrap(f"{owner['owner'] or '(default key)':<20} holds "
+                           f"{_request(owner['holds'])} ({owner['grants']} "
+                           f"grant{'' if owner['grants'] == 1 else 's'})  "
+                           f"recent use {owner['share']:.0%}  waiting {owner['waiting']:,}"
+                           f"{quota}"))
+    return ["", "owners (fair share: served in this order, least recent use first):",
+            *_cut(shown, len(shown), " owners")]
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from ..core.address import wait_for_answer
 from ..core.context import task_token
 from ..core.errors import ZresError
 from ..core.keys import refusal
+from ..core.limits import priority_error
 from ..core.report import in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler
@@ -202,6 +203,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
                 raise TypeError(f"{label} must be an int, not {type(value).__name__}")
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
+        if (wrong := priority_error(priority)) is not None:
+            raise ValueError(wrong)
         _check_infeasible(infeasible)
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a str, not {type(key).__name__}")

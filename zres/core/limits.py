@@ -31,6 +31,19 @@ class Limits:
         return cls(**given)
 
 
+# A task's priority: higher first within its owner's work (fair share orders owners). Bounded,
+# so that no number means "before everything else" (issue 28: 10**9 meant exactly that).
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+
+
+def priority_error(value: int) -> str | None:
+    """Why VALUE is not a priority (None: it is one)."""
+    if PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return None
+    return (f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {value} "
+            "(it orders one owner's tasks; fair share orders owners)")
+
+
 class LimitExceeded(ValueError):
     """A message is over one of the limits; the text names it."""
 

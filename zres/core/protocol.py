@@ -32,6 +32,8 @@ client -> broker
                                                 those not kept fail)
     submit     {tasks: [[id, units, priority, retries, deps: [id...], nframes, name, strict,
                          extra?]]}
+               priority: -1000..1000 (else the submit is refused); a submit that would
+               take its owner past its queued quota ([quotas.queued]) is refused, naming it
                extra, for actors: {actor: {id, name, cls, methods, restarts, concurrency,
                get_if_exists?, shared?}} makes the task an actor's construction (its
                result: the instance is up; shared: any key may call it, else only its
@@ -88,6 +90,8 @@ broker -> client
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
+               status_reply's owners: [{owner, holds, grants, weight, usage, share, charge,
+               waiting, quota, queued_quota}] in fair-share order (zres.scheduler.owners)
     job_cancel_reply {error?}
     cancel_reply {req, cancelled: [id...]}       those cancelled; the rest may have begun
     resources_reply {error?: text, slots?: [units...]}

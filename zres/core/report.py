@@ -27,6 +27,10 @@ def in_user_units(report: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("waiting", "groups", "running", "actors", "jobs"):
         if key in report:
             out[key] = [entry_in_user_units(entry) for entry in report[key]]
+    if "owners" in report:  # (what each holds, and its quota: see zres.scheduler.owners)
+        out["owners"] = [{**owner, "holds": units_to_float(owner["holds"]),
+                          "quota": units_to_float(owner["quota"]) if owner["quota"] else None}
+                         for owner in report["owners"]]
     return out
 
 

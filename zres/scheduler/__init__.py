@@ -6,7 +6,9 @@ to send. Tested with plain data and a fake clock (``tests/scheduler/``), and sim
 scale in one process (``bench/simulate.py``).
 
 Modules: ``policy`` (the Scheduler: passes, reservations, slot queues), ``table`` (every
-slot's capacity and free amounts, each agent's slots), ``queue`` (waiting tasks by shape),
+slot's capacity and free amounts, each agent's slots), ``queue`` (waiting tasks by owner
+and shape), ``owners`` (fair share: each owner's holdings, decaying use and quota),
+``order`` (the order a pass takes waiting tasks in),
 ``records`` (Slot, Waiting, Grant, Workers), ``devices`` (GPUs per device, and whether a
 request could ever fit), ``index`` (slots sorted by room), ``fit`` (the best slot for a
 task now), ``durations`` (how long each kind of task takes, for pipelining and backfill),
@@ -15,8 +17,14 @@ task now), ``durations`` (how long each kind of task takes, for pipelining and b
 in words).
 
 Rules
-- Order: higher priority first; equal priority in submission order (``seq``). Ties never
-  depend on dict or set order, so the same events always give the same schedule.
+- Order: owners by fair share, least charge first (``owners``: recent use, decaying with a
+  half-life, plus what they hold now; an owner moves back with every grant); within one
+  owner's work, higher priority first, equal priority in submission order (``seq``). Ties
+  never depend on dict or set order, so the same events always give the same schedule.
+  Work-conserving: a task of any owner that fits is placed; nothing idles to be fair.
+- Quotas: an owner's work holds at most its quota (``Quotas``), counted from grant to
+  release; a task that would take it over waits (its lane skipped for the pass), reserves
+  nothing, and others' tasks pass it.
 - Backfill: a task that cannot start is skipped, never blocking later tasks that can.
   Waiting tasks are indexed by the *shape* of their request (its amounts, and the agents
   it may run on): all tasks of one shape fit or fail alike, so one failed fit blocks a
@@ -36,8 +44,9 @@ Rules
   nothing of what the holder is short of, and of the rest leaves what the holder will
   need once the tasks that must end first have given theirs back; or it is expected to
   end before the holder could start (EASY backfill, from ``durations``). The holder starts
-  as soon as the tasks running there that hold what it lacks finish. Tasks ordered before
-  it (higher priority) are not fenced. Tasks of one shape wait in order: a later task of
+  as soon as the tasks running there that hold what it lacks finish. Its owner's tasks
+  ordered before it (higher priority) are not fenced; other owners' tasks are, wherever
+  fair share puts them in the pass. Tasks of one shape wait in order: a later task of
   a shorter kind does not pass a head that cannot backfill.
 - GPUs are accounted per device: GPU=k (whole) takes k devices that are wholly free,
   with all their memory; a fraction below 1 packs onto the busiest device with room,

@@ -65,6 +65,17 @@ def devices_at(slot: Slot, units: Mapping[str, int],
     return list(positions), [amount], [memory]
 
 
+def taken_by(units: Units, shares: list[int], memory: list[int]) -> Units:
+    """What a grant of UNITS takes from its slot, given the compute SHARES and MEMORY it
+    takes per device: a whole GPU takes all of its device's memory too."""
+    taken = dict(units)
+    if shares:
+        taken[GPU] = sum(shares)
+        if sum(memory):
+            taken[GPU_MEMORY] = sum(memory)
+    return taken
+
+
 def could_ever_fit(slot: Slot, units: Units) -> bool:
     """Return whether SLOT, with nothing running, could run UNITS."""
     if not fits(slot.total, units):

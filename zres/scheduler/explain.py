@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from ..core.resources import GPU, GPU_MEMORY, format_amount, format_units
+from ..core.resources import GPU, GPU_MEMORY, Units, format_amount, format_units
 from .devices import could_ever_fit
 from .records import Grant, Slot, Waiting
 
@@ -15,14 +15,28 @@ def _lacking(slot: Slot, units: Mapping[str, int]) -> list[str]:
             for n, a in sorted(units.items()) if slot.free.get(n, 0) < a]
 
 
-def queued_grant(grant: Grant, slot: Slot, ahead: int) -> str:
-    """Explain a grant waiting in SLOT's queue for room; AHEAD grants there go first."""
+def queued_grant(grant: Grant, slot: Slot, running: Mapping[int, Grant]) -> str:
+    """Explain a grant waiting in SLOT's queue for room (RUNNING: every grant by task)."""
+    ahead = sum(1 for other in slot.queue if (-running[other].priority, running[other].seq)
+                < (-grant.priority, grant.seq))
     lacking = " ".join(_lacking(slot, grant.taken))
     where = (f"{slot.agent} has {lacking} free" if lacking
              else f"room is free on {slot.agent}: it starts now")
     return (f"queued on {slot.agent}, where it starts when room frees (needs "
             f"{format_units(grant.taken)}; {where}"
             + (f"; {ahead} queued there before it)" if ahead else ")"))
+
+
+def over_quota(task: Waiting, quota: Units, held: Units) -> str:
+    """Explain a task that waits for its owner's QUOTA (its owner holds HELD now)."""
+    owner = f"owner {task.owner}" if task.owner else "owner (the default key)"
+    holds = {n: held.get(n, 0) for n in quota}
+    text = (f"waits for its {owner}'s quota: it may hold {format_units(quota)} at once, "
+            f"holds {format_units(holds)} and this task needs {format_units(task.units)}; "
+            "others' work passes it")
+    if any(task.units.get(n, 0) > cap for n, cap in quota.items()):
+        text += " (it asks more than the whole quota: it runs only if the quota is raised)"
+    return text
 
 
 def waiting_task(task: Waiting, slots: Iterable[Slot], reserved: Slot | None,

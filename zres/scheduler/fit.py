@@ -20,10 +20,10 @@ Devices = tuple[list[int], list[int], list[int]]   # positions, shares, memory
 
 
 def best_slot(units: Units, slots: Iterable[Slot], fences: dict[int, Fence],
-              end: float | None, only: list[Slot] | None = None
+              end: float | None, only: list[Slot] | None = None, owner: str = ""
               ) -> tuple[tuple[Slot, Devices] | None, bool]:
-    """The best of the first few of SLOTS that a task asking UNITS fits now, with its
-    devices; and whether a fence turned one away (END: when the task would end, for the
+    """The best of the first few of SLOTS that a task of OWNER asking UNITS fits now, with
+    its devices; and whether a fence turned one away (END: when the task would end, for the
     fences; see ``reservations``). SLOTS is ONLY when given: then those that do not fit
     are dropped from it (in a pass, what does not fit now will not fit later).
 
@@ -36,7 +36,7 @@ def best_slot(units: Units, slots: Iterable[Slot], fences: dict[int, Fence],
         if not slot.open:
             continue
         fence = fences.get(slot.id)
-        if fence is not None and not fence.admits(slot, units, end):
+        if fence is not None and fence.binds(owner) and not fence.admits(slot, units, end):
             fenced = True
             kept.append(slot)  # (a fence may admit a later task of the shape)
             continue

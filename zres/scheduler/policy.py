@@ -11,13 +11,15 @@ from collections.abc import Callable, Hashable
 
 from ..core.resources import GPU, GPU_MEMORY, Units, fits
 from . import explain
-from .devices import could_ever_fit, devices_at
+from .devices import could_ever_fit, devices_at, taken_by
 from .durations import Durations
 from .fit import best_slot
+from .order import PassOrder
+from .owners import DEFAULT_HALF_LIFE, Owners, Quotas, weight_of
 from .pipelining import QueueChoice
 from .queue import WaitingQueue
 from .records import Grant, Shape, Slot, Waiting, Workers, add_to, workers_of
-from .reservations import Fence, fence, soonest_slot
+from .reservations import Fence, drop_fence, fence, held_fences, soonest_slot
 from .table import NewSlot, SlotTable
 
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
@@ -26,10 +28,13 @@ _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 class Scheduler:
     """Resource table plus waiting queue; every method is plain bookkeeping."""
 
-    def __init__(self, starvation_after: float = 5.0, prefetch: int = 0) -> None:
+    def __init__(self, starvation_after: float = 5.0, prefetch: int = 0,
+                 half_life: float = DEFAULT_HALF_LIFE, quotas: Quotas | None = None) -> None:
         self.starvation_after = starvation_after
         self.prefetch = prefetch
         self.durations = Durations()
+        # Each owner's use and holdings (fair share, HALF_LIFE seconds) and QUOTAS.
+        self.owners = Owners(half_life, quotas)
         self.table = SlotTable(prefetch)
         self.slots = self.table.slots
         self.queue = WaitingQueue(self._forget_shape)
@@ -61,7 +66,8 @@ class Scheduler:
         (slot,) = self.table.remove([slot_id])
         granted = [*slot.running, *slot.queue]
         for task in granted:
-            del self.running[task]
+            grant = self.running.pop(task)
+            self.owners.give(grant.owner, grant.units, grant.weight, self._now)
         if slot.reserved_by in self.waiting:
             self.waiting[slot.reserved_by].reserved_slot = None
         self._reserved.discard(slot_id)
@@ -114,8 +120,9 @@ class Scheduler:
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
                 queueable: bool = True, kind: Hashable | None = None,
-                where: Workers | None = None) -> None:
-        """Queue a ready task; QUEUEABLE=False keeps it out of slot queues (an actor).
+                where: Workers | None = None, owner: str = "") -> None:
+        """Queue a ready task of OWNER (the key that submitted it: fair share and quotas);
+        QUEUEABLE=False keeps it out of slot queues (an actor).
 
         KIND groups tasks expected to take alike (see ``finished``). WHERE: the agents it
         may run on, or prefers (None: any; see ``records.workers``). NOW, when it was
@@ -123,7 +130,8 @@ class Scheduler:
         finds it blocked (a task queued behind many that run in turn is not starving)."""
         self._changed = True
         self.queue.add(task_id, units, priority,
-                       queueable and GPU not in units and GPU_MEMORY not in units, kind, where)
+                       queueable and GPU not in units and GPU_MEMORY not in units, kind, where,
+                       owner)
 
     @property
     def waiting(self) -> dict[int, Waiting]:
@@ -166,9 +174,10 @@ class Scheduler:
             add_to(slot.short_taken, grant.taken)
 
     def adopt(self, task_id: int, slot_id: int, units: Units, positions: list[int],
-              priority: int = 0) -> bool:
-        """Take UNITS on SLOT_ID (GPU POSITIONS) for TASK_ID, which runs there already (a
-        job a restarted broker takes back); False if they are not free for it."""
+              priority: int = 0, owner: str = "") -> bool:
+        """Take UNITS on SLOT_ID (GPU POSITIONS) for TASK_ID of OWNER, which runs there
+        already (a job a restarted broker takes back); False if they are not free for it.
+        It counts toward OWNER's quota, over it or not."""
         slot = self.slots.get(slot_id)
         if slot is None or task_id in self.running:
             return False
@@ -176,26 +185,24 @@ class Scheduler:
         if devices is None or not fits(slot.free, units):
             return False
         gpus, shares, memory = devices
-        taken = dict(units)
-        if gpus:
-            taken[GPU] = sum(shares)
-            if sum(memory):
-                taken[GPU_MEMORY] = sum(memory)
-        grant = Grant(task_id, slot.id, units, gpus, taken, shares, memory,
-                      priority=priority, short=False, since=self._now)
+        grant = Grant(task_id, slot.id, units, gpus, taken_by(units, shares, memory), shares,
+                      memory, priority=priority, short=False, since=self._now, owner=owner)
         self._start(slot, grant)
-        self.running[task_id] = grant
+        self._charge(grant)
         self._changed = True
         return True
 
-    def release(self, task_id: int) -> None:
+    def release(self, task_id: int, now: float | None = None) -> None:
         """Give a finished task's resources back to its slot (or drop it from the slot's
-        queue if it never started)."""
+        queue if it never started); NOW (default: the latest pass's time) ends its
+        owner's charge for it."""
         grant = self.running.pop(task_id, None)
         slot = self.slots.get(grant.slot) if grant else None
         if grant is None or slot is None:
             return
         self._changed = True
+        self.owners.give(grant.owner, grant.units, grant.weight,
+                         self._now if now is None else now)
         if not grant.started:
             self.table.unqueue(slot, grant)
             return
@@ -206,16 +213,14 @@ class Scheduler:
 
     # -- placement ------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> list[Grant]:
-        """Place every waiting task that fits now, best first; return the grants."""
+        """Place every waiting task that fits now: owners by fair share, each owner's tasks
+        by priority (``order``); return the grants."""
         self._changed = False
         self._now = now
-        heads: list[tuple[int, int, Shape]] = []
-        for shape in self.queue.shapes():
-            head = self.queue.head(shape)
-            if head is not None:
-                heads.append((-head.priority, head.seq, shape))
-        heapq.heapify(heads)
-        fences: dict[int, Fence] = {}
+        order = PassOrder(self.queue, self.owners, now)
+        # (a reservation binds other owners' tasks before the pass reaches its holder)
+        fences = held_fences(self.slots, self._reserved, self.waiting,
+                             self._fence_of) if order.owners > 1 else {}
         grants: list[Grant] = []
         blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
@@ -225,30 +230,45 @@ class Scheduler:
         self.table.gained.clear()
         # A blocked shape probes only the slots that gained room, each shape its own copy:
         # a slot that does not fit a shape cannot fit it later in the pass (room only
-        # shrinks), so it is dropped from that shape's copy, never walked twice.
+        # shrinks), so it is dropped from that shape's copy, never walked twice; and a
+        # shape that fit nowhere (no fence in the way) fits nowhere for any later owner.
         probes: dict[Shape, list[Slot]] = {}
-        while heads:
-            _, _, shape = heapq.heappop(heads)
-            task = self.queue.head(shape)
-            assert task is not None, "a shape in heads has a head"
-            only = None
-            if shape in self._blocked:
-                only = probes.get(shape)
-                if only is None:
-                    only = probes[shape] = list(gained)
-            grant, fenced = self._place(task, fences, only)
+        failed: set[Shape] = set()
+        several, capped = order.owners > 1, self.owners.capped
+        granted = False
+        while (task := order.next(granted)) is not None:
+            granted = False
+            shape = task.shape
+            if capped and self.owners.over_quota(task.owner, task.units) is not None:
+                # It waits for its owner's quota, and reserves nothing meanwhile (that
+                # would idle what others can use); the owner's other lanes and other
+                # owners go on.
+                if fences:
+                    drop_fence(fences, task)
+                self._unreserve(task)
+                continue
+            grant, fenced = None, False
+            if shape not in failed:
+                only = None
+                if shape in self._blocked:
+                    only = probes.get(shape)
+                    if only is None:
+                        only = probes[shape] = list(gained)
+                grant, fenced = self._place(task, fences, only)
             if grant is None:
                 if not fenced:  # a fence binds only tasks after its owner: not a later head
                     self._blocked.add(shape)
+                    if several:
+                        failed.add(shape)
                 self._fence(task, fences, now)
                 blocked.append(task)
-                continue  # the whole shape is blocked this pass; others may still fit
+                continue  # its lane is blocked this pass; others go on
             self.queue.take(task)
+            if fences:
+                drop_fence(fences, task)
             self._unreserve(task)
             grants.append(grant)
-            head = self.queue.head(shape)
-            if head is not None:
-                heapq.heappush(heads, (-head.priority, head.seq, shape))
+            granted = True
         if self.prefetch and blocked:
             grants.extend(self._fill_queues(blocked))
         return grants
@@ -267,11 +287,13 @@ class Scheduler:
         for head in blocked[:_QUEUE_HEADS]:
             shape = head.shape
             room: list[tuple[int, int]] | None = None
-            while (task := self.queue.head(shape)) is not None:
+            while (task := self.queue.head(head.lane)) is not None:
                 if room is None and task.queueable and self.durations.short(task.kind):
                     room = self._queues.heap(shape, task.units, claimed)
                 if not room or not (task.queueable and self.durations.short(task.kind)):
                     claimed.append(self._fitting(task))
+                    break
+                if self.owners.over_quota(task.owner, task.units) is not None:
                     break
                 queued, slot_id = heapq.heappop(room)
                 slot = self.slots[slot_id]
@@ -281,9 +303,9 @@ class Scheduler:
                     room = None  # (built again: the slot it held may take queued grants)
                 grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
                               started=False, priority=task.priority, seq=task.seq,
-                              short=True, kind=task.kind)
+                              short=True, kind=task.kind, owner=task.owner)
                 self.table.queue(slot, grant)
-                self.running[task.id] = grant
+                self._charge(grant)
                 grants.append(grant)
                 if room is not None and queued + 1 < self.prefetch:
                     heapq.heappush(room, (queued + 1, slot_id))
@@ -304,41 +326,45 @@ class Scheduler:
         prefers them probes theirs first."""
         where = workers_of(task.shape)
         end = self._expected_end(task) if fences else None
+        owner = task.owner
         if where is None:
             found, fenced = best_slot(task.units, self.table.candidates(task.units)
-                                      if only is None else only, fences, end, only)
+                                      if only is None else only, fences, end, only, owner)
         else:
             named = self.table.named(where) if only is None else [
                 s for s in only if s.agent in where.names]
-            found, fenced = best_slot(task.units, named, fences, end)
+            found, fenced = best_slot(task.units, named, fences, end, owner=owner)
             if found is None and where.loose:
                 found, also = best_slot(task.units, self.table.candidates(task.units)
-                                        if only is None else only, fences, end, only)
+                                        if only is None else only, fences, end, only, owner)
                 fenced = fenced or also
         if found is None:
             return None, fenced
         slot, (gpus, shares, memory) = found
-        taken = dict(task.units)
-        if gpus:
-            taken[GPU] = sum(shares)
-            if sum(memory):
-                taken[GPU_MEMORY] = sum(memory)
-        grant = Grant(task.id, slot.id, task.units, gpus, taken, shares, memory,
-                      priority=task.priority, seq=task.seq,
-                      short=self.durations.short(task.kind), kind=task.kind, since=self._now)
+        grant = Grant(task.id, slot.id, task.units, gpus, taken_by(task.units, shares, memory),
+                      shares, memory, priority=task.priority, seq=task.seq,
+                      short=self.durations.short(task.kind), kind=task.kind, since=self._now,
+                      owner=owner)
         self._start(slot, grant)
-        self.running[task.id] = grant
+        self._charge(grant)
         return grant, fenced
+
+    def _charge(self, grant: Grant) -> None:
+        """GRANT is made (started or queued): its owner holds it from now."""
+        grant.weight = weight_of(grant.units, self.table.capacity)
+        self.owners.take(grant.owner, grant.units, grant.weight, self._now)
+        self.running[grant.task] = grant
 
     def _expected_end(self, task: Waiting) -> float | None:
         """When TASK would end if it started now, by its kind's recent runs (None: unknown)."""
         expected = self.durations.expected(task.kind)
         return None if expected is None else self._now + expected
 
-    def _fence_of(self, slot: Slot, task: Waiting) -> Fence:
-        """What TASK's reservation of SLOT keeps from the tasks after it, now."""
+    def _fence_of(self, slot: Slot, task: Waiting, own: bool = True) -> Fence:
+        """What TASK's reservation of SLOT keeps from the tasks after it, now (OWN: from
+        its owner's too)."""
         return fence(slot, task.units, task.id, (self.running[t] for t in slot.running),
-                     self.durations, self._now)
+                     self.durations, self._now, task.owner, own)
 
     def _fence(self, task: Waiting, fences: dict[int, Fence], now: float) -> None:
         """Keep a starving task's reserved slot from being taken by tasks after it.
@@ -359,8 +385,11 @@ class Scheduler:
             task.reserved_slot = choice.id
             choice.reserved_by = task.id
             self._reserved.add(choice.id)
-        if task.reserved_slot not in fences:
+        held = fences.get(task.reserved_slot)
+        if held is None:
             fences[task.reserved_slot] = self._fence_of(self.slots[task.reserved_slot], task)
+        else:
+            held.own = True  # (the pass has reached its holder)
 
     def _unreserve(self, task: Waiting) -> None:
         slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
@@ -389,11 +418,7 @@ class Scheduler:
         if task is None:
             grant = self.running.get(task_id)
             if grant is not None and not grant.started:
-                slot = self.slots[grant.slot]
-                ahead = sum(1 for other in slot.queue
-                            if (-self.running[other].priority, self.running[other].seq)
-                            < (-grant.priority, grant.seq))
-                return explain.queued_grant(grant, slot, ahead)
+                return explain.queued_grant(grant, self.slots[grant.slot], self.running)
             return "running" if grant is not None else "not waiting"
         if not self.slots:
             return "no agent has joined the broker yet"
@@ -401,6 +426,9 @@ class Scheduler:
         reason = self.infeasible_reason(task.units, where)
         if reason is not None:
             return f"infeasible: {reason}"
+        quota = self.owners.over_quota(task.owner, task.units)
+        if quota is not None:
+            return explain.over_quota(task, quota, self.owners.held(task.owner))
         ahead = self.queue.ahead(task) if count_ahead else 0
         reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
         slots = self.slots.values() if where is None or where.loose else self.table.named(where)
@@ -412,8 +440,9 @@ class Scheduler:
         what is free there: else what it lacks says more)."""
         holder = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
         if holder is None or holder is task or not fits(slot.free, task.units) \
-                or (-task.priority, task.seq) < (-holder.priority, holder.seq):
-            return False  # a reservation binds only the tasks ordered after its holder
+                or (task.owner == holder.owner
+                    and (-task.priority, task.seq) < (-holder.priority, holder.seq)):
+            return False  # it binds other owners, and its owner's tasks after its holder
         return not self._fence_of(slot, holder).admits(slot, task.units,
                                                         self._expected_end(task))
 

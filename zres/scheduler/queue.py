@@ -1,7 +1,9 @@
-"""The waiting queue: ready tasks by the shape of their request, best first in each shape.
+"""The waiting queue: ready tasks by owner and the shape of their request (a *lane*), best
+first in each lane.
 
-All tasks of one shape fit or fail alike, so a pass looks only at each shape's head.
-Order is higher priority first, then submission order (``seq``): never dict or set order.
+All tasks of one shape fit or fail alike, and an owner's quota holds them alike, so a pass
+looks only at each lane's head. Order in a lane is higher priority first, then submission
+order (``seq``): never dict or set order. (Which owner goes first is ``order``'s.)
 """
 
 from __future__ import annotations
@@ -10,39 +12,48 @@ import heapq
 from collections.abc import Callable, Hashable
 
 from ..core.resources import Units
-from .records import Shape, Waiting, Workers, shape_of
+from .records import Lane, Shape, Waiting, Workers, shape_of
 
-_COMPACT_MIN = 64  # a shape's heap is rebuilt once most of at least this many are stale
+_COMPACT_MIN = 64  # a lane's heap is rebuilt once most of at least this many are stale
 
 
 class WaitingQueue:
-    """Waiting tasks by id and, per shape, a heap of (-priority, seq, id).
+    """Waiting tasks by id and, per lane (owner, shape), a heap of (-priority, seq, id).
 
     A removed task's heap entry is dropped lazily, when it reaches the head (the seq check
     also drops the old entry of a task removed and added again). ON_FORGET(shape) is
-    called when a shape has no task left, so shapes seen once do not pile up in caches.
+    called when no lane of a shape has a task left, so shapes seen once do not pile up in
+    caches.
     """
 
     def __init__(self, on_forget: Callable[[Shape], None]) -> None:
         self.tasks: dict[int, Waiting] = {}
-        self.by_shape: dict[Shape, list[tuple[int, int, int]]] = {}
+        self.by_lane: dict[Lane, list[tuple[int, int, int]]] = {}
         self._seq = 0
-        self._stale: dict[Shape, int] = {}     # removed entries left in a shape's heap
+        self._stale: dict[Lane, int] = {}      # removed entries left in a lane's heap
         # One copy of each shape, and of its request, shared by its tasks.
         self._shapes: dict[Shape, tuple[Shape, Units]] = {}
+        self._lanes: dict[Shape, int] = {}     # how many lanes each shape has
+        self._lane_keys: dict[Lane, Lane] = {}  # one copy of each lane, as for shapes
         self._on_forget = on_forget
 
     def add(self, task_id: int, units: Units, priority: int, queueable: bool,
-            kind: Hashable | None, where: Workers | None = None) -> Waiting:
-        """Queue a task behind every task of higher or equal priority; WHERE: the agents it
-        may run on (None: any)."""
+            kind: Hashable | None, where: Workers | None = None, owner: str = "") -> Waiting:
+        """Queue a task behind every task of OWNER of higher or equal priority; WHERE: the
+        agents it may run on (None: any)."""
         self._seq += 1
         shape = shape_of(units, where)
         shape, units = self._shapes.setdefault(shape, (shape, dict(units)))
+        lane = (owner, shape)
+        lane = self._lane_keys.setdefault(lane, lane)
         task = Waiting(task_id, units, priority, self._seq, shape,
-                       queueable=queueable, kind=kind)
+                       queueable=queueable, kind=kind, owner=owner, lane=lane)
         self.tasks[task_id] = task
-        heapq.heappush(self.by_shape.setdefault(shape, []), (-priority, self._seq, task_id))
+        heap = self.by_lane.get(lane)
+        if heap is None:
+            heap = self.by_lane[lane] = []
+            self._lanes[shape] = self._lanes.get(shape, 0) + 1
+        heapq.heappush(heap, (-priority, self._seq, task_id))
         return task
 
     def remove(self, task_id: int) -> Waiting | None:
@@ -50,26 +61,27 @@ class WaitingQueue:
         task = self.tasks.pop(task_id, None)
         if task is None:
             return None
-        heap = self.by_shape.get(task.shape)
+        lane = task.lane
+        heap = self.by_lane.get(lane)
         if heap is None:
             return task
-        stale = self._stale.get(task.shape, 0) + 1
+        stale = self._stale.get(lane, 0) + 1
         if len(heap) > _COMPACT_MIN and stale * 2 > len(heap):
             # Mostly removed entries behind a head that stays blocked: rebuild, O(live).
             live = [e for e in heap if self._live(e)]
             heapq.heapify(live)
-            self.by_shape[task.shape] = live
-            self._stale.pop(task.shape, None)
+            self.by_lane[lane] = live
+            self._stale.pop(lane, None)
         else:
-            self._stale[task.shape] = stale
+            self._stale[lane] = stale
         return task
 
-    def census(self, sample: int = 3) -> list[tuple[Shape, int, list[int]]]:
-        """Each shape with tasks waiting: how many, and the ids of SAMPLE of them (in no
-        particular order). O(shapes), not O(tasks): for status reports."""
+    def census(self, sample: int = 3) -> list[tuple[Lane, int, list[int]]]:
+        """Each lane (owner, shape) with tasks waiting: how many, and the ids of SAMPLE of
+        them (in no particular order). O(lanes), not O(tasks): for status reports."""
         out = []
-        for shape, heap in self.by_shape.items():
-            count = len(heap) - self._stale.get(shape, 0)
+        for lane, heap in self.by_lane.items():
+            count = len(heap) - self._stale.get(lane, 0)
             if count > 0:
                 ids: list[int] = []
                 for entry in heap:
@@ -77,38 +89,43 @@ class WaitingQueue:
                         break
                     if self._live(entry):
                         ids.append(entry[2])
-                out.append((shape, count, ids))
+                out.append((lane, count, ids))
         return out
 
     def _live(self, entry: tuple[int, int, int]) -> bool:
         task = self.tasks.get(entry[2])
         return task is not None and task.seq == entry[1]
 
-    def head(self, shape: Shape) -> Waiting | None:
-        """The first task of SHAPE, or None (and SHAPE forgotten) if none waits."""
-        heap = self.by_shape.get(shape)
+    def head(self, lane: Lane) -> Waiting | None:
+        """The first task of LANE, or None (and LANE forgotten) if none waits."""
+        heap = self.by_lane.get(lane)
         if heap is None:
             return None
         while heap and not self._live(heap[0]):
             heapq.heappop(heap)
         if not heap:
-            del self.by_shape[shape]
-            self._stale.pop(shape, None)
-            self._shapes.pop(shape, None)
-            self._on_forget(shape)
+            del self.by_lane[lane]
+            self._stale.pop(lane, None)
+            self._lane_keys.pop(lane, None)
+            shape = lane[1]
+            self._lanes[shape] -= 1
+            if not self._lanes[shape]:
+                del self._lanes[shape]
+                self._shapes.pop(shape, None)
+                self._on_forget(shape)
             return None
         return self.tasks[heap[0][2]]
 
     def take(self, task: Waiting) -> None:
-        """Remove TASK, the head of its shape (just returned by ``head``)."""
-        heapq.heappop(self.by_shape[task.shape])
+        """Remove TASK, the head of its lane (just returned by ``head``)."""
+        heapq.heappop(self.by_lane[task.lane])
         del self.tasks[task.id]
 
-    def shapes(self) -> list[Shape]:
-        return list(self.by_shape)
+    def lanes(self) -> list[Lane]:
+        return list(self.by_lane)
 
     def ahead(self, task: Waiting) -> int:
-        """How many tasks of TASK's shape come before it (O(tasks of the shape))."""
-        return sum(1 for _, seq, tid in self.by_shape.get(task.shape, ())
+        """How many tasks of TASK's lane come before it (O(tasks of the lane))."""
+        return sum(1 for _, seq, tid in self.by_lane.get(task.lane, ())
                    if tid in self.tasks and self.tasks[tid].seq == seq
                    and (-self.tasks[tid].priority, seq) < (-task.priority, task.seq))

@@ -11,6 +11,9 @@ from ..core.resources import Units
 # A request's (name, amount) pairs, sorted; then, for a task that may run only on (or
 # prefers) some agents, its Workers. Tasks of one shape fit or fail alike.
 Shape = tuple[Any, ...]
+# An owner's tasks of one shape: they wait in one queue, fit or fail alike, and are held by
+# their owner's quota alike.
+Lane = tuple[str, Shape]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,8 @@ class Waiting:
     reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
     queueable: bool = True       # may be granted into a slot's queue (pipelining)
     kind: Hashable | None = None  # what it runs, for its expected duration (None: short)
+    owner: str = ""              # the key that submitted it ("": none), for fair share
+    lane: Lane = ("", ())        # (owner, shape): one tuple shared by the lane's tasks
 
 
 @dataclass(slots=True)
@@ -82,6 +87,8 @@ class Grant:
     short: bool = True           # of a kind known to run briefly
     kind: Hashable | None = None  # what it runs, for its expected end (see ``reservations``)
     since: float = 0.0           # when it started (as the scheduler was told the time)
+    owner: str = ""              # its task's owner, charged for it from grant to release
+    weight: float = 0.0          # its dominant share of the cluster when granted (``owners``)
 
 
 def shape_of(units: Mapping[str, int], where: Workers | None = None) -> Shape:

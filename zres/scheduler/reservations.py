@@ -29,12 +29,12 @@ task of a kind with no estimate never backfills by the clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..core.resources import GPU, GPU_MEMORY, Units
 from .durations import Durations
-from .records import Grant, Slot, Workers
+from .records import Grant, Slot, Waiting, Workers
 from .table import SlotTable
 
 _COMPARED = 8   # slots compared when choosing where to reserve
@@ -42,11 +42,20 @@ _COMPARED = 8   # slots compared when choosing where to reserve
 
 @dataclass(slots=True)
 class Fence:
-    """What the reservation of task HOLDER keeps on its slot in one pass."""
+    """What the reservation of task HOLDER (of OWNER) keeps on its slot in one pass."""
 
     holder: int
     keep: Units      # a later task leaves at least this much free of each name
     start: float     # the earliest the holder could start there, by the estimates
+    owner: str = ""
+    # Whether it binds OWNER's own tasks too: those the pass takes after the holder (its
+    # owner's tasks ordered before it are not held back). Other owners' tasks it binds
+    # wherever the pass takes them: fair share decides who goes first, not who starves.
+    own: bool = True
+
+    def binds(self, owner: str) -> bool:
+        """Whether this fence holds back a task of OWNER now."""
+        return self.own or owner != self.owner
 
     def admits(self, slot: Slot, units: Units, end: float | None) -> bool:
         """Whether a later task asking UNITS, expected to end at END (None: unknown), may
@@ -58,8 +67,9 @@ class Fence:
 
 
 def fence(slot: Slot, units: Units, holder: int, running: Iterable[Grant],
-          durations: Durations, now: float) -> Fence:
-    """Fence SLOT for HOLDER, which asks UNITS there; RUNNING: the grants started there."""
+          durations: Durations, now: float, owner: str = "", own: bool = True) -> Fence:
+    """Fence SLOT for HOLDER (of OWNER), which asks UNITS there; RUNNING: the grants
+    started there. OWN: it binds its owner's tasks (else only others')."""
     short = {n: a - slot.free.get(n, 0) for n, a in units.items() if slot.free.get(n, 0) < a}
     holding = [g for g in running if any(g.taken.get(m, 0) > 0 for m in short)]
     keep = dict(units)
@@ -73,7 +83,7 @@ def fence(slot: Slot, units: Units, holder: int, running: Iterable[Grant],
             if bounds:
                 given = max(given, min(bounds))
         keep[name] = max(0, amount - given)
-    return Fence(holder, keep, _start(short, holding, durations, now))
+    return Fence(holder, keep, _start(short, holding, durations, now), owner, own)
 
 
 def _start(short: Units, holding: list[Grant], durations: Durations, now: float) -> float:
@@ -93,6 +103,29 @@ def _start(short: Units, holding: list[Grant], durations: Durations, now: float)
 def _end(grant: Grant, durations: Durations, now: float) -> float:
     expected = durations.expected(grant.kind)
     return now if expected is None else max(now, grant.since + expected)
+
+
+def held_fences(slots: Mapping[int, Slot], reserved: Iterable[int],
+                waiting: Mapping[int, Waiting],
+                fence_of: Callable[[Slot, Waiting], Fence]) -> dict[int, Fence]:
+    """The fences of the RESERVED slots' holders as a pass begins, each binding only other
+    owners' tasks (FENCE_OF(slot, holder) makes one) until the pass reaches its holder:
+    fair share orders owners, it does not let one starve another's big task."""
+    fences = {}
+    for slot_id in sorted(reserved):
+        holder = waiting.get(slots[slot_id].reserved_by)  # type: ignore[arg-type]
+        if holder is not None:
+            fences[slot_id] = fence_ = fence_of(slots[slot_id], holder)
+            fence_.own = False
+    return fences
+
+
+def drop_fence(fences: dict[int, Fence], task: Waiting) -> None:
+    """TASK's reservation holds nothing back for the rest of the pass (it starts, or waits
+    for its owner's quota)."""
+    slot_id = task.reserved_slot
+    if slot_id is not None and slot_id in fences and fences[slot_id].holder == task.id:
+        del fences[slot_id]
 
 
 def soonest_slot(units: Units, fitting: set[int], table: SlotTable, fences: dict[int, Fence],

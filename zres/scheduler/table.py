@@ -36,6 +36,7 @@ class SlotTable:
     def __init__(self, prefetch: int = 0) -> None:
         self.prefetch = prefetch               # grants a slot's queue holds (pipelining)
         self.slots: dict[int, Slot] = {}
+        self.capacity: Units = {}              # every slot's total, summed (fair share)
         self.index = FreeIndex()
         self.gained: set[int] = set()      # slots that gained room since the last pass
         self.agents: dict[str, set[int]] = {}  # each agent's slots, by its name
@@ -58,6 +59,7 @@ class SlotTable:
             slot = Slot(spec.id, spec.agent, total, dict(total), [UNIT] * devices, memory,
                         list(memory), usable)
             self.slots[slot.id] = slot
+            add_to(self.capacity, total)
             self.agents.setdefault(slot.agent, set()).add(slot.id)
             if self.prefetch:
                 self.queue_room.add(slot.id)
@@ -71,6 +73,7 @@ class SlotTable:
         """Forget slots (many at once in one pass over the index)."""
         removed = [self.slots.pop(i) for i in slot_ids]
         for slot in removed:
+            add_to(self.capacity, slot.total, -1)
             self.queue_room.discard(slot.id)
             ids = self.agents[slot.agent]
             ids.discard(slot.id)
@@ -102,7 +105,9 @@ class SlotTable:
             delta = new.get(name, 0) - slot.total.get(name, 0)
             if delta:
                 self.index.set(slot, name, slot.free.get(name, 0) + delta)
+        add_to(self.capacity, slot.total, -1)
         slot.total = {n: a for n, a in new.items() if a}
+        add_to(self.capacity, slot.total)
         slot.gpu_usable = devices
         self.gained.add(slot.id)
         self.changed()
