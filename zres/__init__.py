@@ -37,6 +37,7 @@ from .core.errors import (
     ProtocolError,
     RemoteError,
     ResourceSpecError,
+    ResultLostError,
     WorkerLostError,
     ZresError,
 )
@@ -51,8 +52,8 @@ __all__ = [
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
     "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
-    "LocalCluster", "NotOwnerError", "ProtocolError",
-    "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
+    "LocalCluster", "NotOwnerError", "ProtocolError", "RemoteError", "ResourceSpecError",
+    "ResultLostError", "TaskContext", "WorkerLostError", "ZresError",
     "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "submit",
     "wait",
 ]

@@ -59,7 +59,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0,
               # The agent's own files (job logs, its workers' lease and socket); None:
               # $XDG_STATE_HOME/zres/agent-NAME (zres.agent.files).
-              "state": None},
+              "state": None,
+              # Its data port (zres.agent.data): where it listens (None: loopback when
+              # its broker is on loopback, else every interface), and how much its store
+              # keeps in memory before spilling to disk (None: 30% of its MEMORY).
+              "data_listen": None, "store_memory": None},
     "client": {"broker": None, "broker_timeout": 300.0, "forward_output": True},
     # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
     # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).

@@ -50,6 +50,7 @@ class ActorRecord:
     agent_name: str = ""
     spawn: list[Any] = field(default_factory=list)   # construction frames, kept for restarts
     spawn_counts: tuple[int, list[int]] = (0, [])
+    spawn_refs: dict[int, Any] = field(default_factory=dict)  # its inputs kept on agents
     queues: dict[bytes, deque[int]] = field(default_factory=dict)  # caller -> call ids
     inflight: dict[int, None] = field(default_factory=dict)        # sent, in send order
     cause: str = ""              # why it died

@@ -40,7 +40,7 @@ from ..logs import get_logger
 log = get_logger("zres.broker")
 
 _CLIENT = {P.HELLO, P.SUBMIT, P.RELEASE, P.CANCEL, P.WHY, P.RESUME, P.STATUS, P.KILL,
-           P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE}
+           P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE, P.LOCATE}
 MAY_SEND = {
     "client": frozenset(_CLIENT),
     "admin": frozenset(_CLIENT | {P.RESOURCES}),

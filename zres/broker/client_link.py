@@ -17,7 +17,7 @@ from ..core import protocol as P
 from ..core import versions
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name, quote
-from ..core.tasks import FINISHED, Task
+from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.owners import Quotas
 from .actor_records import ActorState
@@ -79,6 +79,8 @@ class ClientLink:
         # the tasks of it that were not taken (LATER None: every submit in one go).
         self._later = later
         self._refuse = refuse
+        # A reference to a result kept on agents (the broker's ``objects``).
+        self._refer: Callable[[Task], Any] = lambda task: graph.refer(task)
 
     def client(self, ident: bytes, now: float) -> ClientRecord | None:
         client = self.clients.seen(ident, now)
@@ -334,9 +336,39 @@ class ClientLink:
 
     def _tell(self, ident: bytes, task: Task) -> None:
         """Send TASK's outcome to its client: the result's frames, unless it is quiet and
-        succeeded (an error's frames always go: they say what went wrong)."""
+        succeeded (an error's frames always go: they say what went wrong), or, for one
+        kept on agents, a reference the client fetches it with."""
         frames = [] if task.quiet and task.outcome == P.OK else task.result
-        self._results.add(ident, [task.local_id, task.outcome, len(frames), task.info], frames)
+        info = task.info
+        if task.size and not task.quiet:
+            info = {**info, "ref": self._refer(task), "size": task.size}
+        self._results.add(ident, [task.local_id, task.outcome, len(frames), info], frames)
+
+    def on_locate(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """Where the results of these tasks of the client's are now (a holder it fetched
+        from is gone): a reference, ``pending`` (it runs again), or why it is lost."""
+        client = self.client(ident, now)
+        if client is None:
+            return
+        refs: dict[int, Any] = {}
+        lost: dict[int, str] = {}
+        pending: list[int] = []
+        for local in P.field(msg, "ids", list)[:10_000]:
+            task = self._graph.get(client.ids.get(local, -1))
+            if task is None:
+                lost[local] = "the broker no longer has it (released, or lost in a restart)"
+            elif task.lost:
+                lost[local] = task.lost
+            elif task.state is TaskState.DONE and task.size:
+                ref = self._refer(task)
+                if ref is None:
+                    pending.append(local)  # (its holder is away: it may come back)
+                else:
+                    refs[local] = ref
+            else:
+                pending.append(local)
+        self._send(ident, P.LOCATE_REPLY, {"req": msg.body.get("req"), "refs": refs,
+                                           "lost": lost, "pending": pending})
 
     def flush(self) -> None:
         self._running.flush()  # before the results: a future runs, then finishes

@@ -30,6 +30,8 @@ from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
 from .graph import TaskGraph
 from .jobs import JobTable
+from .lineage import Lineage
+from .objects import ObjectDirectory
 from .outbox import Batches, Send
 
 log = get_logger("zres.broker")
@@ -49,8 +51,12 @@ class Dispatcher:
                  on_started: Callable[[Task], None],
                  on_changed: Callable[[Task], None] = lambda task: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
-                 token: Callable[[str], str] = lambda subject: "") -> None:
+                 token: Callable[[str], str] = lambda subject: "",
+                 objects: ObjectDirectory | None = None) -> None:
         self._send = send
+        # Results kept on agents, and what becomes of those lost with them (issue 29).
+        self._objects = objects or ObjectDirectory(send, agents, b"", graph.get)
+        self.lineage = Lineage(graph, sched, lambda task: self._enqueue(task), on_changed)
         # TOKEN(subject): the token a grant carries, so that a client made inside the task
         # acts for its owner ("": none, without keys). See ``auth``.
         self._token = token
@@ -176,6 +182,8 @@ class Dispatcher:
             if actor is not None:
                 self._actors.place(actor, agent.ident, agent.name)
                 opts.update(actor=actor.id, concurrency=actor.concurrency, taken=grant.taken)
+                if actor.spawn_refs:
+                    opts["refs"] = actor.spawn_refs
                 token = self._token(f"a{actor.id}:{actor.key}")
                 if token:
                     opts["token"] = token
@@ -200,7 +208,9 @@ class Dispatcher:
                 opts["token"] = token
             if not task.payload and not job:  # restored: its call stayed on disk till now
                 task.payload = self._load(task)
-            counts, inputs = self._graph.inputs(task)
+            counts, inputs, refs = self._graph.inputs(task)
+            if refs:  # (inputs kept on agents: its worker reads or fetches them)
+                opts["refs"] = refs
             self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
                                             len(task.payload), counts, opts],
                               [*task.payload, *inputs])
@@ -263,6 +273,9 @@ class Dispatcher:
                                    [agent.gpus[slot_index][p] for p in grant.gpus]
                                    or list(token_devices(grant.units)))
         self._results(agent, body.get("results", []), payloads, now)
+        for item in body.get("stored") or ():  # (copies it fetched, or uploads it took)
+            if isinstance(item, list) and len(item) == 2 and type(item[0]) is int:
+                self._objects.copied(item[0], agent.name)
         for exit_ in body.get("exits", []):
             if isinstance(exit_, dict):
                 self._actors.exited(agent.ident, str(exit_.get("actor")),
@@ -291,7 +304,9 @@ class Dispatcher:
                 actor.inflight.pop(task_id, None)
                 task = self._graph.get(task_id)
                 if task is not None and task.state is TaskState.RUNNING:
-                    self._graph.finish(task, str(outcome), frames, {**info, "agent": agent.name})
+                    info = {**info, "agent": agent.name}
+                    self._kept_on(task, agent, outcome, info)
+                    self._graph.finish(task, str(outcome), frames, info)
                 continue
             if self._owner(task_id) is not agent:
                 continue  # stale: cancelled, or retried elsewhere after a loss
@@ -306,9 +321,19 @@ class Dispatcher:
                 self._sched.finished(task.kind, now - task.started_at)
             if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
                 self._retry(task, info.get("message", "worker lost"))
+            elif outcome == P.FAILED and info.get("type") == "InputLostError":
+                self.lineage.input_lost(task, info, self._requeue)  # (it ran nothing)
             else:
                 info["agent"] = agent.name
+                self._kept_on(task, agent, outcome, info)
                 self._graph.finish(task, str(outcome), frames, info)
+
+    def _kept_on(self, task: Task, agent: AgentRecord, outcome: Any,
+                 info: dict[str, Any]) -> None:
+        """TASK's result stays on AGENT if INFO says its worker stored it there."""
+        size = info.pop("stored", None)
+        if outcome == P.OK and type(size) is int and size > 0:
+            self._objects.stored(task, agent.name, size)
 
     def sent_to(self, agent: AgentRecord) -> set[int]:
         """Every grant, actor placement and call AGENT has been sent and not finished."""
@@ -394,6 +419,7 @@ class Dispatcher:
         uncharged; what may have started spends a retry or fails; its actors restart or
         die."""
         self._agents.remove(agent, why)
+        self.lineage.lost(self._objects.lost(agent.name), f"agent {agent.name} ({why})")
         if left:
             log.info("agent_left", agent=agent.name)
         else:
@@ -415,6 +441,12 @@ class Dispatcher:
                     self._requeue(task)  # it never started there
         if recheck:
             self.recheck_feasibility()
+
+    def objects_offered(self, agent: AgentRecord, objects: Any) -> None:
+        """AGENT's new session holds OBJECTS ([id, size]): any result it was known to hold
+        and no longer does is lost there."""
+        self.lineage.lost(self._objects.offered(agent.name, objects),
+                          f"agent {agent.name} (it came back without it)")
 
     def set_accepting(self, agent: AgentRecord) -> None:
         """Open AGENT's slots to new grants, or close them, as it is there and staying."""

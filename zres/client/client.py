@@ -32,6 +32,7 @@ from .annotations import current_annotations
 from .connect import find_broker
 from .dask_methods import DaskMethods
 from .executor import Executor
+from .fetching import Fetcher
 from .futures import Future, R, gather
 from .io import IOThread
 from .job_methods import JobMethods
@@ -78,6 +79,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
         self._futures_lock = threading.RLock()  # (its futures' conditions: see futures)
+        self._fetcher = Fetcher(self)  # (results kept on agents, fetched when asked for)
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, _ROLES, address)
@@ -245,6 +247,10 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
             raise ZresError("this client's connection thread has stopped; make a new Client")
 
     # -- other requests -------------------------------------------------------------------
+    def _fetch(self, futures: list[Future[Any]], timeout: float | None = None) -> None:
+        """Fetch the results of FUTURES kept on agents (see ``fetching``)."""
+        self._fetcher.fetch(futures, timeout)
+
     def gather(self, futures: Any, timeout: float | None = None) -> Any:
         """Return the results of FUTURES, keeping their list/tuple/dict structure."""
         return gather(futures, timeout)
@@ -360,6 +366,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
             self._closed = True
         registry.remove(self)
         self._io.stop()
+        self._fetcher.close()
         self._io.lose_all("the client was closed before the task finished", ZresError)
         if self.cluster is not None:
             self.cluster.close()

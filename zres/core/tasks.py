@@ -22,10 +22,15 @@ FINISHED = frozenset({TaskState.DONE, TaskState.FAILED})
 
 _ALLOWED = {
     TaskState.WAITING: {TaskState.QUEUED, TaskState.FAILED},
-    TaskState.QUEUED: {TaskState.RUNNING, TaskState.FAILED},
+    # QUEUED -> WAITING, RUNNING -> WAITING: an input it was to read was lost with its
+    # agent, and is being made again (issue 29's lineage).
+    TaskState.QUEUED: {TaskState.RUNNING, TaskState.FAILED, TaskState.WAITING},
     # RUNNING -> QUEUED is a retry after its agent or worker was lost.
-    TaskState.RUNNING: {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED},
-    TaskState.DONE: set(),
+    TaskState.RUNNING: {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED,
+                        TaskState.WAITING},
+    # DONE -> QUEUED or WAITING: its result, kept on an agent, was lost with it, and it
+    # runs again (it had retries left).
+    TaskState.DONE: {TaskState.QUEUED, TaskState.WAITING},
     TaskState.FAILED: set(),
 }
 
@@ -98,6 +103,11 @@ class Task:
     # The name of the key that submitted it (for a client made inside a task: that task's
     # owner); "" without keys.
     owner: str = ""
+    # A result kept on agents (issue 29): its size in bytes (0: none such, its frames are
+    # in ``result``) and the agents holding a copy, the one that made it first.
+    size: int = 0
+    held_at: Sequence[str] = ()
+    lost: str = ""           # why its result kept on agents is gone for good ("": it is not)
 
 
 def set_state(task: Task, new: TaskState) -> None:
