@@ -32,6 +32,9 @@ DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
 DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
                "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32,
+               # Seconds a client whose connection closed has to come back before its
+               # (undetached) work is stopped.
+               "client_grace": 5.0,
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
@@ -51,7 +54,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "security": {"keys": None, "insecure": False},
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
-          "client_timeout": float, "starvation_after": float, "job_grace": float,
+          "client_timeout": float, "client_grace": float, "starvation_after": float,
+          "job_grace": float,
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",

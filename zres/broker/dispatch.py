@@ -21,7 +21,7 @@ from typing import Any
 from ..core import protocol as P
 from ..core.context import TOKEN_ENV
 from ..core.resources import token_devices
-from ..core.tasks import FINISHED, Task, TaskState
+from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant, Workers, workers
@@ -426,16 +426,6 @@ class Dispatcher:
     def capacity_changed(self) -> None:
         """An agent's capacity changed."""
         self.recheck_feasibility()
-
-    def drop_work_of(self, client: bytes, task_ids: list[int]) -> None:
-        """The client CLIENT left: cancel its unfinished TASK_IDS, except named actors and
-        detached jobs, which live on."""
-        for task_id in task_ids:
-            task = self._graph.get(task_id)
-            if task is not None and task.state not in FINISHED \
-                    and task.creates not in self._actors.actors \
-                    and not self._jobs.detached(task):
-                self.drop(task)
 
 
 def where(task: Task) -> Workers | None:

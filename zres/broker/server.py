@@ -40,6 +40,7 @@ from .identity import Identities
 from .jobs import PUBLIC_FIELDS, JobTable
 from .keeping import TaskKeeper
 from .metrics import BrokerMetrics, Snapshots
+from .orphans import Orphans
 from .output import OutputRouter
 from .status import Explainer
 from .store import StateUnwritable, Store
@@ -58,7 +59,8 @@ class Broker:
                  heartbeat_timeout: float = 3.0, client_timeout: float = 30.0,
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
                  prefetch: int = 32, limits: Limits | None = None,
-                 store: Store | None = None, keys: str | None = None) -> None:
+                 store: Store | None = None, keys: str | None = None,
+                 client_grace: float = 5.0) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
@@ -92,8 +94,10 @@ class Broker:
         self._stopping = False
         # PREFETCH: short tasks a slot may hold queued beyond what runs there (0: none).
         self.sched = Scheduler(starvation_after, prefetch=max(0, prefetch))
+        # CLIENT_GRACE: how long a client whose connection closed has to come back before
+        # its work is stopped (CLIENT_TIMEOUT: one silent, its connection open).
         self.clients = ClientRegistry(client_timeout,
-                                      lambda *a: self.client_link.drop(*a))
+                                      lambda *a: self.orphans.client_gone(*a), client_grace)
         self.keeper = TaskKeeper(store, self.clients)
         self.agents = AgentRegistry(
             self.sched, heartbeat_timeout, ended=store.meta("ended_agents") if store else None,
@@ -126,6 +130,8 @@ class Broker:
                  "header_bytes": self.limits.header_bytes,
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
             conn=lambda: self.ids.conn)
+        self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
+                               self.jobs, self.keeper, self.client_link.forget)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
@@ -170,6 +176,7 @@ class Broker:
             P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
             P.WHY: self.client_link.on_why, P.RESUME: self.client_link.on_resume,
+            P.TASK_CANCEL: self.orphans.on_task_cancel,
             P.STATUS: self._on_status,
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,

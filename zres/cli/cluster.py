@@ -21,7 +21,7 @@ from ..core import protocol as P
 from ..core.address import is_local, is_loopback, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
-from ..core.report import format_user_amount, in_user_units
+from ..core.report import STATES, format_user_amount, in_user_units
 from ..core.resources import format_units, parse_spec
 from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
@@ -127,7 +127,8 @@ def broker(args: argparse.Namespace) -> int:
         broker = Broker(settings["listen"], settings["heartbeat_interval"],
                         settings["heartbeat_timeout"], settings["client_timeout"],
                         settings["starvation_after"], prefetch=settings["prefetch"],
-                        limits=Limits.from_settings(settings), store=store, keys=keys_dir)
+                        limits=Limits.from_settings(settings), store=store, keys=keys_dir,
+                        client_grace=settings["client_grace"])
         dashboard = _serve_http(broker, http, given=given is not None)
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
@@ -356,8 +357,9 @@ def render_status(status: dict[str, Any]) -> str:
                                 f"{amounts}{gpus}"))
     lines += _cut(agents, len(agents), " agents")
     counts = status["counts"]
-    lines += ["", *_wrap("tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                                      or "none"), "")]
+    ordered = [*STATES, *sorted(set(counts) - set(STATES))]
+    lines += ["", *_wrap("tasks: " + (", ".join(f"{k}={counts[k]}" for k in ordered
+                                                if counts.get(k)) or "none"), "")]
     if status.get("actors"):
         lines += ["", "actors:"]
         actors = []
@@ -372,7 +374,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines += _cut(actors, len(actors), " actors")
     groups = status.get("groups", [])
     if groups:
-        lines += ["", "waiting:"]
+        lines += ["", "waiting and queued:"]
         shown = []
         for group in groups:
             names = ", ".join(group["names"]) + (", ..." if group["count"] > 3 else "")
@@ -384,9 +386,20 @@ def render_status(status: dict[str, Any]) -> str:
     if running:
         lines += ["", "running:"]
         lines += _cut([_wrap(f"{t['name']} (id {t['id']}) on {t['agent']}  "
-                             f"{_request(t['units'])}  for {t['seconds']:.0f}s")
+                             f"{_request(t['units'])}  for {t['seconds']:.0f}s"
+                             + _running_notes(t))
                        for t in running], max(counts.get("running", 0), len(running)))
     return "\n".join(lines)
+
+
+def _running_notes(task: dict[str, Any]) -> str:
+    """Whose a running task is, and whether its client is gone (detached, or being
+    stopped): what lets its owner find it and cancel it (zres cancel --task ID)."""
+    notes = f"  owner {task['owner']}" if task.get("owner") else ""
+    if task.get("client_gone"):
+        notes += "  client gone"
+    flags = [word for word in ("detached", "stopping") if task.get(word)]
+    return notes + (f" ({', '.join(flags)})" if flags else "")
 
 
 def demo(args: argparse.Namespace) -> int:
