@@ -139,6 +139,6 @@ def test_a_result_let_go_of_as_the_broker_dies_is_not_kept_for_ever(make_cluster
     wait_until(lambda: not client._io.outbox, message="the release to be sent")
     cluster.restart_broker()
     wait_until(lambda: client._io.epoch != epoch, message="the client to reconnect")
-    wait_until(lambda: client.status()["counts"] == {"done": 1},
+    wait_until(lambda: client.status()["counts"] == {"finished": 1},
                message="only the result still held to be kept")
     assert client.submit(inc, kept).result(30) == 3, "the result still held was kept"

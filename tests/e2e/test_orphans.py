@@ -1,0 +1,141 @@
+"""Work whose client is gone (issue 27): a closed, or killed, client's running tasks are
+stopped and their resources come back within seconds; a detached task runs on, listed in
+status, /api/status and /metrics with its owner and its client gone, through a broker
+restart, and only its owner (or an admin) stops it by id."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.e2e.test_metrics import get, scrape
+from tests.e2e.test_security import cli
+from tests.tasks import hold
+from zres.core import keys as K
+
+pytestmark = pytest.mark.timeout(180)
+
+# A program that holds both tokens with two tasks, says so, and waits to be killed.
+PROGRAM = textwrap.dedent("""
+    import os, pathlib, sys, time
+    import zres
+
+    def hold(marker):
+        pathlib.Path(marker).touch()
+        while True:
+            time.sleep(0.02)
+
+    address, keys, markers = sys.argv[1], sys.argv[2], sys.argv[3:]
+    client = zres.Client(address, keys=keys)
+    futures = [client.submit(hold, m, resources={"token": 1}, key=f"killed{i}")
+               for i, m in enumerate(markers)]
+    while not all(f.running() for f in futures):
+        time.sleep(0.02)
+    print("running", flush=True)
+    time.sleep(600)
+""")
+
+
+def key_dir(cluster_keys: str, into: Path, name: str) -> str:
+    """A directory holding the broker's public key and a client key of NAME."""
+    made = K.keygen(cluster_keys, role="client", name=name)
+    into.mkdir()
+    shutil.copy(Path(cluster_keys) / f"{K.BROKER}.key", into)
+    shutil.copy(made[0], into)
+    return str(into)
+
+
+def both_held(paths: list[Path]) -> bool:
+    return all(p.exists() for p in paths)
+
+
+def test_a_gone_clients_work_is_stopped_and_detached_work_kept(make_cluster, make_client,
+                                                               tmp_path, spawn):
+    cluster = make_cluster(agents=[{"token": 2}], nthreads=4, names=["node"],
+                           http="127.0.0.1:0", env={"ZRES_BROKER__CLIENT_GRACE": "1"})
+    alice_keys = key_dir(cluster.keys, tmp_path / "alice", "alice")
+    bob_keys = key_dir(cluster.keys, tmp_path / "bob", "bob")
+    other = make_client(cluster.address, keys=bob_keys)
+    never = str(tmp_path / "never")  # (what holds a token holds it until stopped)
+
+    # A client closed while its two tasks hold both tokens: both are stopped, and a task
+    # of another client that waits for the tokens starts.
+    closing = make_client(cluster.address, keys=alice_keys)
+    markers = [tmp_path / f"closed{i}" for i in range(2)]
+    for i, marker in enumerate(markers):
+        closing.submit(hold, never, str(marker), resources={"token": 1}, key=f"closed{i}")
+    wait_until(lambda: both_held(markers), message="the closing client's tasks to start")
+    started = tmp_path / "waits"
+    waits = other.submit(hold, never, str(started), resources={"token": 2}, key="waits")
+    wait_until(lambda: waits.status == "queued" and waits.id is not None
+               and cluster.status()["counts"].get("queued") == 1, message="it to queue")
+    closing.close()
+    wait_until(lambda: started.exists(), timeout=20,
+               message="the tokens back, and the waiting task started")
+
+    # A client killed (SIGKILL: no goodbye, its connection drops) alike, after the grace.
+    other.cancel(waits, force=True)
+    wait_until(lambda: waits.cancelled(), timeout=20, message="its task stopped")
+    markers = [tmp_path / f"killed{i}" for i in range(2)]
+    killed = spawn([sys.executable, "-c", PROGRAM, cluster.address, alice_keys,
+                    *map(str, markers)], stdout=subprocess.PIPE, env={
+                        **os.environ, "PYTHONPATH": os.pathsep.join(
+                            [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])})
+    assert killed.stdout.readline() == b"running\n"
+    started = tmp_path / "waits-again"
+    again = other.submit(hold, never, str(started), resources={"token": 2}, key="again")
+    wait_until(lambda: cluster.status()["counts"].get("queued") == 1, message="it to queue")
+    killed.kill()
+    wait_until(lambda: started.exists(), timeout=20,
+               message="the killed client's tokens back, and the waiting task started")
+    other.cancel(again, force=True)
+    wait_until(lambda: again.cancelled(), timeout=20, message="its task stopped")
+
+    # A detached task of a closed client runs on, listed with its owner, its client gone,
+    # in zres status, /api/status and /metrics, also after the broker restarts.
+    detaching = make_client(cluster.address, keys=alice_keys, detach=True)
+    marker = tmp_path / "detached"
+    kept = detaching.submit(hold, never, str(marker), resources={"token": 1}, key="kept")
+    wait_until(lambda: marker.exists() and kept.id is not None, message="it to start")
+    task_id = kept.id
+    assert repr(kept) == f"<zres.Future kept id={task_id} running>"
+    detaching.close()
+
+    def listed() -> dict | None:
+        running = cluster.status()["running"]
+        return running[0] if [t["name"] for t in running] == ["kept"] else None
+    entry = wait_until(listed, message="the detached task listed alone")
+    assert (entry["id"], entry["owner"], entry["client_gone"], entry["detached"]) == \
+        (task_id, "alice", True, True)
+    cluster.restart_broker()
+    entry = wait_until(listed, timeout=60, message="the detached task adopted again")
+    assert (entry["id"], entry["owner"], entry["client_gone"]) == (task_id, "alice", True)
+    text = cli("status", cluster.address, keys=bob_keys).stdout
+    assert f"kept (id {task_id}) on node  CPU=1 token=1  for " in text
+    assert "owner alice  client gone (detached)" in text
+    report = json.loads(get(cluster.dashboard + "api/status")[1])
+    assert [(t["id"], t["owner"], t["client_gone"]) for t in report["running"]] == \
+        [(task_id, "alice", True)]
+    samples = scrape(cluster.dashboard)
+    assert samples["zres_running_tasks", (("client", "gone"), ("owner", "alice"))] == 1
+    assert samples["zres_tasks", (("state", "running"),)] == 1
+
+    # Only its owner (or an admin) may stop it, by its id.
+    refused = cli("cancel", "--task", str(task_id), "--broker", cluster.address,
+                  keys=bob_keys)
+    assert refused.returncode != 0 and (f"task {task_id} (kept) belongs to alice: only alice "
+                                        "or an admin key may cancel it") in refused.stderr
+    assert listed(), "a refused cancel stopped it"
+    done = cli("cancel", "--task", str(task_id), "--broker", cluster.address, keys=alice_keys)
+    assert done.returncode == 0 and done.stdout == f"stopping task {task_id} (kept)\n", done
+    wait_until(lambda: not cluster.status()["running"], timeout=20, message="it stopped")
+    wait_until(lambda: cluster.status()["agents"][0]["slots"][0]["free"]["token"] == 2,
+               message="its token back")
