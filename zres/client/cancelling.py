@@ -76,6 +76,7 @@ class CancelMethods:
                     future._release_when_dropped = True
                     self._io.held.add(task_id)
                     self._io.pending.pop(task_id, None)
+                    self._io.ended_unnamed(future)
                     future._end_cancelled(_base.PENDING)
 
         if self._io.on_thread():

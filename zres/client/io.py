@@ -68,6 +68,9 @@ class IOThread(OutboxSender):
         # told to a restarted broker, which drops what it restored that we let go of (a
         # release it heard but had not written before it died would be lost).
         self.held: set[int] = set()
+        # Futures that ended before the broker told their ids (a cancel's answer can come
+        # first): told later, by local id.
+        self.unnamed: dict[int, weakref.ref[Future]] = {}
         # Submissions sent and not yet acknowledged as kept by a broker that keeps its
         # state: sent again should it restart before writing them.
         self.unacked: deque[tuple[str, Any, Any]] = deque()
@@ -261,8 +264,16 @@ class IOThread(OutboxSender):
             local, task_id, count = run
             for offset in range(count):
                 future = self.pending.get(local + offset)
+                if future is None and self.unnamed:
+                    ref = self.unnamed.pop(local + offset, None)
+                    future = ref() if ref is not None else None
                 if future is not None:
                     future._id = task_id + offset
+
+    def ended_unnamed(self, future: Future) -> None:
+        """FUTURE left ``pending`` before the broker told its id: it may still come."""
+        if future._id is None:
+            self.unnamed[future._local] = weakref.ref(future)
 
     def _on_refused(self, msg: P.Message) -> None:
         """The broker refused a message (over a limit, malformed, not ours): fail what it was."""
@@ -366,6 +377,7 @@ class IOThread(OutboxSender):
                 if future is not None:
                     future._release_when_dropped = True
                     self.held.add(future._local)
+                    self.ended_unnamed(future)
         batch = list(zip(futures, items, P.split_frames(msg.frames, [i[2] for i in items])))
 
         def settle_all() -> None:
