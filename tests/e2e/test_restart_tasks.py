@@ -117,7 +117,7 @@ def test_tasks_submitted_while_the_client_reconnects_are_kept(make_cluster, make
         submitter.join(30)
     _, stuck = cf.wait(futures, timeout=90)
     assert not stuck, f"{len(stuck)} of {len(futures)} never ended, the first task " \
-        f"{min(f.id for f in stuck)} (the broker has {client.status()['counts']})"
+        f"{min(f._local for f in stuck)} (the broker has {client.status()['counts']})"
     failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception()]
     assert not failed, f"{len(failed)} of {len(futures)} failed, first: {failed[0]}"
     assert [f.result() for f in futures] == list(range(1, len(futures) + 1))
