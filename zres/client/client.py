@@ -262,7 +262,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
     def why(self, future: Future, timeout: float = 10.0) -> str:
         """Ask the broker why FUTURE's task is not running yet."""
         if future.done():
-            return "finished"
+            return future.status  # (finished, error or cancelled)
         return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
