@@ -34,10 +34,10 @@ def client_of(broker: Broker, ident: bytes = b"client-1") -> Peer:
     return client
 
 
-def submit(client: Peer, *tasks: tuple[int, dict[str, Any]]) -> None:
-    """Submit a foo=1 task per (local id, extra)."""
-    client.send(P.SUBMIT, {"tasks": [[local, {"foo": UNIT}, 0, 0, [], 2, f"t{local}", False,
-                                      extra] for local, extra in tasks]},
+def submit(client: Peer, *tasks: tuple[Any, ...]) -> None:
+    """Submit a foo=1 task per (local id, extra[, the local ids of its inputs])."""
+    client.send(P.SUBMIT, {"tasks": [[local, {"foo": UNIT}, 0, 0, list(deps), 2, f"t{local}",
+                                      False, extra] for local, extra, *deps in tasks]},
                 [f for _ in tasks for f in (b"fn", b"args")])
 
 
@@ -66,13 +66,16 @@ def test_a_gone_clients_tasks_are_stopped_and_its_detached_one_runs_on():
         # The client learns the ids its tasks have here (what its futures show).
         assert client.take(P.ACCEPTED).body["ids"] == [[1, 1, 3]]
         first, second, detached = started(agent, 1, 3)
+        # A detached task waiting for one that is not: what it needs runs on with it.
+        submit(client, (4, {}), (5, {"detached": True}, 4))
+        assert client.take(P.ACCEPTED).body["ids"] == [[4, 4, 2]]
         client.send(P.BYE, {})
         client.step()
         # Stopped where they run, as a forced cancel stops them: still running (holding
         # their resources) until the agent says they are gone, listed as such.
         assert sorted(cancels(agent)) == [([first], True), ([second], True)]
         status = broker.status()
-        assert status["counts"] == {"running": 3}
+        assert status["counts"] == {"running": 3, "queued": 1, "waiting": 1}
         assert [(t["id"], t["client_gone"], t["stopping"], t["detached"])
                 for t in status["running"]] == [(first, True, True, False),
                                                  (second, True, True, False),
@@ -82,9 +85,10 @@ def test_a_gone_clients_tasks_are_stopped_and_its_detached_one_runs_on():
                                      [second, P.FAILED, 0, CANCELLED]])
         agent.sync()
         status = broker.status()
-        assert status["counts"] == {"running": 1}  # (ended, and nobody holds them)
+        # (ended, and nobody holds them; what the tokens freed runs)
+        assert status["counts"] == {"running": 2, "waiting": 1}
         assert broker.graph.finished == {"finished": 0, "error": 0, "cancelled": 2}
-        assert status["agents"][0]["slots"][0]["free"]["foo"] == 2 * UNIT
+        assert status["agents"][0]["slots"][0]["free"]["foo"] == UNIT
         # The detached one runs on until its owner stops it by id, from anywhere.
         owner.send(P.TASK_CANCEL, {"task": detached, "req": 7})
         reply = owner.take(P.TASK_CANCEL_REPLY).body

@@ -10,8 +10,8 @@ where it runs (an exception raised in its call, its worker process killed if it 
 ended two seconds later, a job's process group terminated), and its resources come back
 once its agent says it is gone; meanwhile it is listed as running, its client gone. Its
 unnamed actors end (``ActorRouting.drop_owned_by``). What it detached (``detached=True``,
-``Client(detach=True)``, detached jobs) runs on, listed with its owner and ``client gone``,
-and named actors live on, until their owner (or an admin) stops them by id:
+``Client(detach=True)``, detached jobs), and the tasks that work waits for, run on, listed
+with its owner and ``client gone``, and named actors live on, until their owner (or an admin) stops them by id:
 ``task_cancel``, a one-off request (``zres cancel --task ID``).
 
 A client restored after a broker restart has the reconnect window to come back; its tasks
@@ -64,6 +64,8 @@ class Orphans:
         for task in tasks:
             if task.state not in FINISHED:
                 self._graph.census.client_gone(task)
+        for task in self._inputs_of_detached(tasks):
+            task.detached = True  # (what detached work needs runs on with it)
         stopped = sum(1 for task in tasks if self._stop(task))
         for task in tasks:
             self._graph.unhold(task)
@@ -71,6 +73,19 @@ class Orphans:
                 self._keeper.changed(task)        # as this client's)
         log.info(event, client=quote(client.name), stopped=stopped,
                  detached=sum(1 for t in tasks if t.detached and t.state not in FINISHED))
+
+    def _inputs_of_detached(self, tasks: list[Task]) -> list[Task]:
+        """The unfinished tasks the unfinished detached ones among TASKS wait for, also
+        through others (a task's ``deps`` are held while it waits)."""
+        found: dict[int, Task] = {}
+        work = [t for t in tasks if t.detached and t.state not in FINISHED]
+        while work:
+            for dep_id in work.pop().deps:
+                dep = self._graph.get(dep_id)
+                if dep is not None and dep.state not in FINISHED and dep_id not in found:
+                    found[dep_id] = dep
+                    work.append(dep)
+        return list(found.values())
 
     def _stop(self, task: Task) -> bool:
         """Stop TASK, whose client is gone, as a forced cancel does, unless it is detached
