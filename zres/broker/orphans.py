@@ -11,8 +11,8 @@ ended two seconds later, a job's process group terminated), and its resources co
 once its agent says it is gone; meanwhile it is listed as running, its client gone. Its
 unnamed actors end (``ActorRouting.drop_owned_by``). What it detached (``detached=True``,
 ``Client(detach=True)``, detached jobs), and the tasks that work waits for, run on, listed
-with its owner and ``client gone``, and named actors live on, until their owner (or an admin) stops them by id:
-``task_cancel``, a one-off request (``zres cancel --task ID``).
+with its owner and ``client gone``, and named actors live on, until their owner (or an
+admin) stops them by id: ``task_cancel``, a one-off request (``zres cancel --task ID``).
 
 A client restored after a broker restart has the reconnect window to come back; its tasks
 run on meanwhile, and are stopped when it expires as any gone client's are. A task that

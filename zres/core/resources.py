@@ -178,16 +178,22 @@ def format_amount(name: str, units: int) -> str:
     formatter of amounts: status, the dashboard, notebooks and reasons all use it."""
     amount = Decimal(units) / UNIT
     if is_bytes(name):
-        for suffix, size in _BINARY:
-            if amount >= size:
-                return f"{_digits(amount / size)} {suffix}"
-        return f"{_digits(amount)} B"
+        return format_bytes(amount)
     if amount >= 10**6:
         for suffix, size in (("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6)):
             if amount >= size:
                 return f"{float(amount / size):.4g}{suffix}"
     text = f"{amount:f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def format_bytes(amount: Decimal | int | float) -> str:
+    """Render a number of bytes in binary units: 64 GiB, 1.5 KiB, 100 B."""
+    amount = Decimal(amount)
+    for suffix, size in _BINARY:
+        if amount >= size:
+            return f"{_digits(amount / size)} {suffix}"
+    return f"{_digits(amount)} B"
 
 
 def _digits(amount: Decimal) -> str:
