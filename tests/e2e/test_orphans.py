@@ -1,5 +1,5 @@
-"""Work whose client is gone (issue 27): a closed, or killed, client's running tasks are
-stopped and their resources come back within seconds; a detached task runs on, listed in
+"""Work whose client is gone (issue 27): a closed, interrupted or killed client's running
+tasks are stopped and their resources come back within seconds; a detached task runs on, listed in
 status, /api/status and /metrics with its owner and its client gone, through a broker
 restart, and only its owner (or an admin) stops it by id."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -81,23 +82,27 @@ def test_a_gone_clients_work_is_stopped_and_detached_work_kept(make_cluster, mak
     wait_until(lambda: started.exists(), timeout=20,
                message="the tokens back, and the waiting task started")
 
-    # A client killed (SIGKILL: no goodbye, its connection drops) alike, after the grace.
+    # A program interrupted (Ctrl-C: it says goodbye at exit, not waiting for its tasks),
+    # and one killed (SIGKILL: no goodbye, its connection drops), alike, after the grace.
     other.cancel(waits, force=True)
     wait_until(lambda: waits.cancelled(), timeout=20, message="its task stopped")
-    markers = [tmp_path / f"killed{i}" for i in range(2)]
-    killed = spawn([sys.executable, "-c", PROGRAM, cluster.address, alice_keys,
-                    *map(str, markers)], stdout=subprocess.PIPE, env={
-                        **os.environ, "PYTHONPATH": os.pathsep.join(
-                            [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])})
-    assert killed.stdout.readline() == b"running\n"
-    started = tmp_path / "waits-again"
-    again = other.submit(hold, never, str(started), resources={"token": 2}, key="again")
-    wait_until(lambda: cluster.status()["counts"].get("queued") == 1, message="it to queue")
-    killed.kill()
-    wait_until(lambda: started.exists(), timeout=20,
-               message="the killed client's tokens back, and the waiting task started")
-    other.cancel(again, force=True)
-    wait_until(lambda: again.cancelled(), timeout=20, message="its task stopped")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    for how in (signal.SIGINT, signal.SIGKILL):
+        markers = [tmp_path / f"{how.name}{i}" for i in range(2)]
+        program = spawn([sys.executable, "-c", PROGRAM, cluster.address, alice_keys,
+                         *map(str, markers)], stdout=subprocess.PIPE, env=env)
+        assert program.stdout.readline() == b"running\n"
+        started = tmp_path / f"waits-{how.name}"
+        again = other.submit(hold, never, str(started), resources={"token": 2})
+        wait_until(lambda: cluster.status()["counts"].get("queued") == 1,
+                   message="it to queue")
+        program.send_signal(how)
+        wait_until(started.exists, timeout=20,
+                   message=f"the tokens back after {how.name}, and the waiting task started")
+        assert program.wait(20) == -how  # (Python ends by the signal after a Ctrl-C too)
+        other.cancel(again, force=True)
+        wait_until(again.cancelled, timeout=20, message="its task stopped")
 
     # A detached task of a closed client runs on, listed with its owner, its client gone,
     # in zres status, /api/status and /metrics, also after the broker restarts.
