@@ -45,6 +45,19 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
+# A program that submits a task and simply reaches its end: it waits for the task first.
+ENDING = textwrap.dedent("""
+    import pathlib, sys, time
+    import zres
+
+    def slow(marker):
+        time.sleep(0.5)
+        pathlib.Path(marker).touch()
+
+    zres.Client(sys.argv[1], keys=sys.argv[2]).submit(slow, sys.argv[3], resources={"token": 1})
+""")
+
+
 def key_dir(cluster_keys: str, into: Path, name: str) -> str:
     """A directory holding the broker's public key and a client key of NAME."""
     made = K.keygen(cluster_keys, role="client", name=name)
@@ -103,6 +116,12 @@ def test_a_gone_clients_work_is_stopped_and_detached_work_kept(make_cluster, mak
         assert program.wait(20) == -how  # (Python ends by the signal after a Ctrl-C too)
         other.cancel(again, force=True)
         wait_until(again.cancelled, timeout=20, message="its task stopped")
+
+    # A program that simply reaches its end waits for what it submitted, then goes.
+    marker = tmp_path / "ended"
+    ending = subprocess.run([sys.executable, "-c", ENDING, cluster.address, alice_keys,
+                             str(marker)], env=env, capture_output=True, timeout=60)
+    assert ending.returncode == 0 and marker.exists(), ending.stderr
 
     # A detached task of a closed client runs on, listed with its owner, its client gone,
     # in zres status, /api/status and /metrics, also after the broker restarts.
