@@ -30,9 +30,10 @@ def test_progress_counts_what_ended_and_what_failed(make_cluster, make_client):
     returned = zres.progress({"some": futures[:2], "rest": futures[2:]}, file=out,
                              desc="work")
     assert sorted(f.id for f in returned) == sorted(f.id for f in futures)
+    assert None not in [f.id for f in futures], "the broker's ids, told before the results"
     assert all(f.done() for f in futures)
     final = out.getvalue().splitlines()[-1] if "\n" in out.getvalue() else out.getvalue()
-    assert "work" in final and "5/5" in final and "failed=1" in final, out.getvalue()
+    assert "work" in final and "5/5" in final and "error=1" in final, out.getvalue()
     with pytest.raises(TypeError, match="progress\\(\\) takes futures"):
         zres.progress([futures[0], 42])
 
