@@ -21,6 +21,7 @@ from tests.e2e.test_metrics import get, scrape
 from tests.e2e.test_security import cli
 from tests.tasks import hold
 from zres.core import keys as K
+from zres.core.errors import ZresError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -157,6 +158,8 @@ def test_a_gone_clients_work_is_stopped_and_detached_work_kept(make_cluster, mak
                   keys=bob_keys)
     assert refused.returncode != 0 and (f"task {task_id} (kept) belongs to alice: only alice "
                                         "or an admin key may cancel it") in refused.stderr
+    with pytest.raises(ZresError, match=f"task {task_id} \\(kept\\) belongs to alice"):
+        other.cancel_task(task_id)  # (bob's client)
     assert listed(), "a refused cancel stopped it"
     done = cli("cancel", "--task", str(task_id), "--broker", cluster.address, keys=alice_keys)
     assert done.returncode == 0 and done.stdout == f"stopping task {task_id} (kept)\n", done
