@@ -14,7 +14,7 @@ A client whose connection closed and that does not come back within GRACE second
 client that reconnects does so within a fraction of a second: a network blip, its
 broker's restart) is gone, as one silent for the TIMEOUT (a stopped process, a cut
 network) or one that said goodbye: its work is stopped, but what it detached
-(``ClientLink.drop``).
+(``orphans``).
 """
 
 from __future__ import annotations
