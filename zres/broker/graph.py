@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core import protocol as P
-from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..core.tasks import FINISHED, Task, TaskState, set_state, state_word
 from .census import Census
 
 
@@ -30,8 +30,9 @@ class TaskGraph:
         self.tasks: dict[int, Task] = {}
         # Held tasks by state, kept as they change (every change goes through here).
         self.census = Census()
-        # Tasks finished in this broker's life, by outcome (done, failed): for its metrics.
-        self.finished: dict[str, int] = {"done": 0, "failed": 0}
+        # Tasks finished in this broker's life, by how (finished, error, cancelled): for its
+        # metrics.
+        self.finished: dict[str, int] = {"finished": 0, "error": 0, "cancelled": 0}
         self._on_dropped = on_dropped  # a finished task nobody holds is forgotten
         self._next_id = first_id - 1
         self._on_ready = on_ready
@@ -148,9 +149,13 @@ class TaskGraph:
     def _record(self, task: Task, outcome: str, frames: Sequence[Any],
                 info: dict[str, Any]) -> list[Task]:
         """Finish one task; return the waiting dependents a failure must also fail."""
-        self.set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
-        self.finished[task.state.value] += 1
+        new = TaskState.DONE if outcome == P.OK else TaskState.FAILED
+        if task.state in FINISHED:
+            self.set_state(task, new)  # (raises: a task ends once, its outcome kept)
+        # Its outcome first: the census counts a failure as error or cancelled by it.
         task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
+        self.set_state(task, new)
+        self.finished[state_word(task)] += 1
         self._on_recorded(task)
         failed: list[Task] = []
         for dependent_id in task.dependents:
