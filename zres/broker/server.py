@@ -142,7 +142,8 @@ class Broker(Intake):
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
             refuse=self._refused)
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
-                               self.jobs, self.keeper, self.client_link.forget)
+                               self.jobs, self.keeper, self.client_link.forget,
+                               later=self.backlog.next)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
