@@ -47,6 +47,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "client_timeout": 30.0, "starvation_after": 5.0, "prefetch": 32,
                # Fair share: an owner's recent use halves every this many seconds.
                "fairshare_half_life": DEFAULT_HALF_LIFE,
+               # Seconds a client whose connection closed has to come back before its
+               # (undetached) work is stopped.
+               "client_grace": 5.0,
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
@@ -70,8 +73,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "security": {"keys": None, "insecure": False},
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
-          "client_timeout": float, "starvation_after": float, "job_grace": float,
-          "fairshare_half_life": float,
+          "client_timeout": float, "client_grace": float, "starvation_after": float,
+          "job_grace": float, "fairshare_half_life": float,
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",

@@ -42,7 +42,8 @@ def test_a_snapshot_is_made_when_asked_and_a_stuck_loop_is_reported():
         assert code == 200
         report = json.loads(body)
         assert report["address"] == broker.address and report["agents"] == []
-        assert report["counts"] == {} and report["finished"] == {"done": 0, "failed": 0}
+        assert report["counts"] == {}
+        assert report["finished"] == {"finished": 0, "error": 0, "cancelled": 0}
 
         assert get(server.url + "health") == (200, b"ok\n")
         # The loop stops turning (a handler stuck, say): /health says so, for a probe to act.

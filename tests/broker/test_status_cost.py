@@ -56,7 +56,7 @@ def test_status_counts_and_groups_without_walking_every_task():
         report(agent, 2, 1, [b"r"], results=[[granted, P.OK, 1, {}]])
         agent.sync()
         status = broker.status()
-        assert status["counts"] == {"queued": 349, "running": 1, "done": 1}
+        assert status["counts"] == {"queued": 349, "running": 1, "finished": 1}
     finally:
         for peer in (client, agent):
             peer.close()

@@ -258,7 +258,7 @@ def test_status_lists_agents_resources_counts_and_waiting_reasons(make_cluster, 
         assert "running=0" in foo_line
         assert "CPU=2/2" in foo_line and "foo=3/3" in foo_line
         assert "queued=2" in out and "running=1" in out
-        waiting = out[out.index("waiting:"):out.index("running:")]
+        waiting = out[out.index("waiting and queued:"):out.index("running:")]
         assert "huge" in waiting and "needs GPU=4, largest agent has GPU=2" in waiting
         assert "exotic" in waiting and "no agent offers bar" in waiting
         assert "holder" not in waiting

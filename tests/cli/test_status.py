@@ -52,7 +52,7 @@ def test_status_groups_waiting_work_and_cuts_long_lists(busy, tmp_path):
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100, max(lines, key=len)
     text = result.stdout
-    waiting = text[text.index("waiting:"):text.index("running:")]
+    waiting = text[text.index("waiting and queued:"):text.index("running:")]
     # One line (wrapped within 100 columns) per request and reason, with its count.
     assert "30 x CPU=1 slot=1 (" in waiting and "blocked1, blocked2, ..." in waiting
     assert "5 x CPU=1 GPU=3 (never0, never1, never2, ...): infeasible: needs GPU=3, " \

@@ -305,7 +305,7 @@ def test_failed_tasks_are_freed_on_the_broker(make_cluster, make_client):
     client = make_client(cluster.address)
     failed = client.map(fail_value, range(50))
     zres.wait(failed, timeout=30)
-    assert client.status()["counts"] == {"failed": 50}
+    assert client.status()["counts"] == {"error": 50}
     del failed
     gc.collect()
     wait_until(lambda: not client.status()["counts"], timeout=10,

@@ -274,6 +274,22 @@ def test_format_amount(units, text):
     assert format_amount("X", units) == text
 
 
+@pytest.mark.parametrize("name, spec, text", [
+    ("MEMORY", "64GiB", "64 GiB"),
+    ("MEMORY", "40GiB", "40 GiB"),
+    ("MEMORY", "4096MiB", "4 GiB"),
+    ("MEMORY", "512MiB", "512 MiB"),
+    ("MEMORY", "1.5GiB", "1.5 GiB"),
+    ("MEMORY", "100e9", "93.13 GiB"),   # (decimal bytes: in binary units too)
+    ("GPU_MEMORY", "80GiB", "80 GiB"),
+    ("HOST_MEMORY", "2TiB", "2 TiB"),
+    ("MEMORY", "1023GiB", "1023 GiB"),
+    ("MEMORY", "100", "100 B"),
+])
+def test_memory_is_written_in_binary_units_as_it_is_given(name, spec, text):
+    assert format_amount(name, parse_spec(f"{name}={spec}")[name]) == text
+
+
 def test_format_amount_round_trips_small_amounts_through_parse_spec():
     for text in ["0.25", "1", "3", "0.0001", "12.5"]:
         units = parse_spec(f"x={text}")["x"]

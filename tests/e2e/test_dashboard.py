@@ -88,6 +88,7 @@ def test_the_dashboard_shows_the_cluster_and_follows_it(make_cluster, make_clien
     training = client.submit(hold, release, marker, resources={"GPU": 1}, key="train")
     wait_until(lambda: os.path.exists(marker), message="the GPU task to start")
     never = [client.submit(pow, 2, 2, resources={"GPU": 4}, key=f"huge{i}") for i in range(3)]
+    never.append(client.submit(pow, 2, 2, resources={"MEMORY": "128GiB"}, key="big"))
     wait_until(lambda: all(f.infeasible for f in never), message="infeasible warnings")
     job = alice.submit_command(["sh", "-c", f"while [ ! -e {release} ]; do sleep 0.05; done"],
                                resources={"licence": 1}, name="render")
@@ -105,16 +106,24 @@ def test_the_dashboard_shows_the_cluster_and_follows_it(make_cluster, make_clien
     assert "64 GiB / 64 GiB free" in text(browser, f'{gpu_node} [data-resource="MEMORY"]')
     assert "GPUs 0, 1" in text(browser, gpu_node)
     assert "0 / 1 free" in text(browser, '[data-agent="lic-node"] [data-resource="licence"]')
-    # Waiting work: one row for the request, with its count and reason.
+    # Work that waits: one row per request, with its count, state and reason, amounts as
+    # given (64 GiB, not 68.72G).
     waiting = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#waiting tbody tr")]
-    assert waiting == ["3 CPU=1 GPU=4 infeasible: needs GPU=4, largest agent has GPU=2 "
-                       "huge0, huge1, huge2"]
-    # The job, with its owner and state; the running task.
+    assert waiting == ["3 queued CPU=1 GPU=4 infeasible: needs GPU=4, largest agent has GPU=2 "
+                       "huge0, huge1, huge2",
+                       "1 queued CPU=1 MEMORY=128 GiB infeasible: needs MEMORY=128 GiB, "
+                       "largest agent has MEMORY=64 GiB big"]
+    # The job, with its owner and state; the running task, with its owner and client.
     [job_id] = alice.job_ids([job])
     assert text(browser, "#jobs tbody") == \
         f"{job_id} render alice running lic-node CPU=1 licence=1 zres logs {job_id}"
-    assert "train (id 1) gpu-node CPU=1 GPU=1" in text(browser, "#running tbody")
-    assert text(browser, "[data-state=\"running\"]") == "2 running"  # the task and the job
+    running = text(browser, "#running tbody").split("\n")
+    assert running[0].startswith(f"train (id {training.id}) admin gpu-node CPU=1 GPU=1 ")
+    assert running[1].startswith(f"render (id {job_id}) alice lic-node CPU=1 licence=1 ")
+    assert all(row.endswith(" connected") for row in running)
+    # The tasks' states, in the words of every view.
+    assert text(browser, "#counts [data-state]").split("\n") == [
+        "0 waiting", "4 queued", "2 running", "0 finished", "0 error", "0 cancelled"]
     # Tasks by state over time: a line per state, a point per refresh.
     lines = browser.find_elements(By.CSS_SELECTOR, "#history polyline")
     assert len(lines) == 3 and lines[2].get_attribute("stroke") == "#2f80ed"  # running
@@ -126,4 +135,6 @@ def test_the_dashboard_shows_the_cluster_and_follows_it(make_cluster, make_clien
     shows(browser, "#jobs tbody", f"{job_id} render alice done")
     shows(browser, "#running tbody", "nothing runs")
     client.cancel(never)
-    shows(browser, "#waiting tbody", "nothing waits")
+    shows(browser, "#waiting tbody", "nothing waits or is queued")
+    shows(browser, "#ended", "ended since the broker started: 2 finished, 0 error, "
+          "4 cancelled")

@@ -233,7 +233,7 @@ def test_intermediate_results_are_released_once_nothing_needs_them(client, tmp_p
     run.start()
     wait_until(lambda: os.path.exists(marker), message="c to run")
     # a's only reader, b, has ended: a is gone; b waits for d; c runs, d waits.
-    wait_until(lambda: client.status()["counts"] == {"done": 1, "running": 1, "waiting": 1},
+    wait_until(lambda: client.status()["counts"] == {"finished": 1, "running": 1, "waiting": 1},
                message="only b's result kept while c runs")
     Path(release).touch()
     run.join(30)

@@ -64,7 +64,7 @@ def test_a_compute_lives_through_a_broker_kill(make_cluster, make_client, tmp_pa
     run.start()
     wait_until(lambda: Path(ledger).exists() and "c" in Path(ledger).read_text().split(),
                message="c to run")
-    wait_until(lambda: client.status()["counts"] == {"done": 1, "running": 1, "waiting": 1},
+    wait_until(lambda: client.status()["counts"] == {"finished": 1, "running": 1, "waiting": 1},
                message="big released, total done, slow running and out waiting")
     cluster.restart_broker()
     Path(gate).touch()

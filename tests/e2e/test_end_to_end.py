@@ -295,8 +295,8 @@ def test_results_are_freed_when_futures_are_dropped(make_cluster, make_client):
     done, not_done = zres.wait(futures, timeout=60)
     assert not not_done
     assert sum(f.result() for f in futures) == sum(range(3000))
-    assert client.status()["counts"].get("done", 0) == 3000
+    assert client.status()["counts"].get("finished", 0) == 3000
     del futures, done, not_done
     gc.collect()
-    wait_until(lambda: client.status()["counts"].get("done", 0) == 0, timeout=20,
+    wait_until(lambda: client.status()["counts"].get("finished", 0) == 0, timeout=20,
                message="the broker to free every result")

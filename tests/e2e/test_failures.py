@@ -665,7 +665,7 @@ def test_broker_stops_cleanly_on_signal(sig, spawn, make_client):
 
 # -- 7. clients that vanish ------------------------------------------------------------------------
 
-def test_closed_client_has_its_queued_tasks_cancelled(make_cluster, make_client, tmp_path):
+def test_closed_client_has_its_tasks_cancelled(make_cluster, make_client, tmp_path):
     cluster = make_cluster(agents=[{"tok": 1}], names=["solo"])
     leaver = make_client(cluster.address)
     stayer = make_client(cluster.address)
@@ -681,16 +681,15 @@ def test_closed_client_has_its_queued_tasks_cancelled(make_cluster, make_client,
         for future in left_behind:
             with pytest.raises(zres.ZresError):
                 future.result(10)
-        wait_until(lambda: counts(cluster) == {"queued": 1}, timeout=10,
+        # Its running task is stopped too (issue 27): its token comes back, and the other
+        # client's task, queued for it, runs.
+        assert mine.result(30) == "solo"
+        wait_until(lambda: counts(cluster) == {"finished": 1}, timeout=10,
                    message="the leaver's tasks to be cancelled")
         assert cluster.status()["clients"] == 1
-        # The other client is unaffected: work that fits runs at once.
         assert stayer.submit(square, 9).result(30) == 81
-        assert not mine.done()
     finally:
         Path(release).touch()
-    # Its queued task runs once the cancelled one's call returns its resources.
-    assert mine.result(30) == "solo"
 
 
 CLIENT_SCRIPT = textwrap.dedent("""
@@ -713,7 +712,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_killed_client_has_its_queued_tasks_cancelled(make_cluster, make_client, spawn,
+def test_killed_client_has_its_tasks_cancelled(make_cluster, make_client, spawn,
                                                       tmp_path):
     cluster = make_cluster(agents=[{"tok": 1}], names=["solo"],
                            env={"ZRES_BROKER__CLIENT_TIMEOUT": "1.0"})
@@ -731,10 +730,11 @@ def test_killed_client_has_its_queued_tasks_cancelled(make_cluster, make_client,
         wait_until(lambda: counts(cluster) == {"running": 1, "queued": 6},
                    message="seven tasks at the broker")
         kill(doomed)
-        wait_until(lambda: counts(cluster) == {"queued": 1}, timeout=15,
+        # All of them, its running task too (issue 27): the token comes back.
+        assert mine.result(30) == "solo"
+        wait_until(lambda: counts(cluster) == {"finished": 1}, timeout=15,
                    message="the killed client's tasks to be cancelled")
         assert cluster.status()["clients"] == 1
         assert stayer.submit(square, 6).result(30) == 36
     finally:
         Path(release).touch()
-    assert mine.result(30) == "solo"

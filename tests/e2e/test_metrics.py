@@ -53,7 +53,7 @@ def test_metrics_say_what_the_cluster_did(make_cluster, make_client, tmp_path):
     url = cluster.dashboard
     samples = wait_until(lambda: (m := scrape(url)).get(("zres_tasks", (("state", "running"),)))
                          == 1 and m, message="the running task in /metrics")
-    assert samples["zres_tasks_finished_total", (("outcome", "done"),)] == 7
+    assert samples["zres_tasks_finished_total", (("outcome", "finished"),)] == 7
     assert samples["zres_tasks", (("state", "queued"),)] == 2
     assert samples["zres_infeasible_tasks", ()] == 2
     assert samples["zres_waiting_tasks", (("request", "CPU=1 GPU=3"),)] == 2

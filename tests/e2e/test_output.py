@@ -306,7 +306,7 @@ def test_a_stalled_terminal_stalls_no_heartbeat_and_output_still_comes_first(
     with zres.Client(cluster.address) as client:
         printed = client.submit(shout, 5)
         # The client's I/O thread is not stuck behind the terminal: the broker answers it.
-        wait_until(lambda: client.status()["counts"].get("done", 0) >= 1,
+        wait_until(lambda: client.status()["counts"].get("finished", 0) >= 1,
                    message="the task to end while the terminal is paused")
         assert not printed.done(), "its result came before its output was printed"
         stalled.release.set()

@@ -30,9 +30,10 @@ def test_progress_counts_what_ended_and_what_failed(make_cluster, make_client):
     returned = zres.progress({"some": futures[:2], "rest": futures[2:]}, file=out,
                              desc="work")
     assert sorted(f.id for f in returned) == sorted(f.id for f in futures)
+    assert None not in [f.id for f in futures], "the broker's ids, told before the results"
     assert all(f.done() for f in futures)
     final = out.getvalue().splitlines()[-1] if "\n" in out.getvalue() else out.getvalue()
-    assert "work" in final and "5/5" in final and "failed=1" in final, out.getvalue()
+    assert "work" in final and "5/5" in final and "error=1" in final, out.getvalue()
     with pytest.raises(TypeError, match="progress\\(\\) takes futures"):
         zres.progress([futures[0], 42])
 
@@ -45,7 +46,7 @@ def test_a_future_says_running_once_its_task_runs(make_cluster, make_client, tmp
     waiting = client.submit(hold, release, str(tmp_path / "second"))
     wait_until(lambda: os.path.exists(marker), message="the task to start")
     wait_until(lambda: "running" in repr(held), message="its future to say so")
-    assert "pending" in repr(waiting), "a task waiting for the CPU does not run"
+    assert "queued" in repr(waiting), "a task waiting for the CPU does not run"
     Path(release).touch()
     assert held.result(30) == "released"
     assert "finished" in repr(held)
@@ -71,17 +72,18 @@ def test_notebooks_show_clients_clusters_futures_and_actors(make_cluster, make_c
 
     card = client._repr_html_()
     assert cluster.address in card and "gpu-a" in card
-    assert "GPU 0 / 1" in card and "MEMORY 4.295G / 4.295G" in card, card
+    assert "<td>GPU</td>" in card and "<td>0 / 1</td>" in card, card
+    assert "<td>4 GiB / 4 GiB</td>" in card, card
     assert "1 running" in card
     assert f'href="{cluster.dashboard}"' in card, "a link to the dashboard"
     assert "gpu-a" in cluster._repr_html_()
-    assert "<b>running</b>" in held._repr_html_()
+    assert ">running</b>" in held._repr_html_()
     infeasible = client.submit(hold, release, marker, resources={"GPU": 2})
     wait_until(lambda: infeasible.infeasible, message="the infeasible warning")
     assert "GPU=2" in infeasible._repr_html_()
     Path(release).touch()
     held.result(30)
-    assert "<b>finished</b> on gpu-a" in held._repr_html_()
+    assert ">finished</b> on gpu-a" in held._repr_html_()
 
     counter = client.actor(Counter, name="counter")
     assert "Counter" in counter._repr_html_() and "add" in counter._repr_html_()

@@ -117,7 +117,7 @@ def test_tasks_submitted_while_the_client_reconnects_are_kept(make_cluster, make
         submitter.join(30)
     _, stuck = cf.wait(futures, timeout=90)
     assert not stuck, f"{len(stuck)} of {len(futures)} never ended, the first task " \
-        f"{min(f.id for f in stuck)} (the broker has {client.status()['counts']})"
+        f"{min(f._local for f in stuck)} (the broker has {client.status()['counts']})"
     failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception()]
     assert not failed, f"{len(failed)} of {len(futures)} failed, first: {failed[0]}"
     assert [f.result() for f in futures] == list(range(1, len(futures) + 1))
@@ -139,6 +139,6 @@ def test_a_result_let_go_of_as_the_broker_dies_is_not_kept_for_ever(make_cluster
     wait_until(lambda: not client._io.outbox, message="the release to be sent")
     cluster.restart_broker()
     wait_until(lambda: client._io.epoch != epoch, message="the client to reconnect")
-    wait_until(lambda: client.status()["counts"] == {"done": 1},
+    wait_until(lambda: client.status()["counts"] == {"finished": 1},
                message="only the result still held to be kept")
     assert client.submit(inc, kept).result(30) == 3, "the result still held was kept"

@@ -549,7 +549,7 @@ def test_a_session_is_bound_to_its_key_and_a_revoked_key_loses_it(make_cluster, 
         assert refused.kind == P.REFUSED and "another key's client session" in \
             refused.body["error"], refused
         release.touch()
-        wait_until(lambda: cluster.status()["counts"].get("done"), message="the task to end")
+        wait_until(lambda: cluster.status()["counts"].get("finished"), message="the task to end")
         P.send(bob, P.encode(P.STATUS, {"req": 7}))  # (its answer comes after her news)
         heard = [answer(bob)]
         while heard[-1] is not None and heard[-1].body.get("kind") != P.STATUS:

@@ -40,7 +40,8 @@ from ..logs import get_logger
 log = get_logger("zres.broker")
 
 _CLIENT = {P.HELLO, P.SUBMIT, P.RELEASE, P.CANCEL, P.WHY, P.RESUME, P.STATUS, P.KILL,
-           P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE, P.LOCATE}
+           P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE, P.TASK_CANCEL,
+           P.LOCATE}
 MAY_SEND = {
     "client": frozenset(_CLIENT),
     "admin": frozenset(_CLIENT | {P.RESOURCES}),
@@ -49,7 +50,8 @@ MAY_SEND = {
 }
 # Requests about one job or actor: only its owner or an admin may make them (what each
 # does, in its user's words).
-OWNED = {P.JOB_CANCEL: "cancel", P.LOGS: "read the log of", P.KILL: "kill"}
+OWNED = {P.JOB_CANCEL: "cancel", P.LOGS: "read the log of", P.KILL: "kill",
+         P.TASK_CANCEL: "cancel"}
 _REFUSALS_KEPT = 10_000  # keys whose refused handshakes are being counted, at most
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..core import protocol as P
 from ..core import versions
 from ..core.errors import ProtocolError
-from ..core.limits import LimitExceeded, Limits, check_name, quote
+from ..core.limits import LimitExceeded, Limits, check_name
 from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.owners import Quotas
@@ -39,7 +39,6 @@ Refuse = Callable[[bytes, P.Message, Exception, list[int]], None]
 # A submit's tasks taken in one go (a few ms of work); the rest of a larger one (a map's
 # 1,000 a message) is taken across turns, for a bounded time each.
 CHUNK = 250
-DROP_CHUNK = 5000  # ... and tasks of a gone client let go of in one go
 
 
 class ClientLink:
@@ -81,6 +80,8 @@ class ClientLink:
         self._refuse = refuse
         # A reference to a result kept on agents (the broker's ``objects``).
         self._refer: Callable[[Task], Any] = lambda task: graph.refer(task)
+        # The ids new tasks have here, per client, as [first local id, first id, count].
+        self._to_tell: dict[bytes, list[list[int]]] = {}
 
     def client(self, ident: bytes, now: float) -> ClientRecord | None:
         client = self.clients.seen(ident, now)
@@ -149,29 +150,10 @@ class ClientLink:
         for local in [local for local in client.ids if local not in kept]:
             self._let_go(client, local)
 
-    def drop(self, client: ClientRecord, event: str) -> None:
-        """CLIENT left (or was silent too long): cancel what it leaves behind."""
-        log.info(event, client=quote(client.name))
-        self._to_accept.pop(client.ident, None)
-        self._actors.drop_owned_by(client.ident, client.name)
-        held = list(client.ids.values())
-        client.ids.clear()
-        self._let_go_of(client, held)
-
-    def _let_go_of(self, client: ClientRecord, held: list[int]) -> None:
-        """Cancel and let go of what CLIENT, gone, held: a chunk now, the rest at the
-        loop's next rounds (a client leaving a million tasks holds nobody up)."""
-        chunk, rest = held[:DROP_CHUNK], held[DROP_CHUNK:]
-        self._dispatch().drop_work_of(client.ident, chunk)
-        for task_id in chunk:
-            task = self._graph.get(task_id)
-            if task is not None:
-                self._graph.unhold(task)
-        if rest:
-            if self._later is None:
-                self._let_go_of(client, rest)
-            else:
-                self._later(client.ident, lambda: self._let_go_of(client, rest))
+    def forget(self, ident: bytes) -> None:
+        """The client IDENT is gone: what was to be told it is not."""
+        self._to_accept.pop(ident, None)
+        self._to_tell.pop(ident, None)
 
     def on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self.client(ident, now)
@@ -198,8 +180,11 @@ class ClientLink:
         # it (and of what was left of the submit).
         self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor],
                                    client.ident)
+        told = self._to_tell.setdefault(client.ident, [])
         for sub in submissions:
             client.accepted = max(client.accepted, sub.local)
+            if sub.local in client.ids:
+                _tell_id(told, sub.local, client.ids[sub.local])  # (it may not have heard)
             if sub.local in client.ids or (
                     sub.actor and self._actors.sent_again(sub.actor["id"], client.ident)):
                 # Sent again after a restart, and kept before it: taken once (an actor's
@@ -209,8 +194,12 @@ class ClientLink:
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, (),
                         kind=sub.kind, quiet=sub.quiet, owner=client.owner)
             task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
+            task.detached = sub.detached or bool(sub.job and sub.job["detached"])
+            if sub.job is not None and task.detached:
+                sub.job["detached"] = True
             self._graph.add(task)
             client.ids[sub.local] = task.id
+            _tell_id(told, sub.local, task.id)
             if sub.job is not None:
                 self._jobs.add(task, sub.job)
             if sub.actor is not None and not self._actors.add_actor(task, sub.actor,
@@ -259,12 +248,15 @@ class ClientLink:
                 f"waiting and this submit adds {adding}")
 
     def accept(self) -> None:
-        """Acknowledge what clients submitted, now that it is written."""
-        if self._store is None or self._store.error is not None:
+        """Acknowledge what clients submitted, now that it is written, telling each the
+        ids its tasks have here (what its futures show)."""
+        if self._store is not None and self._store.error is not None:
             return  # kept by its clients until it is written: they send it again
         for client in self._to_accept.values():
-            self._send(client.ident, P.ACCEPTED, {"upto": client.accepted})
+            self._send(client.ident, P.ACCEPTED, {"upto": client.accepted,
+                                                  "ids": self._to_tell.pop(client.ident, [])})
         self._to_accept.clear()
+        self._to_tell.clear()
 
     def on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
         # Heard from a restored client before its hello too: letting go of a task needs no
@@ -374,3 +366,14 @@ class ClientLink:
         self._running.flush()  # before the results: a future runs, then finishes
         self._results.flush()
 
+
+
+def _tell_id(told: list[list[int]], local: int, task_id: int) -> None:
+    """Add LOCAL -> TASK_ID to TOLD, runs of [first local id, first id, count] (a map's
+    tasks take one run)."""
+    if told:
+        last = told[-1]
+        if local == last[0] + last[2] and task_id == last[1] + last[2]:
+            last[2] += 1
+            return
+    told.append([local, task_id, 1])

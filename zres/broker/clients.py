@@ -9,6 +9,12 @@ routing id's messages now go to that other connection, nothing more is sent to i
 session is *away*) until its own key is heard again. So is a client whose connection
 closed: what the broker tells it meanwhile waits (``held``) and goes once it is back,
 rather than to whoever takes the routing id next.
+
+A client whose connection closed and that does not come back within GRACE seconds (a
+client that reconnects does so within a fraction of a second: a network blip, its
+broker's restart) is gone, as one silent for the TIMEOUT (a stopped process, a cut
+network) or one that said goodbye: its work is stopped, but what it detached
+(``orphans``).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class ClientRecord:
     public: str = ""
     fd: int = -1        # the connection it last spoke over
     away: bool = False  # that connection closed, or another key took its routing id
+    away_since: float = 0.0  # when that connection closed (0: it did not)
     held: list[tuple[str, Any, Any]] = field(default_factory=list)  # told while away
     output: bool = True  # it wants its tasks' output (hello{output})
     output_allowance: tuple[float, float] = (0.0, 0.0)  # bytes it may be sent, as of when
@@ -54,8 +61,10 @@ class ClientRecord:
 class ClientRegistry:
     """Connected clients by routing id; ON_DROP(client, event) cleans up after one leaves."""
 
-    def __init__(self, timeout: float, on_drop: Callable[[ClientRecord, str], None]) -> None:
+    def __init__(self, timeout: float, on_drop: Callable[[ClientRecord, str], None],
+                 grace: float = 5.0) -> None:
         self.timeout = timeout
+        self.grace = grace    # seconds a client whose connection closed has to come back
         self._by_ident: dict[bytes, ClientRecord] = {}
         self._by_fd: dict[int, bytes] = {}   # connection -> the client last heard over it
         self._on_drop = on_drop
@@ -121,11 +130,13 @@ class ClientRegistry:
             if self._by_fd.get(client.fd) == client.ident:
                 del self._by_fd[client.fd]
             client.fd = fd
-            if fd >= 0:
-                self._by_fd[fd] = client.ident
+        if fd >= 0:
+            # (also when FD is the one it had: a new connection given a closed one's
+            # number, which ``disconnected`` forgot)
+            self._by_fd[fd] = client.ident
         if not client.away:
             return []
-        client.away = False
+        client.away, client.away_since = False, 0.0
         held, client.held = client.held, []
         log.info("client_back", client=quote(client.name), held=len(held))
         return held
@@ -135,16 +146,22 @@ class ClientRegistry:
         reconnected over a reused descriptor, its next message brings it back)."""
         client = self._by_ident.get(self._by_fd.pop(fd, b""))
         if client is not None and client.fd == fd:
-            client.away = True
+            client.away, client.away_since = True, time.monotonic()
 
     def forgive(self, gap: float) -> None:
         """The broker did not listen for GAP seconds: nobody is silent for that."""
         for client in self._by_ident.values():
             client.last_seen += gap
+            if client.away_since:
+                client.away_since += gap
 
     def expire(self, now: float) -> None:
-        """Drop the clients silent for longer than the timeout."""
+        """Drop the clients silent for longer than the timeout, and those whose connection
+        closed that are not back within the grace."""
         for client in list(self._by_ident.values()):
             if now - client.last_seen > self.timeout:
                 del self._by_ident[client.ident]
                 self._on_drop(client, "client_lost")
+            elif client.away and client.away_since and now - client.away_since > self.grace:
+                del self._by_ident[client.ident]
+                self._on_drop(client, "client_gone")

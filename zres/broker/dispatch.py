@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.resources import token_devices
-from ..core.tasks import FINISHED, Task, TaskState
+from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant, Workers, workers
@@ -80,7 +80,7 @@ class Dispatcher:
         reason = self._sched.infeasible_reason(task.units, where(task))
         if reason is not None and task.strict:
             self._graph.fail(task, "InfeasibleError",
-                             f"task {task.name} is infeasible: {reason}")
+                             f"task {task.name} (id {task.id}) is infeasible: {reason}")
             return
         self._graph.set_state(task, TaskState.QUEUED)
         self._enqueue(task)
@@ -114,7 +114,7 @@ class Dispatcher:
             elif task.strict:
                 self._sched.dequeue(task.id)
                 self._graph.fail(task, "InfeasibleError",
-                                 f"task {task.name} is infeasible: {reason}")
+                                 f"task {task.name} (id {task.id}) is infeasible: {reason}")
             else:
                 self.warn_infeasible(task, reason)
 
@@ -166,7 +166,8 @@ class Dispatcher:
             owner = self._owner(task.id)
             if owner is not None:
                 self._send(owner.ident, P.CANCEL, {"ids": [task.id]})
-        self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled")
+        self._graph.fail(task, "CancelledError",
+                         f"task {task.name} (id {task.id}) was cancelled")
 
     # -- granting -----------------------------------------------------------------------
     def assign(self, grants: list[Grant]) -> None:
@@ -387,7 +388,8 @@ class Dispatcher:
             self._stopped(task)
             return
         if task.cancelling:  # its client asked to cancel it, and it had not begun
-            self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled")
+            self._graph.fail(task, "CancelledError",
+                         f"task {task.name} (id {task.id}) was cancelled")
             return
         self._graph.set_state(task, TaskState.QUEUED)
         task.held = task.begun = False
@@ -396,7 +398,8 @@ class Dispatcher:
         self._enqueue(task)
 
     def _stopped(self, task: Task) -> None:
-        self._graph.fail(task, "CancelledError", f"task {task.name} was cancelled while it ran")
+        self._graph.fail(task, "CancelledError",
+                         f"task {task.name} (id {task.id}) was cancelled while it ran")
 
     def _lost(self, task: Task, why: str) -> None:
         """TASK may have run where it was: spend a retry, or fail it saying so."""
@@ -410,7 +413,7 @@ class Dispatcher:
         how = ("while running task" if task.begun else
                "after it had handed over (so it may have started) task")
         self._graph.fail(task, "AgentLostError",
-                         f"{why} {how} {task.name}, and it had no retries left")
+                         f"{why} {how} {task.name} (id {task.id}), and it had no retries left")
 
     # -- agents coming and going ----------------------------------------------------------
     def lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True,
@@ -456,16 +459,6 @@ class Dispatcher:
     def capacity_changed(self) -> None:
         """An agent's capacity changed."""
         self.recheck_feasibility()
-
-    def drop_work_of(self, client: bytes, task_ids: list[int]) -> None:
-        """The client CLIENT left: cancel its unfinished TASK_IDS, except named actors and
-        detached jobs, which live on."""
-        for task_id in task_ids:
-            task = self._graph.get(task_id)
-            if task is not None and task.state not in FINISHED \
-                    and task.creates not in self._actors.actors \
-                    and not self._jobs.detached(task):
-                self.drop(task)
 
 
 def where(task: Task) -> Workers | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core import protocol as P
-from ..core.tasks import FINISHED, Task, TaskState, set_state
+from ..core.tasks import FINISHED, Task, TaskState, set_state, state_word
 from .census import Census
 
 
@@ -32,8 +32,9 @@ class TaskGraph:
         self.refer: Callable[[Task], Any] = lambda task: None
         # Held tasks by state, kept as they change (every change goes through here).
         self.census = Census()
-        # Tasks finished in this broker's life, by outcome (done, failed): for its metrics.
-        self.finished: dict[str, int] = {"done": 0, "failed": 0}
+        # Tasks finished in this broker's life, by how (finished, error, cancelled): for its
+        # metrics.
+        self.finished: dict[str, int] = {"finished": 0, "error": 0, "cancelled": 0}
         self._on_dropped = on_dropped  # a finished task nobody holds is forgotten
         self._next_id = first_id - 1
         self._on_ready = on_ready
@@ -163,16 +164,20 @@ class TaskGraph:
     def _record(self, task: Task, outcome: str, frames: Sequence[Any],
                 info: dict[str, Any]) -> list[Task]:
         """Finish one task; return the waiting dependents a failure must also fail."""
-        self.set_state(task, TaskState.DONE if outcome == P.OK else TaskState.FAILED)
-        self.finished[task.state.value] += 1
+        new = TaskState.DONE if outcome == P.OK else TaskState.FAILED
+        if task.state in FINISHED:
+            self.set_state(task, new)  # (raises: a task ends once, its outcome kept)
         # A result kept on an agent may be lost with it (see ``lineage``): its task keeps
         # its dependents (they wait for it again, or fail), and, while it may run again
         # (retries left), its call and its inputs.
         kept = outcome == P.OK and task.size > 0
         again = kept and task.retries > 0
+        # Its outcome first: the census counts a failure as error or cancelled by it.
         task.outcome, task.result, task.info = outcome, frames, info
         if not again:
             task.payload = []
+        self.set_state(task, new)
+        self.finished[state_word(task)] += 1
         self._on_recorded(task)
         failed: list[Task] = []
         for dependent_id in task.dependents:

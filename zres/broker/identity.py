@@ -118,6 +118,13 @@ class Identities:
         if msg.kind == P.KILL:
             actor = self._actors.actors.get(str(msg.body.get("actor")))
             return (actor.label(), actor.key) if actor is not None else None
+        if msg.kind == P.TASK_CANCEL:
+            task_id = msg.body.get("task")
+            task = self._graph.get(task_id) if type(task_id) is int else None
+            job = self._jobs.get(task_id) if type(task_id) is int else None
+            if task is not None:
+                return f"task {task_id} ({task.name})", task.owner
+            return (f"task {task_id} ({job.name})", job.owner) if job is not None else None
         job_id = msg.body.get("job")
         job = self._jobs.get(job_id) if type(job_id) is int else None
         return (f"job {job_id}", job.owner) if job is not None else None
@@ -130,4 +137,4 @@ class Identities:
 
 _CLIENT_KINDS = frozenset({P.HELLO, P.SUBMIT, P.RELEASE, P.CANCEL, P.WHY, P.RESUME,
                            P.STATUS, P.KILL, P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS,
-                           P.LOCATE})
+                           P.TASK_CANCEL, P.LOCATE})

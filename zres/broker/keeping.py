@@ -16,7 +16,10 @@ A restarted broker restores them:
 - a task whose input is gone fails, naming it;
 - a task whose result was not kept runs again once something needs it (``need``);
 - each owner's tasks wait for their client to say hello again (its ``ClientRecord`` is
-  restored under its routing id, which a client keeps across reconnections).
+  restored under its routing id, which a client keeps across reconnections): one not back
+  within the reconnect window is gone, and its tasks are stopped as any gone client's;
+- a task whose client had gone is restored only if it is detached (it runs on) or needed;
+  one that was being stopped is not: its agent, offering it back, is told to stop it.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class TaskKeeper:
         task.kept = True
         record = _pack([task.client, task.owner, task.local_id, task.units, task.priority,
                         task.name, task.strict, task.kind, deps, task.creates, task.actor,
-                        task.quiet, list(task.workers), task.allow_other_workers])
+                        task.quiet, list(task.workers), task.allow_other_workers,
+                        task.detached])
         frames = [P.buffer(f) for f in task.payload]
         blob = None
         if frames and len(frames[0]) >= BLOB_MIN:  # (a function: the same for many tasks)
@@ -182,6 +186,7 @@ class TaskKeeper:
             task.quiet = bool(more and more[0])
             if len(more) >= 3:
                 task.workers, task.allow_other_workers = tuple(more[1]), bool(more[2])
+            task.detached = len(more) >= 4 and bool(more[3])
             if outcome and (outcome != P.OK or result is not None or size):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []
@@ -203,9 +208,11 @@ class TaskKeeper:
                 if task.size:
                     self.kept_on_agents(task)  # (its agents offer it back, or it is lost)
                 continue
-            if not (holds_it or task.id in needed or task.creates):  # (an actor needs it)
+            if not (holds_it or task.id in needed or task.creates or task.detached):
+                # (an actor needs its construction; a detached task runs on for its owner)
                 self._store.forget_task(task.id)  # nobody waits for it any more
                 continue
+            task.client_gone = task.detached and not holds_it
             graph.add(task)
             if lost:
                 self._unrun[task.id] = deps

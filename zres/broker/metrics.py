@@ -145,15 +145,23 @@ class _SnapshotCollector(Collector):
         snap = self._snapshot()
         if snap is None:
             return
-        tasks = GaugeMetricFamily("zres_tasks", "Tasks the broker holds, by state",
-                                  labels=["state"])
-        for state in sorted({*STATES, *snap["counts"]}):
+        tasks = GaugeMetricFamily("zres_tasks", "Tasks the broker holds, by state "
+                                  f"({', '.join(STATES)})", labels=["state"])
+        for state in STATES:
             tasks.add_metric([state], snap["counts"].get(state, 0))
         yield tasks
-        finished = CounterMetricFamily("zres_tasks_finished", "Tasks finished since the "
-                                       "broker started, by outcome", labels=["outcome"])
-        for outcome, count in sorted(snap["finished"].items()):
-            finished.add_metric([outcome], count)
+        running = GaugeMetricFamily("zres_running_tasks", "Tasks running, by owner and "
+                                    "whether their client is gone (client=gone: detached, "
+                                    "or being stopped)", labels=["owner", "client"])
+        for entry in snap.get("running_by_owner", []):
+            running.add_metric([entry["owner"], "gone" if entry["client_gone"] else "present"],
+                               entry["count"])
+        yield running
+        finished = CounterMetricFamily("zres_tasks_finished", "Tasks ended since the "
+                                       "broker started, by how (finished, error, "
+                                       "cancelled)", labels=["outcome"])
+        for outcome in ("finished", "error", "cancelled"):
+            finished.add_metric([outcome], snap["finished"].get(outcome, 0))
         yield finished
         demand = GaugeMetricFamily("zres_waiting_tasks", "Tasks waiting to run, by the "
                                    "resources they ask for", labels=["request"])

@@ -44,6 +44,7 @@ from .jobs import PUBLIC_FIELDS, JobTable
 from .keeping import TaskKeeper
 from .metrics import BrokerMetrics, Snapshots
 from .objects import ObjectDirectory, new_secret
+from .orphans import Orphans
 from .output import OutputRouter
 from .status import Explainer
 from .store import Store
@@ -63,7 +64,8 @@ class Broker(Intake):
                  starvation_after: float = 5.0, context: zmq.Context | None = None,
                  prefetch: int = 32, limits: Limits | None = None,
                  store: Store | None = None, keys: str | None = None,
-                 half_life: float = DEFAULT_HALF_LIFE, quotas: Quotas | None = None) -> None:
+                 half_life: float = DEFAULT_HALF_LIFE, quotas: Quotas | None = None,
+                 client_grace: float = 5.0) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
@@ -104,7 +106,9 @@ class Broker(Intake):
                                half_life=half_life, quotas=self.quotas)
         # Work taken across turns (a large submit), each client's in order.
         self.backlog = Backlog()
-        self.clients = ClientRegistry(client_timeout, self._client_gone)
+        # CLIENT_GRACE: how long a client whose connection closed has to come back before
+        # its work is stopped (CLIENT_TIMEOUT: one silent, its connection open).
+        self.clients = ClientRegistry(client_timeout, self._client_gone, client_grace)
         self.keeper = TaskKeeper(store, self.clients)
         self.agents = AgentRegistry(
             self.sched, heartbeat_timeout, ended=store.meta("ended_agents") if store else None,
@@ -147,6 +151,9 @@ class Broker(Intake):
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
             refuse=self._refused)
+        self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
+                               self.jobs, self.keeper, self.client_link.forget,
+                               later=self.backlog.next)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
@@ -194,6 +201,7 @@ class Broker(Intake):
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
             P.WHY: self.client_link.on_why, P.RESUME: self.client_link.on_resume,
             P.LOCATE: self.client_link.on_locate,
+            P.TASK_CANCEL: self.orphans.on_task_cancel,
             P.STATUS: self._on_status,
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
@@ -334,9 +342,10 @@ class Broker(Intake):
         self.objects.dropped(task)
 
     def _client_gone(self, client: Any, event: str) -> None:
-        """A client left, or was dropped: what it had not handed over goes with it."""
+        """A client left, or was dropped: what it had not handed over goes with it, and
+        what it left is stopped (``orphans``)."""
         self.backlog.drop(client.ident)
-        self.client_link.drop(client, event)
+        self.orphans.client_gone(client, event)
 
     def acting(self) -> tuple[str, str]:
         """The role and owner the message being handled acts as ("" and "" without keys):

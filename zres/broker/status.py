@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ..core.resources import format_units
-from ..core.tasks import Task, TaskState
+from ..core.tasks import Task, TaskState, state_word
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import shape_of
 from .actor_records import ActorState
@@ -51,8 +51,10 @@ class Explainer:
                 text = self._sched.why(task.id, name=self._label)
                 # Handed to the worker process, it starts there the moment room frees.
                 return text + "; its worker holds it" if task.held else text
+            if task.stopping:
+                return f"being stopped on {task.agent} (cancelled while it ran)"
             return f"running on {task.agent}"
-        return task.state.value
+        return state_word(task)
 
     def brief(self, task: Task) -> str:
         """WHY without counting what is ahead: for lists of many tasks."""
@@ -76,19 +78,29 @@ class Explainer:
                                       "running": len(s.running), "gpus": g}
                                      for s, g in zip(slots, agent.gpus)]})
         census = self._graph.census
-        counts = {state.value: count for state, count in census.by_state.items() if count}
+        counts = {word: count for word, count in census.counts.items() if count}
+        owners = dict(census.owners)
         if pending:
             counts["queued"] = counts.get("queued", 0) + pending
             counts["running"] = counts.get("running", 0) - pending
             if not counts["running"]:
                 del counts["running"]
+            for slot in self._sched.slots.values():  # (a few per slot: see prefetch)
+                for task_id in slot.queue:
+                    task = self._graph.get(task_id)
+                    if task is not None:
+                        key = (task.owner, task.client_gone)
+                        owners[key] = owners.get(key, 0) - 1
         reasons: dict[Any, str] = {}  # one explanation per request and reservation
         return {"epoch": epoch, "address": address, "agents": agents, "clients": clients,
                 "counts": counts, "owners": self._sched.owners.describe(
                     time.monotonic(), census.waiting_by_owner),
                 "waiting": self._first_waiting(reasons),
                 "actors": self._actor_status(), "groups": self._groups(reasons),
-                "running": self._first_running()}
+                "running": self._first_running(),
+                "running_by_owner": [{"owner": owner, "client_gone": gone, "count": count}
+                                     for (owner, gone), count in sorted(owners.items())
+                                     if count > 0]}
 
     def _first_waiting(self, reasons: dict[Any, str]) -> list[dict[str, Any]]:
         """The first tasks of the scheduler's queue, each with why it waits."""
@@ -121,7 +133,9 @@ class Explainer:
                 continue  # queued in a slot: counted as queued
             task = self._graph.tasks[task_id]
             out.append({"id": task.id, "name": task.name, "agent": task.agent,
-                        "units": task.units, "seconds": round(now - task.started_at, 1)})
+                        "units": task.units, "seconds": round(now - task.started_at, 1),
+                        "owner": task.owner, "client_gone": task.client_gone,
+                        "detached": task.detached, "stopping": task.stopping})
             if len(out) >= _LISTED:
                 break
         return out
@@ -171,7 +185,8 @@ class Explainer:
             if group is None:
                 group = groups[shape, reason] = {
                     "request": format_units(units), "units": dict(units), "reason": reason,
-                    "count": 0, "names": [], "infeasible": reason.startswith("infeasible")}
+                    "count": 0, "names": [], "infeasible": reason.startswith("infeasible"),
+                    "state": "waiting" if reason == _DEPENDENCIES else "queued"}
             group["count"] += count
             group["names"] = (group["names"] + names)[:3]
         return sorted(groups.values(), key=lambda g: (-g["count"], g["request"], g["reason"]))

@@ -33,6 +33,7 @@ class Submission:
     quiet: bool = False                  # its client wants no result, only its end
     workers: tuple[str, ...] = ()        # the agents it runs on, by name (none: any)
     allow_other_workers: bool = False    # ... or only prefers
+    detached: bool = False               # it outlives its client (a job: its spec says)
 
 
 class SubmitReader:
@@ -148,7 +149,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
         quiet=extra.get("quiet") is True,
         workers=tuple(check_name(w, limits, "submit: an agent name in workers")
                       for w in workers),
-        allow_other_workers=extra.get("allow_other_workers") is True)
+        allow_other_workers=extra.get("allow_other_workers") is True,
+        detached=extra.get("detached") is True)
 
 
 def kind_of(function: Any) -> int:

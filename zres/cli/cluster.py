@@ -10,7 +10,6 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,11 @@ from ..core import protocol as P
 from ..core.address import is_local, is_loopback, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
-from ..core.report import format_user_amount, in_user_units
+from ..core.report import in_user_units
 from ..core.resources import UNIT, format_units, parse_spec
 from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
+from .status_text import render_status
 
 
 def add_parsers(sub: Any) -> None:
@@ -136,7 +136,7 @@ def broker(args: argparse.Namespace) -> int:
                         settings["starvation_after"], prefetch=settings["prefetch"],
                         limits=Limits.from_settings(settings), store=store, keys=keys_dir,
                         half_life=settings["fairshare_half_life"],
-                        quotas=quotas)
+                        quotas=quotas, client_grace=settings["client_grace"])
         dashboard = _serve_http(broker, http, given=given is not None)
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
@@ -301,134 +301,6 @@ def resources(args: argparse.Namespace) -> int:
         label = args.agent if len(reply["slots"]) == 1 else f"{args.agent}[{index}]"
         print(f"{label}: {format_units(slot)}")
     return 0
-
-
-def _state_line(state: dict[str, Any]) -> str:
-    """Where the broker keeps its state, how big it is, and when it last wrote it."""
-    size = state.get("bytes", 0)
-    shown = next(f"{size / scale:.1f} {unit}" for scale, unit in
-                 ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-                 if size >= scale or unit == "B")
-    last = state.get("last_commit")
-    when = f"last written {time.time() - last:.0f}s ago" if last else "nothing written yet"
-    line = f"state: {state.get('dir')}  {shown}  {when}"
-    if state.get("error"):
-        line += f"  CANNOT WRITE: {state['error']} (new jobs are refused)"
-    return line
-
-
-WIDTH = 100   # every line of zres status fits in this many columns
-SHOWN = 20    # entries shown per list before "... and N more"
-
-
-def _request(units: dict[str, float]) -> str:
-    return " ".join(f"{n}={format_user_amount(n, v)}"
-                    for n, v in sorted(units.items())) or "nothing"
-
-
-def _wrap(text: str, indent: str = "  ") -> list[str]:
-    """TEXT as lines of at most WIDTH columns, the later ones indented further: broken
-    between its fields (two spaces apart) where it can, inside one only if it must."""
-    more = indent + "    "
-    lines: list[str] = []
-    line = indent
-    for field in text.split("  "):
-        if line.strip():
-            if len(f"{line}  {field}") <= WIDTH:
-                line = f"{line}  {field}"
-                continue
-            lines.append(line)
-            line = more
-        parts = textwrap.wrap(field, WIDTH, initial_indent=line, subsequent_indent=more)
-        lines += parts[:-1]
-        line = parts[-1] if parts else line
-    return lines + [line]
-
-
-def _cut(lines: list[list[str]], total: int, what: str = "") -> list[str]:
-    """The first SHOWN entries (each a list of lines), then how many more of TOTAL."""
-    out = [line for entry in lines[:SHOWN] for line in entry]
-    if total > min(len(lines), SHOWN):
-        out.append(f"  ... and {total - min(len(lines), SHOWN)} more{what}")
-    return out
-
-
-def render_status(status: dict[str, Any]) -> str:
-    """Format a status report (amounts in user units: ``in_user_units``) for people, every
-    line within WIDTH columns."""
-    lines = _wrap(f"broker {status['address']}  cluster: {status.get('cluster', '?')}  "
-                  f"clients: {status['clients']}", "")
-    state = status.get("state")
-    if isinstance(state, dict):
-        lines += _wrap(_state_line(state), "")
-    lines += ["", "agents:"]
-    if not status["agents"]:
-        lines.append("  (none)")
-    agents = []
-    for agent in status["agents"]:
-        for index, slot in enumerate(agent["slots"]):
-            label = agent["name"] if len(agent["slots"]) == 1 else f"{agent['name']}[{index}]"
-            amounts = "  ".join(
-                f"{n}={format_user_amount(n, slot['free'].get(n, 0))}/"
-                f"{format_user_amount(n, t)}"
-                for n, t in sorted(slot["total"].items()))
-            gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
-            agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "
-                                f"{amounts}{gpus}"))
-    lines += _cut(agents, len(agents), " agents")
-    counts = status["counts"]
-    lines += ["", *_wrap("tasks: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                                      or "none"), "")]
-    lines += _owners(status.get("owners", []))
-    if status.get("actors"):
-        lines += ["", "actors:"]
-        actors = []
-        for actor in status["actors"]:
-            label = f"{actor['cls']}({actor['name'] or actor['id'][:8]})"
-            where = f" on {actor['agent']}" if actor["agent"] else ""
-            why = f": {actor['reason']}" if actor.get("reason") else ""
-            holds = _request(actor["units"])
-            actors.append(_wrap(f"{label:<24} {actor['state']}{where}  holds {holds}"
-                                f"  calls: {actor['running']} sent, {actor['queued']} queued"
-                                f"  restarts left: {actor['restarts_left']}{why}"))
-        lines += _cut(actors, len(actors), " actors")
-    groups = status.get("groups", [])
-    if groups:
-        lines += ["", "waiting:"]
-        shown = []
-        for group in groups:
-            names = ", ".join(group["names"]) + (", ..." if group["count"] > 3 else "")
-            shown.append(_wrap(f"{group['count']} x {group['request']} ({names}): "
-                               f"{group['reason']}"))
-        rest = sum(g["count"] for g in groups[SHOWN:])
-        lines += _cut(shown, len(groups), f" groups ({rest} tasks)")
-    running = status.get("running", [])
-    if running:
-        lines += ["", "running:"]
-        lines += _cut([_wrap(f"{t['name']} (id {t['id']}) on {t['agent']}  "
-                             f"{_request(t['units'])}  for {t['seconds']:.0f}s")
-                       for t in running], max(counts.get("running", 0), len(running)))
-    return "\n".join(lines)
-
-
-def _owners(owners: list[dict[str, Any]]) -> list[str]:
-    """Each owner's holdings, share of recent use and quotas, in the order a pass serves
-    them: shown when there are several owners or a quota (one user sees no change)."""
-    if len(owners) < 2 and not any(o["quota"] or o["queued_quota"] is not None
-                                   for o in owners):
-        return []
-    shown = []
-    for owner in owners:
-        quota = f"  quota {_request(owner['quota'])}" if owner["quota"] else ""
-        if owner["queued_quota"] is not None:
-            quota += f"  may queue {owner['queued_quota']:,}"
-        shown.append(_wrap(f"{owner['owner'] or '(default key)':<20} holds "
-                           f"{_request(owner['holds'])} ({owner['grants']} "
-                           f"grant{'' if owner['grants'] == 1 else 's'})  "
-                           f"recent use {owner['share']:.0%}  waiting {owner['waiting']:,}"
-                           f"{quota}"))
-    return ["", "owners (fair share: served in this order, least recent use first):",
-            *_cut(shown, len(shown), " owners")]
 
 
 def demo(args: argparse.Namespace) -> int:

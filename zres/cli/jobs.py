@@ -76,8 +76,12 @@ def add_parsers(sub: Any) -> None:
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
     _broker_option(logs)
 
-    cancel = sub.add_parser("cancel", help="stop a job (SIGTERM, then SIGKILL)")
-    cancel.add_argument("job", type=int, nargs="+", help="the ids of the jobs to stop")
+    cancel = sub.add_parser("cancel", help="stop a job (SIGTERM, then SIGKILL), or a task "
+                            "(--task)")
+    cancel.add_argument("job", type=int, nargs="*", help="the ids of the jobs to stop")
+    cancel.add_argument("--task", type=int, action="append", default=[], metavar="ID",
+                        help="stop the task of this id (zres status and a future's repr "
+                        "show it) wherever it is, as a forced cancel does; repeatable")
     _broker_option(cancel)
 
     wait = sub.add_parser("wait", help="block until jobs finish; exit 1 if any did not "
@@ -238,7 +242,16 @@ def logs(args: argparse.Namespace) -> int:
 
 
 def cancel(args: argparse.Namespace) -> int:
+    if not args.job and not args.task:
+        raise ValueError("nothing to cancel: zres cancel JOB... or zres cancel --task ID")
     failed = 0
+    for task_id in args.task:
+        reply = _request(args, P.TASK_CANCEL, {"task": task_id})
+        if "error" in reply:
+            print(f"zres cancel: {reply['error']}", file=sys.stderr)
+            failed = 1
+        else:
+            print(f"{reply.get('state', 'cancelled')} task {task_id} ({reply.get('name')})")
     for job_id in args.job:
         reply = _request(args, P.JOB_CANCEL, {"job": job_id})
         if "error" in reply:

@@ -34,7 +34,7 @@ class ActorMethods:
               max_concurrency: int = 1, restarts: int = 0, name: str | None = None,
               priority: int | None = None, infeasible: str | None = None,
               get_if_exists: bool = False, shared: bool = False,
-              **kwargs: Any) -> ActorHandle:
+              detached: bool | None = None, **kwargs: Any) -> ActorHandle:
         """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
 
         The actor holds RESOURCES until it ends, and no CPU unless RESOURCES names CPU.
@@ -42,7 +42,8 @@ class ActorMethods:
         MAX_CONCURRENCY at once (threads; coroutine methods on its event loop). If its
         process or agent dies it is started again, up to RESTARTS times (-1: no limit). A
         NAMEd actor can be found with ``get_actor`` and
-        outlives this client; an unnamed one ends when this client disconnects.
+        outlives this client (it is detached: DETACHED=True says so, and is refused for an
+        unnamed one); an unnamed one ends when this client goes, detached or not.
         Only its owner (the key that made it) and admin keys may call it, unless SHARED:
         then every key of the cluster may (a model server for a whole lab, say).
 
@@ -61,6 +62,9 @@ class ActorMethods:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if get_if_exists and name is None:
             raise ValueError("get_if_exists needs the actor's name (name=...)")
+        if detached and name is None:
+            raise ValueError("an unnamed actor ends with its client: name it (name=...) to "
+                             "keep it after this client goes, and find it with get_actor")
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, not {type(shared).__name__}")
         # An actor holds what it asks for, and no CPU unless it asks: an idle actor must not

@@ -60,7 +60,18 @@ class ActorHandle:
 
     def _repr_html_(self) -> str:
         from .html import actor
-        return actor(self._zres_cls, self._zres_id, self._zres_name, sorted(self._zres_methods))
+        client = self._zres_client
+        status, error = None, None
+        if client is not None and not client._closed:  # (none made just to draw it)
+            try:
+                found = [a for a in client.status(timeout=2.0).get("actors", [])
+                         if a.get("id") == self._zres_id]
+                status = found[0] if found else None
+                error = None if found else "not live: it ended, or was killed"
+            except Exception as exc:  # the broker is away: said, not raised
+                error = f"the broker did not answer: {exc}"
+        return actor(self._zres_cls, self._zres_id, self._zres_name,
+                     sorted(self._zres_methods), status, error)
 
 
 class ActorMethod:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import os
+import sys
 import threading
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import _base
 from typing import Any, cast
 
 from .. import config
@@ -29,6 +28,7 @@ from ..core.serialize import CallPickler
 from . import html, registry
 from .actor_methods import ActorMethods
 from .annotations import current_annotations
+from .cancelling import CancelMethods
 from .connect import find_broker
 from .dask_methods import DaskMethods
 from .executor import Executor
@@ -36,14 +36,13 @@ from .fetching import Fetcher
 from .futures import Future, R, gather
 from .io import IOThread
 from .job_methods import JobMethods
-from .outbox import STOP
 from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
 _ROLES = ("admin", "client")  # the keys a client connects with: the first found
 
 
-class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
+class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
     """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
     return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
     ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
@@ -61,14 +60,24 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
     private cluster, else "warn"). MODULES are shipped by value (see ``ship``).
     FORWARD_OUTPUT: print what its tasks and actor calls print here, each line prefixed
     ``(TASK AGENT)`` (default: ``[client] forward_output``).
+
+    When the client goes (``close()``, Ctrl-C, its process killed, or silent past the
+    broker's timeout) its tasks are stopped as ``cancel(force=True)`` stops them, and its
+    unnamed actors end; a program that simply reaches its end first waits for what it
+    submitted. DETACH: its tasks (and jobs) run on after it goes instead, as
+    ``submit(..., detached=True)`` does for one task; ``zres status`` lists them with
+    their owner, and ``zres cancel --task ID`` (or ``cancel_task``) stops one.
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
                  broker_timeout: float | None = None, keys: str | None = None,
                  modules: Iterable[ModuleType] = (),
-                 forward_output: bool | None = None) -> None:
+                 forward_output: bool | None = None, detach: bool = False) -> None:
         self.ship(*modules)  # (refuses what is not a module before anything starts)
+        if not isinstance(detach, bool):
+            raise TypeError(f"detach must be True or False, not {type(detach).__name__}")
+        self.detach = detach
         if infeasible is not None:
             _check_infeasible(infeasible)
         settings = config.load("client", {"broker": address, "broker_timeout": broker_timeout,
@@ -90,7 +99,6 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
                             settings["forward_output"], self._token)
         self._closed = False
         self._exited = False  # closed at the interpreter's exit
-        self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
         try:
             wait_for_answer(address, self._io.connected.wait, connect_timeout)
             if key is None and self._io.refused == refusal(None):
@@ -116,7 +124,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None, workers: str | Iterable[str] | None = None,
                allow_other_workers: bool = False, pure: bool | None = None,
-               **kwargs: Any) -> Future[R]:
+               detached: bool | None = None, **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -124,19 +132,20 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
         ``workers=`` does; with ALLOW_OTHER_WORKERS it prefers them, and runs anywhere
         when none of them has room. PURE is taken for Dask's sake and changes nothing:
         every submit runs its task (zres never merges calls that look alike into one), as
-        Dask's pure=False does. (For a function taking one of these keywords itself, use
+        Dask's pure=False does. DETACHED: it runs on after this client goes (default: the
+        client's ``detach``). (For a function taking one of these keywords itself, use
         ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
-                            workers, allow_other_workers)
+                            workers, allow_other_workers, detached)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
                 key: str | None = None, workers: str | Iterable[str] | None = None,
-                allow_other_workers: bool = False) -> Future:
+                allow_other_workers: bool = False, detached: bool | None = None) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers)
+                             allow_other_workers, detached)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -150,23 +159,24 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
             priority: int | None = None, infeasible: str | None = None,
             key: str | None = None, workers: str | Iterable[str] | None = None,
             allow_other_workers: bool = False, pure: bool | None = None,
-            **kwargs: Any) -> list[Future[R]]:
+            detached: bool | None = None, **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS and PURE as for ``submit``.
-        (``executor().map`` is the standard's: an iterator of results, with ``timeout``.)
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE and DETACHED as for
+        ``submit``. (``executor().map`` is the standard's: an iterator of results, with
+        ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
-                         workers, allow_other_workers)
+                         workers, allow_other_workers, detached)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
              retries: int | None = None, priority: int | None = None,
              infeasible: str | None = None, key: str | None = None,
              workers: str | Iterable[str] | None = None,
-             allow_other_workers: bool = False) -> list[Future]:
+             allow_other_workers: bool = False, detached: bool | None = None) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers)
+                             allow_other_workers, detached)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -186,15 +196,16 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
         asking for RESOURCES, with DEFAULTS (priority, retries, infeasible). It keeps the
         standard contract exactly (see ``zres.client.executor``); shutting it down leaves
         this client open."""
-        executor = Executor(self, resources, **defaults)
-        self._executors.add(executor)
-        return executor
+        return Executor(self, resources, **defaults)
 
     def _options(self, resources: Mapping[str, Any] | None, retries: int | None = None,
                  priority: int | None = None, infeasible: str | None = None,
                  key: str | None = None, workers: str | Iterable[str] | None = None,
-                 allow_other_workers: bool = False) -> dict[str, Any]:
+                 allow_other_workers: bool = False,
+                 detached: bool | None = None) -> dict[str, Any]:
         self._check_open()
+        if detached is not None and not isinstance(detached, bool):
+            raise TypeError(f"detached must be True or False, not {type(detached).__name__}")
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
         retries = ann.get("retries", 0) if retries is None else retries
@@ -212,7 +223,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         return {"units": task_request(resources), "retries": retries, "priority": priority,
                 "strict": infeasible == "error",
-                "where": _where(workers, allow_other_workers)}
+                "where": _where(workers, allow_other_workers),
+                "detached": self.detach if detached is None else detached}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -220,20 +232,23 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
         for dep in deps:
             if dep.client is not self:
                 raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
-        task_id = next(self._ids)
-        label = name or f"{getattr(fn, '__name__', fn)}-{task_id}"
-        future: Future[Any] = Future(self, task_id, label)
+        local = next(self._ids)
+        label = name or f"{getattr(fn, '__name__', fn)}-{local}"
+        future: Future[Any] = Future(self, local, label, deps)
         if extra and extra.get("quiet"):
             future.quiet = True
-        item = [task_id, opts["units"], opts["priority"], opts["retries"],
-                [d.id for d in deps], len(frames), label, opts["strict"]]
+        item = [local, opts["units"], opts["priority"], opts["retries"],
+                [d._local for d in deps], len(frames), label, opts["strict"]]
         if opts.get("where"):
             extra = {**(extra or {}), **opts["where"]}
+        if opts.get("detached"):
+            future.detached = True
+            extra = {**(extra or {}), "detached": True}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending
             self._check_open()
-            self._io.pending[task_id] = future
+            self._io.pending[local] = future
             self._io.outbox.append((P.SUBMIT, item, frames))
         return future
 
@@ -258,8 +273,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
     def why(self, future: Future, timeout: float = 10.0) -> str:
         """Ask the broker why FUTURE's task is not running yet."""
         if future.done():
-            return "finished"
-        return str(self._io.request(P.WHY, {"id": future.id}, timeout)["reason"])
+            return future.status  # (finished, error or cancelled)
+        return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
         """Return the broker's view, as ``zres status --json``: amounts in user units."""
@@ -278,88 +293,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
             raise ZresError(reply["error"])
         return [units_to_float(units) for units in reply["slots"]]
 
-    def cancel(self, futures: Future | Iterable[Future], force: bool = False) -> None:
-        """Cancel FUTURES (one, or an iterable): what has not started never runs, and its
-        future is cancelled now. A running task goes on (as ``Future.cancel`` says), unless
-        FORCE: then it is stopped where it runs (an exception raised in its call; its
-        worker process killed if the call has not ended two seconds later; a command job's
-        process group terminated), and its future ends cancelled once it is gone, its
-        resources free again. A task that finishes first keeps its result.
-        """
-        items = [futures] if isinstance(futures, Future) else list(futures)
-        for future in items:
-            if not isinstance(future, Future) or future.client is not self:
-                raise ValueError(f"{future!r} is not a future of this client")
-            if force and future.actor_call:
-                raise ValueError(f"{future.name} is an actor's method call: it cannot be "
-                                 "stopped alone; kill the actor (zres.kill) instead")
-        if force:  # their futures end when the broker says the tasks are gone
-            for future in items:
-                if not future.done():
-                    self._io.outbox.append((STOP, future.id, ()))
-                    future._release_when_dropped = True
-            self._io.wake()
-        else:
-            self._cancel([f for f in items if f._state == _base.PENDING])
-
-    def _cancel(self, futures: list[Future]) -> None:
-        """Ask the broker to cancel the tasks of FUTURES that have not begun; those it
-        cancels end cancelled once it answers. This waits for the answer (a round trip)
-        unless it runs on the I/O thread, in a done-callback: then they end when it comes."""
-        if not futures or self._closed:
-            return
-        reply = self._io.ask(P.CANCEL, {"ids": [f.id for f in futures]})
-        by_id = {f.id: f for f in futures}
-
-        def cancelled(reply: cf.Future) -> None:  # type: ignore[type-arg]
-            if reply.exception() is not None:
-                return  # the broker is gone: they fail as everything pending does
-            for task_id in reply.result().get("cancelled", ()):
-                future = by_id.get(task_id)
-                if future is not None:
-                    future._release_when_dropped = True
-                    self._io.held.add(task_id)
-                    self._io.pending.pop(task_id, None)
-                    future._end_cancelled(_base.PENDING)
-
-        if self._io.on_thread():
-            reply.add_done_callback(cancelled)
-            return
-        try:
-            reply.result(self._io.broker_timeout)
-        except (cf.TimeoutError, ZresError):
-            return  # no answer: nothing is known to be cancelled
-        cancelled(reply)
-
-    def _forget(self, futures: Iterable[Future[Any]], cancel: bool = False) -> None:
-        """Let go of FUTURES' tasks now, finished or not (not when the futures are
-        dropped): a result stays with the broker only for the tasks that read it. CANCEL:
-        first cancel those that have not begun."""
-        futures = list(futures)
-        if self._closed or not futures:
-            return
-        if cancel:
-            self._cancel([f for f in futures if f._state == _base.PENDING])
-        with self._io.lock:
-            for future in futures:
-                held = self._io.pending.pop(future.id, None) is not None \
-                    or future._release_when_dropped
-                future._release_when_dropped = False
-                self._io.held.discard(future.id)
-                if held:
-                    self._io.outbox.append((P.RELEASE, future.id, ()))
-        self._io.wake()
-
-    def _release(self, task_id: int) -> None:
-        self._io.held.discard(task_id)
-        if not self._closed:
-            self._io.outbox.append((P.RELEASE, task_id, ()))
-            self._io.wake()
-
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
-        """Disconnect; tasks still pending fail (as Dask's close cancels them); stop the
-        private cluster if this client started one."""
+        """Disconnect; tasks still pending fail (as Dask's close cancels them), and the
+        broker stops them, but those detached, which run on; stop the private cluster if
+        this client started one."""
         with self._io.lock:
             if self._closed:
                 return
@@ -367,20 +305,20 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods):
         registry.remove(self)
         self._io.stop()
         self._fetcher.close()
-        self._io.lose_all("the client was closed before the task finished", ZresError)
+        self._io.lose_all("the client was closed before the task finished", ZresError,
+                          detached="the client was closed; the task is detached and runs "
+                          "on (zres status lists it, zres cancel --task stops it)")
         if self.cluster is not None:
             self.cluster.close()
 
     def _at_exit(self) -> None:
         """The program ends and never closed this client. As a ThreadPoolExecutor's work
-        does, what its executors hold finishes first, and on a private cluster (which ends
-        with the program) every pending task; then it closes."""
+        does, what it submitted finishes first (but what is detached, or infeasible: no
+        agent could run it), unless the program ended by Ctrl-C; then it closes."""
         try:
-            if self.cluster is not None:
-                waiting = list(self._io.pending.values())
-            else:
-                waiting = [f for e in list(self._executors) for f in e.outstanding()]
-            cf.wait(waiting)
+            if not isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+                cf.wait([f for f in list(self._io.pending.values())
+                         if not f.detached and not f.infeasible])
         finally:
             self._exited = True
             self.close()

@@ -71,7 +71,7 @@ class Fetcher:
 
     def _locate(self, futures: list[Any], deadline: float | None) -> None:
         """Ask the broker where FUTURES' results are now; wait while they are made again."""
-        waiting = {f.id: f for f in futures}
+        waiting = {f._local: f for f in futures}
         while waiting:
             io = self._client._io
             reply = io.request(P.LOCATE, {"ids": list(waiting)}, io.broker_timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import _base
 from typing import Any, Generic, Protocol, TypeVar, overload
@@ -87,7 +88,11 @@ class Future(cf.Future[T], Generic[T]):
     # Called on the client's I/O thread when the task begins, if set.
     _on_running: Callable[[Future], None] | None = None
 
-    def __init__(self, client: Owner, task_id: int, name: str) -> None:
+    # It outlives its client (submit(detached=True), Client(detach=True)).
+    detached = False
+
+    def __init__(self, client: Owner, local: int, name: str,
+                 deps: Iterable[Future[Any]] = ()) -> None:
         # cf.Future's own __init__, but for its Condition: a lock, a deque and five bound
         # methods per future, 1.3 KB, most of what a future of a million-task map took.
         # The futures of one client share their client's lock; a future gets a condition
@@ -99,29 +104,67 @@ class Future(cf.Future[T], Generic[T]):
         self._waiters: list[Any] = []
         self._done_callbacks: list[Callable[[cf.Future[T]], object]] = []
         self.client = client
-        self.id = task_id
+        # The client's own number for the task, on the wire between it and its broker
+        # only; users see the broker's (``id``).
+        self._local = local
+        self._id: int | None = None
         self.name = name
         self.agent: str | None = None         # where it ran, once finished
         self.infeasible: str | None = None    # why no agent can run it, if reported
         self.actor_call = False               # a method call on an actor
         # Once finished (or cancelled), the broker keeps the result until this is dropped.
         self._release_when_dropped = False
+        # Its inputs, while it may wait for them (weakly: a future keeps no result alive).
+        self._deps: Any = [weakref.ref(d) for d in deps] if deps else ()
+
+    @property
+    def id(self) -> int | None:
+        """The task's id on the cluster: what ``zres status``, the dashboard, errors and
+        ``zres cancel --task`` say (a command job's is its job id). None until the broker
+        has taken the task, a round trip after it was submitted."""
+        return self._id
+
+    @property
+    def status(self) -> str:
+        """The task's state, in the words every view uses: ``waiting`` (for its inputs),
+        ``queued`` (for resources, or not sent yet), ``running``, ``finished``, ``error``
+        (it raised, or failed) or ``cancelled``."""
+        state = self._state
+        if state == _base.FINISHED:
+            return "error" if self._exception is not None else "finished"  # type: ignore[attr-defined]
+        if state in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED):
+            return "cancelled"
+        if state == _base.RUNNING:
+            return "running"
+        return "waiting" if any(d is not None and not d.done()
+                                for d in (ref() for ref in self._deps)) else "queued"
+
+    @property
+    def label(self) -> str:
+        """How errors name the task: its name and, once known, its id."""
+        return f"{self.name} (id {self._id})" if self._id is not None else self.name
 
     def __del__(self) -> None:
         # Cheaper than a weakref.finalize per result, which showed in profiles.
         if self._release_when_dropped:
             try:
-                self.client._release(self.id)
+                self.client._release(self._local)
             except Exception:  # the interpreter is shutting down
                 pass
 
     def __repr__(self) -> str:
-        state = self._state.lower()
-        return f"<zres.Future {self.name} id={self.id} {state}>"
+        shown = self._id if self._id is not None else "?"
+        return f"<zres.Future {self.name} id={shown} {self.status}>"
 
     def _repr_html_(self) -> str:
         from .html import future
-        return future(self.name, self.id, self._state.lower(), self.agent, self.infeasible)
+        why = None
+        if self._state == _base.PENDING and not self.client._closed:
+            try:  # (what client.why says: a round trip, kept short)
+                why = self.client.why(self, timeout=2.0)
+            except Exception as exc:  # the broker is away: said, not raised
+                why = f"(the broker did not say why: {exc})"
+        return future(self.name, self._id, self.status, self.agent, self.infeasible, why)
 
     def cancel(self) -> bool:
         """Cancel the task unless it has begun, as concurrent.futures does: True if it is

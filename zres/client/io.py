@@ -68,6 +68,9 @@ class IOThread(OutboxSender):
         # told to a restarted broker, which drops what it restored that we let go of (a
         # release it heard but had not written before it died would be lost).
         self.held: set[int] = set()
+        # Futures that ended before the broker told their ids (a cancel's answer can come
+        # first): told later, by local id.
+        self.unnamed: dict[int, weakref.ref[Future]] = {}
         # Submissions sent and not yet acknowledged as kept by a broker that keeps its
         # state: sent again should it restart before writing them.
         self.unacked: deque[tuple[str, Any, Any]] = deque()
@@ -233,6 +236,7 @@ class IOThread(OutboxSender):
             upto = msg.body.get("upto")
             while self.unacked and type(upto) is int and self.unacked[0][1][0] <= upto:
                 self.unacked.popleft()
+            self._learn_ids(msg.body.get("ids"))
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.HEARTBEAT:
@@ -249,6 +253,27 @@ class IOThread(OutboxSender):
                 reply.set_result(msg.body)
         elif msg.kind == P.REFUSED:
             self._on_refused(msg)
+
+    def _learn_ids(self, runs: Any) -> None:
+        """The broker's ids of our tasks, as runs [first local id, first id, count]: what
+        their futures show (``Future.id``)."""
+        for run in runs if isinstance(runs, list) else ():
+            if not (isinstance(run, list) and len(run) == 3
+                    and all(type(v) is int for v in run)):
+                continue
+            local, task_id, count = run
+            for offset in range(count):
+                future = self.pending.get(local + offset)
+                if future is None and self.unnamed:
+                    ref = self.unnamed.pop(local + offset, None)
+                    future = ref() if ref is not None else None
+                if future is not None:
+                    future._id = task_id + offset
+
+    def ended_unnamed(self, future: Future) -> None:
+        """FUTURE left ``pending`` before the broker told its id: it may still come."""
+        if future._id is None:
+            self.unnamed[future._local] = weakref.ref(future)
 
     def _on_refused(self, msg: P.Message) -> None:
         """The broker refused a message (over a limit, malformed, not ours): fail what it was."""
@@ -269,7 +294,7 @@ class IOThread(OutboxSender):
         for task_id in ids if isinstance(ids, list) else []:
             future = self.pending.pop(task_id, None)
             if future is not None:
-                settle(future, exception=ZresError(f"task {future.name}: {why}"))
+                settle(future, exception=ZresError(f"task {future.label}: {why}"))
         reply = self.requests.pop(msg.body.get("req", -1), None)
         if reply is not None:
             reply.set_exception(ZresError(why))
@@ -287,8 +312,10 @@ class IOThread(OutboxSender):
                 self.lose_all("the broker restarted without its state (a new cluster), "
                               "and so without the task")
         elif self.epoch is not None and msg.body.get("new"):
-            self.lose_all("the broker had dropped this client (silent too long) and "
-                          "cancelled its tasks")
+            self.lose_all("the broker had taken this client for gone (its connection "
+                          "closed, or it was silent, too long) and stopped its tasks",
+                          detached="the broker had taken this client for gone; the task "
+                          "is detached and runs on (zres status lists it)")
         self.epoch, self.cluster, self.keeps = epoch, cluster, keeps
         self._welcomed = True
         self.wake()  # send what waited for this welcome
@@ -328,12 +355,15 @@ class IOThread(OutboxSender):
             reply.set_exception(BrokerLostError("the broker restarted before it answered"))
         log.info("client_resumed", waiting=len(waiting), sent_again=len(unkept))
 
-    def lose_all(self, why: str, error: type[ZresError] = BrokerLostError) -> list[int]:
-        """Fail every pending future and request with ERROR(WHY); return the task ids."""
+    def lose_all(self, why: str, error: type[ZresError] = BrokerLostError,
+                 detached: str | None = None) -> list[int]:
+        """Fail every pending future and request with ERROR(WHY) (a detached task's with
+        DETACHED, if given: it goes on); return their local ids."""
         with self.lock:
             pending, self.pending = self.pending, {}
         for future in pending.values():
-            settle(future, exception=error(f"task {future.name}: {why}"))
+            said = detached if detached is not None and future.detached else why
+            settle(future, exception=error(f"task {future.label}: {said}"))
         requests, self.requests = self.requests, {}
         for reply in requests.values():
             reply.set_exception(error(why))
@@ -346,7 +376,8 @@ class IOThread(OutboxSender):
             for future in futures:
                 if future is not None:
                     future._release_when_dropped = True
-                    self.held.add(future.id)
+                    self.held.add(future._local)
+                    self.ended_unnamed(future)
         batch = list(zip(futures, items, P.split_frames(msg.frames, [i[2] for i in items])))
 
         def settle_all() -> None:
@@ -358,7 +389,7 @@ class IOThread(OutboxSender):
     def _on_warn(self, msg: P.Message) -> None:
         future = self.pending.get(msg.body.get("id", -1))
         reason = str(msg.body.get("reason"))
-        name = future.name if future is not None else "a task"
+        name = future.label if future is not None else "a task"
         if future is not None:
             future.infeasible = reason
         try:

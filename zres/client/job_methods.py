@@ -80,7 +80,7 @@ class JobMethods:
 
     def job_ids(self, futures: Iterable[Future], timeout: float = 10.0) -> list[int | None]:
         """Return the broker's job id of each command-job future (None if unknown)."""
-        ids = [f.id for f in futures]
+        ids = [f._local for f in futures]
         reply = self._io.request(P.JOBS, {"ids": ids, "jobs": []}, timeout)
         if "error" in reply:
             raise ZresError(reply["error"])

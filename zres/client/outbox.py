@@ -100,7 +100,7 @@ class OutboxSender:
                 f"{limits.payload_bytes} (max_payload_bytes)" if body > limits.payload_bytes
                 else f"{described} about {head} bytes, more than the broker's limit of "
                 f"{limits.header_bytes} (max_header_bytes)")
-        settle(future, exception=ZresError(f"task {future.name} was not sent: {what}"))
+        settle(future, exception=ZresError(f"task {future.label} was not sent: {what}"))
 
     def _send_stops(self, stops: list[int]) -> None:
         if stops:

@@ -48,7 +48,7 @@ def resolve(future: Future[Any], outcome: str, frames: list[Any], info: dict[str
             settle(future, loads(frames))
         except Exception as exc:
             settle(future, exception=errors.RemoteError(
-                f"the result of {future.name} cannot be unpickled here: {exc!r}"))
+                f"the result of {future.label} cannot be unpickled here: {exc!r}"))
     elif outcome == P.RAISED:
         settle(future, exception=loads_exception(frames))
     elif info.get("type") == "CancelledError":  # stopped, or its job or input was

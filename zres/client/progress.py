@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import queue
 from collections.abc import Mapping
@@ -13,7 +14,8 @@ def progress(futures: Any, *, desc: str = "tasks", file: IO[str] | None = None,
     """Show a progress bar until every one of FUTURES has ended; return them as a list.
 
     FUTURES: a future, or lists, tuples and dicts of them (``client.compute``'s too). The
-    bar counts what has ended, and says how many failed, run and wait; it is tqdm's
+    bar counts what has ended, and says how many ended in an error or were cancelled, and
+    how many run, are queued and wait, in the words of every view; it is tqdm's
     ``auto`` front end: text on a terminal (FILE, default stderr), a widget in Jupyter.
     Interrupting it (Ctrl-C) stops the bar, not the tasks.
     """
@@ -23,7 +25,8 @@ def progress(futures: Any, *, desc: str = "tasks", file: IO[str] | None = None,
     ended: queue.SimpleQueue[cf.Future] = queue.SimpleQueue()  # type: ignore[type-arg]
     for future in items:
         future.add_done_callback(ended.put)
-    failed, left = 0, len(items)
+    left = len(items)
+    error = cancelled = 0
     with tqdm(total=len(items), desc=desc, unit="task", file=file, dynamic_ncols=True) as bar:
         while left:
             count = 0
@@ -31,15 +34,27 @@ def progress(futures: Any, *, desc: str = "tasks", file: IO[str] | None = None,
                 while True:
                     future = ended.get(timeout=interval if count == 0 else 0)
                     count += 1
-                    failed += future.cancelled() or future.exception() is not None
+                    if future.cancelled():
+                        cancelled += 1
+                    elif future.exception() is not None:
+                        error += 1
             except queue.Empty:
                 pass
             left -= count
-            running = sum(f.running() for f in items)
-            bar.set_postfix(failed=failed, running=running, waiting=left - running,
+            states = collections.Counter(_state(f) for f in items if not f.done())
+            bar.set_postfix(error=error, cancelled=cancelled, running=states["running"],
+                            queued=states["queued"], waiting=states["waiting"],
                             refresh=False)
             bar.update(count)
     return items
+
+
+def _state(future: cf.Future) -> str:  # type: ignore[type-arg]
+    """A pending FUTURE's state: a zres future says (waiting, queued, running)."""
+    status = getattr(future, "status", None)
+    if isinstance(status, str):
+        return status
+    return "running" if future.running() else "queued"
 
 
 def _futures(value: Any) -> list[cf.Future]:  # type: ignore[type-arg]

@@ -51,6 +51,8 @@ client -> broker
                could), or, allow_other_workers, on one of them when one fits, else
                anywhere
                {quiet: true}: its client wants to hear it ended, not its result
+               {detached: true}: it outlives its client (a job too): when its client
+               goes it runs on (else it is stopped, as a forced cancel stops it)
     jobs       {all?: bool, unreported?: bool, jobs?: [job id...], ids?: [id...],
                 reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
                reported: a wait of the asker's has said how these of its own ended
@@ -64,6 +66,13 @@ client -> broker
                                                  reason?, error?} (its owner or an admin
                                                  key only; error: none, as for a job that
                                                  ended without starting, saying why)
+    task_cancel {task: id}                       stop a task by the broker's id, wherever
+                                                 it is, as a forced cancel does (a one-off
+                                                 request: zres cancel --task) ->
+                                                 task_cancel_reply {error?, name?, state?:
+                                                 stopping | cancelled}; only its owner or
+                                                 an admin key may: else refused, naming
+                                                 the owner
     kill       {actor: id}                       end an actor now -> kill_reply (its
                                                  owner or an admin key only)
     lookup     {name}                            -> lookup_reply {actor?: {id, cls, ...},
@@ -74,7 +83,11 @@ client -> broker
                                                  the others too; with req -> cancel_reply
     status     {}                                -> status_reply
     why        {id}                              -> why_reply
-    bye        {}                                the client closed: cancel what it left
+    bye        {}                                the client closed: stop what it left
+                                                 but what it detached (so is a client
+                                                 whose connection closed and that is not
+                                                 back within [broker] client_grace, or one
+                                                 silent past client_timeout)
     resources  {agent: name, units}              change an agent's capacity at runtime
                                                  (names given are set, 0 removes one)
 broker -> client
@@ -83,9 +96,13 @@ broker -> client
                                                 keeps: it keeps its state (tasks survive
                                                 its restarts); resumed: it restored this
                                                 client's tasks from a previous life
-    accepted   {upto}                           the submitted tasks up to this local id are
-                                                kept (a broker that keeps its state sends
-                                                it once they are written)
+    accepted   {upto, ids: [[local id, id, count]...]}  the submitted tasks up to this
+                                                local id are kept (a broker that keeps its
+                                                state sends it once they are written, one
+                                                that does not at once); ids: the broker's
+                                                ids of the tasks submitted since the last
+                                                one, as runs (COUNT local ids from LOCAL
+                                                ID are COUNT ids from ID): what users see
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
@@ -245,6 +262,8 @@ JOBS = "jobs"
 JOBS_REPLY = "jobs_reply"
 JOB_CANCEL = "job_cancel"
 JOB_CANCEL_REPLY = "job_cancel_reply"
+TASK_CANCEL = "task_cancel"
+TASK_CANCEL_REPLY = "task_cancel_reply"
 CANCEL_REPLY = "cancel_reply"
 LOGS = "logs"
 LOGS_REPLY = "logs_reply"
@@ -267,8 +286,8 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
-                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, GET, CHUNK, PUT, PUT_ACK, FREE,
-                   PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY})
+                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY,
+                   GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY})
 
 # Task outcomes.
 OK = "ok"

@@ -7,10 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .resources import UNIT, format_amount, units_to_float
+from .resources import UNIT, format_amount, format_units, units_to_float
 
-# Task counts by state that a report shows even when none are in that state.
-STATES = ("waiting", "queued", "running", "done", "failed")
+# The states of a task, in the words every view uses (status, --json, the dashboard,
+# /metrics, client.status(), notebook cards, a future's repr), in their order; a report
+# shows their counts even when none are in that state.
+STATES = ("waiting", "queued", "running", "finished", "error", "cancelled")
+MEANINGS = {"waiting": "waiting for dependencies", "queued": "queued for resources",
+            "running": "running", "finished": "finished with a result",
+            "error": "ended in an error", "cancelled": "cancelled"}
 
 # Where a status report holds amounts: each agent slot's total and free, and each waiting
 # task, group, running task, actor and job's request.
@@ -18,11 +23,11 @@ _SLOT_AMOUNTS = ("total", "free")
 
 
 def in_user_units(report: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy of REPORT with every amount in user units (floats), REPORT untouched."""
+    """Return a copy of REPORT with every amount in user units (floats), REPORT untouched,
+    and as people read it (``format_amount``: a slot's ``shown``, an entry's ``request``),
+    so that every view shows the same text."""
     out = dict(report)
-    out["agents"] = [{**agent, "slots": [{**slot, **{key: units_to_float(slot[key])
-                                                      for key in _SLOT_AMOUNTS}}
-                                         for slot in agent.get("slots", [])]}
+    out["agents"] = [{**agent, "slots": [_slot(slot) for slot in agent.get("slots", [])]}
                      for agent in report.get("agents", [])]
     for key in ("waiting", "groups", "running", "actors", "jobs"):
         if key in report:
@@ -34,11 +39,20 @@ def in_user_units(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _slot(slot: Mapping[str, Any]) -> dict[str, Any]:
+    total, free = slot["total"], slot["free"]
+    return {**slot, **{key: units_to_float(slot[key]) for key in _SLOT_AMOUNTS},
+            "shown": {"total": {n: format_amount(n, u) for n, u in total.items()},
+                      "free": {n: format_amount(n, free.get(n, 0)) for n in total}}}
+
+
 def entry_in_user_units(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy of ENTRY (a task, job or actor) with its request in user units."""
+    """Return a copy of ENTRY (a task, job or actor) with its request in user units, and
+    as people read it (``request``)."""
     units = entry.get("units")
-    return {**entry, "units": units_to_float(units)} if isinstance(units, Mapping) \
-        else dict(entry)
+    if not isinstance(units, Mapping):
+        return dict(entry)
+    return {"request": format_units(units), **entry, "units": units_to_float(units)}
 
 
 def format_user_amount(name: str, value: float) -> str:

@@ -164,15 +164,43 @@ def subtract(into: Units, amounts: Mapping[str, int]) -> None:
         into[name] = into.get(name, 0) - amount
 
 
+_BINARY = (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def is_bytes(name: str) -> bool:
+    """Whether resource NAME counts bytes (MEMORY, GPU_MEMORY, any ...MEMORY)."""
+    return name.endswith(MEMORY)
+
+
 def format_amount(name: str, units: int) -> str:
-    """Render an amount for people: 2, 0.25, 100G."""
+    """Render an amount for people: 2, 0.25, 100G; bytes (``is_bytes``) in binary units,
+    as memory is given and sold: 64 GiB, 512 MiB, 93.13 GiB (100e9 bytes). The one
+    formatter of amounts: status, the dashboard, notebooks and reasons all use it."""
     amount = Decimal(units) / UNIT
+    if is_bytes(name):
+        return format_bytes(amount)
     if amount >= 10**6:
         for suffix, size in (("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6)):
             if amount >= size:
                 return f"{float(amount / size):.4g}{suffix}"
     text = f"{amount:f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def format_bytes(amount: Decimal | int | float) -> str:
+    """Render a number of bytes in binary units: 64 GiB, 1.5 KiB, 100 B."""
+    amount = Decimal(amount)
+    for suffix, size in _BINARY:
+        if amount >= size:
+            return f"{_digits(amount / size)} {suffix}"
+    return f"{_digits(amount)} B"
+
+
+def _digits(amount: Decimal) -> str:
+    """AMOUNT with at most four significant digits (and at least its whole part), no
+    trailing zeros: 64, 93.13, 1.5, 1023."""
+    text = f"{float(amount):.4g}" if amount < 10**4 else f"{float(amount):.0f}"
+    return text.rstrip("0").rstrip(".") if "." in text and "e" not in text else text
 
 
 def format_units(units: Mapping[str, int]) -> str:

@@ -103,11 +103,28 @@ class Task:
     # The name of the key that submitted it (for a client made inside a task: that task's
     # owner); "" without keys.
     owner: str = ""
+    # It outlives its client (submit(detached=True), Client(detach=True), a detached job):
+    # when its client goes it runs on, listed, for its owner to find and cancel by id.
+    detached: bool = False
+    # Its client went (closed, killed, silent) before it ended: nobody waits for it.
+    client_gone: bool = False
     # A result kept on agents (issue 29): its size in bytes (0: none such, its frames are
     # in ``result``) and the agents holding a copy, the one that made it first.
     size: int = 0
     held_at: Sequence[str] = ()
     lost: str = ""           # why its result kept on agents is gone for good ("": it is not)
+
+
+def state_word(task: Task) -> str:
+    """TASK's state in the words users read (``core.report.STATES``): a failed task is
+    ``cancelled`` if it was cancelled (or stopped, or its input was), else ``error``."""
+    if task.state is TaskState.FAILED:
+        return "cancelled" if task.info.get("type") == "CancelledError" else "error"
+    return _WORDS[task.state]
+
+
+_WORDS = {TaskState.WAITING: "waiting", TaskState.QUEUED: "queued",
+          TaskState.RUNNING: "running", TaskState.DONE: "finished"}
 
 
 def set_state(task: Task, new: TaskState) -> None:

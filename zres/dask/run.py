@@ -169,7 +169,7 @@ class _FollowedRun:
         self.futures = Submitter(self.client, self.where).submit_all(self.plan, quiet=True)
         for step in self.plan.steps:
             future = self.futures[step.key]
-            self.step_of[future.id] = step
+            self.step_of[future._local] = step
             future._on_running = self._ran
             future.add_done_callback(self._ended)
 
@@ -187,7 +187,7 @@ class _FollowedRun:
         try:
             while left:
                 what, future = self.events.get()
-                step = self.step_of[future.id]
+                step = self.step_of[future._local]
                 if what == _RAN:
                     self._began(step, pretask)
                     continue

@@ -4,10 +4,14 @@
 
 const PERIOD_MS = 1000;
 const HISTORY = 120;  // points of the tasks-over-time chart (two minutes at one a second)
-const STATES = ["waiting", "queued", "running", "done", "failed"];
-const CHARTED = ["waiting", "queued", "running"];  // done and failed only grow: counted
-const COLOURS = {waiting: "#9aa5b1", queued: "#e0a100", running: "#2f80ed", done: "#27ae60",
-                 failed: "#d64545"};
+// A task's states, in the words of every view (zres.core.report.STATES).
+const STATES = ["waiting", "queued", "running", "finished", "error", "cancelled"];
+const MEANINGS = {waiting: "waiting for dependencies", queued: "queued for resources",
+                  running: "running", finished: "finished with a result",
+                  error: "ended in an error", cancelled: "cancelled"};
+const CHARTED = ["waiting", "queued", "running"];  // the others only grow: counted
+const COLOURS = {waiting: "#9aa5b1", queued: "#e0a100", running: "#2f80ed",
+                 finished: "#27ae60", error: "#d64545", cancelled: "#8e6c8a"};
 const history = [];
 
 function el(tag, attrs, ...children) {
@@ -21,24 +25,6 @@ function el(tag, attrs, ...children) {
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
-}
-
-function amount(value, name) {
-  const abs = Math.abs(value);
-  if (name && name.endsWith("MEMORY") && abs >= 2 ** 20) {  // bytes: as people say them
-    for (const [size, suffix] of [[2 ** 40, "TiB"], [2 ** 30, "GiB"], [2 ** 20, "MiB"]]) {
-      if (abs >= size) return `${Math.round(value / size * 10) / 10} ${suffix}`;
-    }
-  }
-  for (const [size, suffix] of [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"]]) {
-    if (abs >= size) return (value / size).toPrecision(4).replace(/\.?0+$/, "") + suffix;
-  }
-  return String(Math.round(value * 10000) / 10000);
-}
-
-function request(units) {
-  const names = Object.keys(units).sort();
-  return names.length ? names.map((n) => `${n}=${amount(units[n], n)}`).join(" ") : "nothing";
 }
 
 function seconds(s) {
@@ -66,10 +52,12 @@ function agentCard(agent) {
       const total = slot.total[name];
       const free = slot.free[name] ?? 0;
       const used = total > 0 ? Math.min(100, Math.max(0, (total - free) / total * 100)) : 0;
+      // Amounts as the broker words them (one formatter for every view: 64 GiB).
       card.append(el("div", {class: "resource", "data-resource": name},
         el("span", {class: "name"}, name),
         el("span", {class: "bar"}, el("span", {class: "used", style: {width: `${used}%`}})),
-        el("span", {class: "amount"}, `${amount(free, name)} / ${amount(total, name)} free`)));
+        el("span", {class: "amount"},
+           `${slot.shown.free[name]} / ${slot.shown.total[name]} free`)));
     }
     if (slot.gpus.length) card.append(el("div", {class: "gpus"}, `GPUs ${slot.gpus.join(", ")}`));
     card.append(el("div", {class: "dim"}, `${slot.running} running`));
@@ -109,30 +97,35 @@ function render(status) {
 
   const counts = status.counts;
   document.getElementById("counts").replaceChildren(...STATES.map((s) =>
-    el("span", {class: "count", "data-state": s}, el("b", {}, counts[s] || 0), ` ${s}`)),
-    el("span", {class: "count dim"},
-      `finished since start: ${status.finished.done} done, ${status.finished.failed} failed`));
+    el("span", {class: "count", "data-state": s, title: MEANINGS[s]},
+       el("b", {}, counts[s] || 0), ` ${s}`)),
+    el("span", {class: "count dim", id: "ended"}, "ended since the broker started: " +
+      ["finished", "error", "cancelled"].map((s) => `${status.finished[s] || 0} ${s}`)
+        .join(", ")));
   history.push(counts);
   if (history.length > HISTORY) history.shift();
   drawHistory();
 
   fillTable("waiting", status.groups.map((g) => [
-    String(g.count), g.request, g.reason,
-    g.names.join(", ") + (g.count > g.names.length ? ", ..." : "")]), "nothing waits");
+    String(g.count), g.state, g.request, g.reason,
+    g.names.join(", ") + (g.count > g.names.length ? ", ..." : "")]),
+    "nothing waits or is queued");
   const more = (counts.running || 0) - status.running.length;
   fillTable("running", status.running.map((t) => [
-    `${t.name} (id ${t.id})`, t.agent, request(t.units), seconds(t.seconds)])
-    .concat(more > 0 ? [[`... and ${more} more`, "", "", ""]] : []), "nothing runs");
+    `${t.name} (id ${t.id})`, t.owner || "-", t.agent, t.request, seconds(t.seconds),
+    [t.client_gone ? "gone" : "connected", t.detached ? "detached" : "",
+     t.stopping ? "stopping" : ""].filter(Boolean).join(", ")])
+    .concat(more > 0 ? [[`... and ${more} more`, "", "", "", "", ""]] : []), "nothing runs");
   fillTable("jobs", status.jobs.map((j) => [
     String(j.id), j.name, j.owner || "-", j.reason ? `${j.state}: ${j.reason}` : j.state,
-    j.agent || "-", request(j.units),
+    j.agent || "-", j.request,
     el("code", {title: j.agent ? `kept on agent ${j.agent}` : "not started"},
        `zres logs ${j.id}`)]).concat(status.jobs_total > status.jobs.length ?
     [[`... and ${status.jobs_total - status.jobs.length} more (zres jobs --all)`]] : []),
     "no command jobs");
   fillTable("actors", status.actors.map((a) => [
     `${a.cls}(${a.name || a.id.slice(0, 8)})`, a.reason ? `${a.state}: ${a.reason}` : a.state,
-    a.agent || "-", request(a.units), `${a.running} sent, ${a.queued} queued`]), "no actors");
+    a.agent || "-", a.request, `${a.running} sent, ${a.queued} queued`]), "no actors");
   document.body.dataset.ready = "1";
 }
 
