@@ -166,7 +166,8 @@ class Agent(Draining):
         self.pool.flush()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            P.send(self.broker, P.encode(P.HEARTBEAT, {"t": now, "session": self.session.id}))
+            P.send(self.broker, P.encode(P.HEARTBEAT, {  # (with what its store holds)
+                "t": now, "session": self.session.id, "store": self.data.store.stats()}))
             silent = self.session.registered and now - self._last_heard > self.hb_timeout
             if silent and not self._silent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))

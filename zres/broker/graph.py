@@ -97,8 +97,11 @@ class TaskGraph:
             dep.holders += 1
             if dep.state is TaskState.FAILED:
                 failed_dep = dep
-            elif dep.state is not TaskState.DONE:
-                task.missing += 1
+            elif dep.state is not TaskState.DONE or dep.size:
+                # (a result kept on agents knows who reads it too: lost with them, its
+                # readers that have not begun wait for it again, or fail: see lineage)
+                if dep.state is not TaskState.DONE:
+                    task.missing += 1
                 if isinstance(dep.dependents, list):
                     dep.dependents.append(task.id)
                 else:

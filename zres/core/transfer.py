@@ -30,7 +30,7 @@ from .errors import ZresError
 
 CHUNK = 4 << 20       # bytes a request asks for at most
 WINDOW = 8            # requests in flight per object
-TIMEOUT = 30.0        # seconds without a chunk before a holder counts as gone
+TIMEOUT = 5.0         # seconds without a chunk before a holder counts as gone
 
 
 class TransferError(ZresError):

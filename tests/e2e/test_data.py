@@ -1,0 +1,110 @@
+"""Results stay where they are made (issue 29): real brokers and agents. A big result is
+kept on its agent, fetched from there by the client and by a dependent elsewhere, read in
+place by one on the same agent, freed once nobody holds it; lost with its agent it runs
+again if it may, else says so; a broker restart loses none of it and runs nothing twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zres
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+BIG = 256 * 4000  # bytes: well over what travels inline (64 KiB)
+
+
+def made(n: int, mark: str = "") -> bytes:
+    if mark:
+        with open(mark, "a") as fh:
+            fh.write("ran\n")
+    return bytes(range(256)) * (n // 256)
+
+
+def size(value: bytes) -> int:
+    return len(value)
+
+
+def zeros(n: int) -> np.ndarray:
+    return np.zeros(n)
+
+
+def mapped(array: np.ndarray) -> bool:
+    """Whether ARRAY's memory is a mapping of its agent's store (no copy came over a
+    socket)."""
+    import mmap
+    base = array
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    return isinstance(getattr(base, "obj", None), mmap.mmap)
+
+
+def store(client: zres.Client, agent: str) -> dict[str, int]:
+    return next(a["store"] for a in client.status()["agents"] if a["name"] == agent)
+
+
+def test_a_big_result_stays_on_its_agent_goes_straight_to_who_reads_it_and_is_freed(
+        make_cluster, make_client):
+    cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"])
+    client = make_client(cluster.address)
+    result = client.submit(made, BIG, resources={"a": 1})
+    assert result.result(60) == made(BIG)
+    wait_until(lambda: store(client, "agent-a").get("memory", 0) >= BIG,
+               message="agent-a to say it holds the result")
+    assert client.submit(size, result, resources={"b": 1}).result(60) == BIG, \
+        "a dependent on another agent did not get it"
+    wait_until(lambda: store(client, "agent-b").get("objects") == 1,
+               message="agent-b to hold the copy it fetched")
+    array = client.submit(zeros, BIG // 8, resources={"a": 1})
+    assert client.submit(mapped, array, resources={"a": 1}).result(60), \
+        "a dependent on the holder's own agent did not read its input in place"
+    assert client.submit(mapped, array, resources={"b": 1}).result(60)  # (its copy, mapped)
+    got = zres.gather([array, result])
+    assert got[0].shape == (BIG // 8,) and got[1] == made(BIG)
+    del result, array, got
+    wait_until(lambda: not store(client, "agent-a").get("objects")
+               and not store(client, "agent-b").get("objects"),
+               message="both agents to free what nobody holds any more")
+
+
+def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_if_not(
+        make_cluster, make_client, tmp_path: Path):
+    cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"])
+    client = make_client(cluster.address)
+    once, twice = str(tmp_path / "once"), str(tmp_path / "twice")
+    kept = client.submit(made, BIG, once, resources={"a": 1})              # retries=0
+    again = client.submit(made, BIG, twice, resources={"a": 1}, retries=1)
+    zres.wait([kept, again])
+    waiting = client.submit(size, again, resources={"c": 1})  # (no agent offers c yet)
+    os.kill(cluster.agents["agent-a"].pid, signal.SIGKILL)
+    wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
+               message="agent-a to be declared lost")
+    cluster.add_agent({"a": 1, "c": 1}, name="agent-c")
+    with pytest.raises(zres.ResultLostError, match="agent-a"):
+        kept.result(60)
+    assert open(once).read() == "ran\n", "a retries=0 task ran again"
+    assert again.result(60) == made(BIG), "a task with retries left did not run again"
+    assert waiting.result(60) == BIG
+    assert open(twice).read() == "ran\nran\n"
+
+
+def test_a_big_result_outlives_a_broker_restart_and_its_task_runs_once(
+        make_cluster, make_client, tmp_path: Path):
+    """retries=0 means at most once for big results too (a restarted broker computed again
+    the results it had not kept, over 64 KiB: the issue's last bullet)."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    mark = str(tmp_path / "ran")
+    result = client.submit(made, BIG, mark, resources={"a": 1})
+    result.result(60)
+    waiting = client.submit(size, result, resources={"c": 1})  # (waits for an agent)
+    cluster.restart_broker()
+    cluster.add_agent({"c": 1}, name="agent-c")
+    assert waiting.result(60) == BIG
+    assert result.result(60) == made(BIG)
+    assert open(mark).read() == "ran\n", "the task ran again after the broker restarted"
