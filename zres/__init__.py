@@ -41,6 +41,7 @@ from .core.errors import (
     WorkerLostError,
     ZresError,
 )
+from .core.serialize import dumps
 from .core.versions import ZRES_VERSION as __version__
 from .local import LocalCluster
 
@@ -54,8 +55,8 @@ __all__ = [
     "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
     "LocalCluster", "NotOwnerError", "ProtocolError", "RemoteError", "ResourceSpecError",
     "ResultLostError", "TaskContext", "WorkerLostError", "ZresError",
-    "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "submit",
-    "wait",
+    "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "put",
+    "scatter", "submit", "wait",
 ]
 
 
@@ -68,6 +69,16 @@ def map(fn: Callable[..., R], *iterables: Iterable[Any],  # noqa: A001
         **kwargs: Any) -> list[Future[R]]:
     """Map FN over ITERABLES on the default client, batched on the wire."""
     return default_client().map(fn, *iterables, **kwargs)
+
+
+def scatter(data: Any) -> Any:
+    """Put DATA on the cluster once, for many tasks to read; see Client.scatter."""
+    return default_client().scatter(data)
+
+
+def put(value: Any) -> Future[Any]:
+    """Put VALUE on the cluster once (Ray's ``put``): a future to pass to tasks."""
+    return default_client()._put(dumps(value), f"put-{type(value).__name__}")
 
 
 def executor(resources: Any = None, **defaults: Any) -> Executor:

@@ -53,7 +53,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
-               "max_deps": None, "state": None,
+               "max_deps": None, "max_object_bytes": None, "state": None,
                # The HTTP port (dashboard, /metrics, /health): HOST:PORT or "off"; None:
                # 127.0.0.1:8787, given up with a warning if that port is taken.
                "http": None},
@@ -78,7 +78,8 @@ _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeo
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
-                                              "resources", "slots", "tasks", "deps")}}
+                                              "resources", "slots", "tasks", "deps",
+                                              "object_bytes")}}
 _ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
 _FINITE = {"fairshare_half_life"}  # (use that never decays would never forgive)
 

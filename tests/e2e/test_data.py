@@ -108,3 +108,24 @@ def test_a_big_result_outlives_a_broker_restart_and_its_task_runs_once(
     assert waiting.result(60) == BIG
     assert result.result(60) == made(BIG)
     assert open(mark).read() == "ran\n", "the task ran again after the broker restarted"
+
+
+def total(array: np.ndarray) -> float:
+    return float(array.sum())
+
+
+def test_a_big_argument_goes_straight_to_an_agent_never_through_the_brokers_state(
+        make_cluster, make_client):
+    """A 1 GB argument stopped every user's submits (SQLite refused the blob, and the
+    broker tried again each turn): a call over 1 MiB is put on an agent instead."""
+    cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"])
+    client = make_client(cluster.address)
+    array = np.ones(3 << 18)  # 6 MiB
+    assert client.submit(total, array, resources={"b": 1}).result(60) == 3 << 18
+    shared = client.scatter(np.arange(100_000.0))
+    runs = [client.submit(total, shared, resources={r: 1}) for r in ("a", "b")]
+    assert zres.gather(runs) == [4999950000.0] * 2
+    assert shared.result(30)[-1] == 99_999.0
+    state = sum(os.path.getsize(os.path.join(cluster.state_dir, name))
+                for name in os.listdir(cluster.state_dir) if name.startswith("state.sqlite3"))
+    assert state < (1 << 20), f"the broker's state holds {state} bytes"

@@ -71,7 +71,7 @@ class ActorSupervisor:
         items = P.field(msg, "calls", list)
         groups = P.split_frames(msg.frames, [i[2] + sum(max(c, 0) for c in i[3])
                                              for i in items])
-        for (call_id, actor_id, nframes, dep_counts, *refs), frames in zip(items, groups):
+        for (call_id, actor_id, nframes, dep_counts, *extra), frames in zip(items, groups):
             worker = self.by_id.get(actor_id)
             if worker is None or worker.actor is None:
                 continue  # it ended; the broker requeues or fails the call
@@ -79,8 +79,9 @@ class ActorSupervisor:
             worker.actor.sent[call_id] = run
             self._events.held(call_id)
             context = {**worker.actor.context, "run": run}
-            if refs and refs[0]:  # inputs sent as references: its process reads them
-                context["refs"] = refs[0]
+            if extra and isinstance(extra[0], dict):  # inputs sent as references (its
+                context["refs"] = extra[0].get("refs") or {}  # process reads them), its
+                context["payload"] = extra[0].get("payload", -1)  # call among them
                 dep_counts = [max(count, 0) for count in dep_counts]
             item = [call_id, nframes, dep_counts, context]
             self._events.then(functools.partial(self._deliver, worker, item, frames))

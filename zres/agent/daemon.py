@@ -396,6 +396,7 @@ class Agent(Draining):
                 context["token"] = opts["token"]
             if opts.get("refs"):  # inputs sent as references: its worker reads them itself
                 context["refs"] = opts["refs"]
+                context["payload"] = opts.get("payload", -1)  # (its call, if put: one of them)
                 dep_counts = [max(count, 0) for count in dep_counts]
             item = [task_id, nframes, dep_counts, context]
             taken = P.check_units(opts.get("taken", units), "assign")

@@ -283,6 +283,8 @@ class WorkerProcess:
             os.environ[TOKEN_ENV] = token
         try:
             deps = self.objects.inputs(deps, context.get("refs"))
+            if context.get("payload", -1) >= 0:  # its call was put on an agent: it is that
+                payload = deps.pop(context["payload"])  # input (not one the call reads)
         except InputLost as lost:  # (before its body: it ran nothing, and runs again)
             set_task_context(None)
             self.output.end(task_id)

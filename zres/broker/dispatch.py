@@ -185,6 +185,8 @@ class Dispatcher:
                 opts.update(actor=actor.id, concurrency=actor.concurrency, taken=grant.taken)
                 if actor.spawn_refs:
                     opts["refs"] = actor.spawn_refs
+                if actor.spawn_call_in >= 0:
+                    opts["payload"] = actor.spawn_call_in
                 token = self._token(f"a{actor.id}:{actor.key}")
                 if token:
                     opts["token"] = token
@@ -212,6 +214,8 @@ class Dispatcher:
             counts, inputs, refs = self._graph.inputs(task)
             if refs:  # (inputs kept on agents: its worker reads or fetches them)
                 opts["refs"] = refs
+            if task.call_in >= 0:  # (its call was put on an agent: that input is it)
+                opts["payload"] = task.call_in
             self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
                                             len(task.payload), counts, opts],
                               [*task.payload, *inputs])

@@ -31,11 +31,17 @@ class ObjectDirectory:
     with the cluster's data SECRET."""
 
     def __init__(self, send: Send, agents: AgentRegistry, secret: bytes,
-                 get: Callable[[int], Task | None]) -> None:
+                 get: Callable[[int], Task | None],
+                 finish: Callable[[Task, str, list[Any], dict[str, Any]], None]
+                 = lambda task, outcome, frames, info: None,
+                 fail: Callable[[Task, str, str], None] = lambda task, error, why: None
+                 ) -> None:
         self._send = send
         self._agents = agents
         self.secret = secret
         self._get = get
+        self._finish, self._fail = finish, fail  # (the task graph's)
+        self._puts: dict[int, tuple[str, int]] = {}  # put task -> agent, size it awaits
         self.by_agent: dict[str, set[int]] = {}   # agent name -> tasks it holds a copy of
         self._to_free: dict[str, list[int]] = {}
         # After a restart: agents that held restored results and have not come back yet.
@@ -48,9 +54,36 @@ class ObjectDirectory:
         task.size, task.held_at = size, [agent]
         self.by_agent.setdefault(agent, set()).add(task.id)
 
+    def place(self, task: Task, size: int) -> T.Holder | None:
+        """Choose where a value of SIZE bytes a client puts goes (TASK stands for it until
+        it is there): the connected agent with the most room in its store (None: none)."""
+        best = None
+        for agent in self._agents.by_ident.values():
+            if agent.data_address and not agent.draining and not agent.away:
+                store = agent.store or {}
+                room = store.get("budget", 0) - store.get("memory", 0)
+                if best is None or (room, agent.name) > best[0]:
+                    best = ((room, agent.name), agent)
+        if best is None:
+            return None
+        agent = best[1]
+        self._puts[task.id] = (agent.name, size)
+        task.agent = agent.name
+        return T.Holder(agent.name, agent.data_address, agent.data_key)
+
+    def put_token(self, task: Task, size: int) -> bytes:
+        return T.token(self.secret, "put", task.id, size)
+
     def copied(self, task_id: int, agent: str) -> None:
-        """AGENT holds a copy of TASK_ID's result too (an input it fetched)."""
+        """AGENT holds a copy of TASK_ID's result too (an input it fetched, or a value put
+        there: then the put is done)."""
+        awaited = self._puts.get(task_id)
         task = self._get(task_id)
+        if awaited is not None and awaited[0] == agent and task is not None:
+            del self._puts[task_id]
+            self.stored(task, agent, awaited[1])
+            self._finish(task, P.OK, [], {"agent": agent})
+            return
         if task is None or not task.size or task.result:
             self._to_free.setdefault(agent, []).append(task_id)  # (needed by nobody now)
             return
@@ -68,8 +101,16 @@ class ObjectDirectory:
         task.held_at = ()
 
     def lost(self, agent: str) -> list[Task]:
-        """AGENT is gone, and its copies with it; return the tasks left with none."""
+        """AGENT is gone, and its copies with it; return the tasks left with none (values
+        being put there fail: their clients put them again elsewhere)."""
         self._to_free.pop(agent, None)
+        for task_id, (where, _) in list(self._puts.items()):
+            task = self._get(task_id)
+            if where == agent:
+                del self._puts[task_id]
+                if task is not None:
+                    self._fail(task, "ZresError", f"agent {agent}, which it was being "
+                               "put on, was lost")
         gone = []
         for task_id in self.by_agent.pop(agent, ()):
             task = self._get(task_id)

@@ -129,7 +129,8 @@ class Broker(Intake):
             secret = new_secret()
             if store is not None:
                 store.set_meta("data_secret", secret)
-        self.objects = ObjectDirectory(self._send, self.agents, secret, self.graph.get)
+        self.objects = ObjectDirectory(self._send, self.agents, secret, self.graph.get,
+                                       self.graph.finish, self.graph.fail)
         self.graph.refer = self.objects.ref
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),
@@ -150,7 +151,7 @@ class Broker(Intake):
                  "header_bytes": self.limits.header_bytes,
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
-            refuse=self._refused)
+            refuse=self._refused, objects=self.objects)
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
                                self.jobs, self.keeper, self.client_link.forget,
                                later=self.backlog.next)
@@ -200,7 +201,7 @@ class Broker(Intake):
             P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
             P.WHY: self.client_link.on_why, P.RESUME: self.client_link.on_resume,
-            P.LOCATE: self.client_link.on_locate,
+            P.LOCATE: self.client_link.on_locate, P.PLACE: self.client_link.on_place,
             P.TASK_CANCEL: self.orphans.on_task_cancel,
             P.STATUS: self._on_status,
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,

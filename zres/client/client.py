@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from .. import config
+from ..core import objects as O
 from ..core import protocol as P
+from ..core import transfer as T
 from ..core.address import wait_for_answer
 from ..core.context import task_token
 from ..core.errors import ZresError
@@ -24,7 +26,7 @@ from ..core.keys import refusal
 from ..core.limits import priority_error
 from ..core.report import in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
-from ..core.serialize import CallPickler
+from ..core.serialize import CallPickler, dumps
 from . import html, registry
 from .actor_methods import ActorMethods
 from .annotations import current_annotations
@@ -39,6 +41,7 @@ from .job_methods import JobMethods
 from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
+CALL_INLINE = 1 << 20  # bytes of a call that travel with it; a bigger one is put first
 _ROLES = ("admin", "client")  # the keys a client connects with: the first found
 
 
@@ -232,6 +235,12 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         for dep in deps:
             if dep.client is not self:
                 raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
+        if sum(memoryview(f).nbytes for f in frames) > CALL_INLINE:
+            # Too big to travel through the broker (nor be kept in its state): put on an
+            # agent first, and read from there by its worker as one of its inputs.
+            deps = [*deps, self._put(frames, f"{name or getattr(fn, '__name__', fn)} call")]
+            extra = {**(extra or {}), "payload": len(deps) - 1}
+            frames = []
         local = next(self._ids)
         label = name or f"{getattr(fn, '__name__', fn)}-{local}"
         future: Future[Any] = Future(self, local, label, deps)
@@ -251,6 +260,43 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             self._io.pending[local] = future
             self._io.outbox.append((P.SUBMIT, item, frames))
         return future
+
+    def _put(self, frames: list[Any], name: str) -> Future:
+        """Put FRAMES (a pickled value) on an agent the broker chooses, uploaded straight
+        there; return its future (a task of this client's that ends once the agent has it
+        whole; its result is the value). A failed upload is tried on another agent."""
+        size = O.object_size(frames)
+        why: Exception | None = None
+        for _ in range(3):
+            local = next(self._ids)
+            future: Future[Any] = Future(self, local, name)
+            with self._io.lock:
+                self._check_open()
+                self._io.pending[local] = future
+            reply = self._io.request(P.PLACE, {"local": local, "size": size},
+                                     self._io.broker_timeout)
+            if "error" in reply:
+                self._io.pending.pop(local, None)
+                raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
+            future._id = reply["id"]
+            try:
+                self._fetcher.upload(T.Holder(*reply["at"]), reply["id"], reply["token"],
+                                     frames)
+                return future
+            except T.TransferError as exc:
+                why = exc  # (the agent went, or could not keep it: stop that one, try again)
+                self._io.ask(P.CANCEL, {"ids": [local], "force": True})
+        raise ZresError(f"{name} could not be put on an agent: {why}")
+
+    def scatter(self, data: Any) -> Any:
+        """Put DATA on the cluster once, for many tasks to read (Dask's ``scatter``, Ray's
+        ``put``): a future whose result is DATA, kept on an agent; a list, tuple or dict is
+        put item by item (a list of futures back). Pass the future to ``submit``."""
+        if isinstance(data, (list, tuple)):
+            return type(data)(self.scatter(item) for item in data)
+        if isinstance(data, dict):
+            return {key: self.scatter(value) for key, value in data.items()}
+        return self._put(dumps(data), f"scatter-{type(data).__name__}")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -49,10 +49,7 @@ class Fetcher:
         deadline = None if timeout is None else time.monotonic() + timeout
         todo = [f for f in futures if type(f._result) is Remote]
         while todo:
-            with self._lock:
-                if self._transfers is None:
-                    self._transfers = T.Transfers()
-                transfers = self._transfers
+            transfers = self._transfers_()
             try:
                 values = transfers.fetch([T.Ref.from_wire(f._result.ref) for f in todo])
             except T.TransferError:
@@ -90,6 +87,17 @@ class Fetcher:
                 raise TimeoutError(f"the result of {next(iter(waiting.values())).name} is "
                                    "being made again, and is not there yet")
             time.sleep(_LOOK_AGAIN)
+
+    def upload(self, holder: T.Holder, object_id: int, token: bytes,
+               frames: list[Any]) -> None:
+        """Put the object FRAMES make on HOLDER as OBJECT_ID."""
+        self._transfers_().upload(holder, object_id, token, frames)
+
+    def _transfers_(self) -> T.Transfers:
+        with self._lock:
+            if self._transfers is None:
+                self._transfers = T.Transfers()
+            return self._transfers
 
     def close(self) -> None:
         if self._transfers is not None:

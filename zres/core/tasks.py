@@ -113,6 +113,7 @@ class Task:
     size: int = 0
     held_at: Sequence[str] = ()
     lost: str = ""           # why its result kept on agents is gone for good ("": it is not)
+    call_in: int = -1        # the input its call was put in (too big to travel inline)
 
 
 def state_word(task: Task) -> str:
