@@ -129,3 +129,19 @@ def test_a_big_argument_goes_straight_to_an_agent_never_through_the_brokers_stat
     state = sum(os.path.getsize(os.path.join(cluster.state_dir, name))
                 for name in os.listdir(cluster.state_dir) if name.startswith("state.sqlite3"))
     assert state < (1 << 20), f"the broker's state holds {state} bytes"
+
+
+def test_a_dependent_runs_where_its_big_input_is_when_that_agent_has_room(
+        make_cluster, make_client):
+    """Best fit alone would send the dependents to agent-a (less room); locality sends
+    them to agent-b, which holds their input, as long as it has room."""
+    cluster = make_cluster(agents=[{"CPU": 4, "slot": 1}, {"CPU": 4, "slot": 4}],
+                           names=["agent-a", "agent-b"])
+    client = make_client(cluster.address)
+    big = client.submit(made, BIG, workers=["agent-b"])
+    big.result(60)
+    dependents = [client.submit(size, big, resources={"slot": 1}, pure=False)
+                  for _ in range(3)]
+    assert [d.result(60) for d in dependents] == [BIG] * 3
+    assert [d.agent for d in dependents] == ["agent-b"] * 3, \
+        "a dependent was sent away from the agent holding its input, which had room"

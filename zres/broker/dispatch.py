@@ -19,13 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
-from ..core.resources import token_devices
 from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant, Workers, workers
 from .actor_records import ActorState
 from .actors import ActorRouting
+from .agent_reports import AgentReports
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
 from .graph import TaskGraph
@@ -43,7 +43,7 @@ class CancelOutcome(enum.Enum):
     ASKED = "asked"            # its agent says whether its worker process had begun it
 
 
-class Dispatcher:
+class Dispatcher(AgentReports):
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
@@ -92,7 +92,8 @@ class Dispatcher:
         # of its own, usually long: neither waits in a slot's queue.
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
                             queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind, where=where(task), owner=task.owner)
+                            kind=task.kind, where=where(task), owner=task.owner,
+                            near=self._objects.near(task))
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
         """Tell TASK's client, once per reason, that no agent could ever run it."""
@@ -232,114 +233,6 @@ class Dispatcher:
         """Give TASK_ID's grant back to the scheduler (its owner is charged till now)."""
         self._sched.release(task_id, time.monotonic())
 
-    def _owner(self, task_id: int) -> AgentRecord | None:
-        grant = self._sched.running.get(task_id)
-        return self._agents.slot_owner.get(grant.slot) if grant is not None else None
-
-    def _mine(self, agent: AgentRecord, task_id: Any) -> Task | None:
-        """The task of TASK_ID if its current grant is on AGENT (else a stale report)."""
-        if self._owner(task_id) is not agent:
-            return None
-        task = self._graph.get(task_id)
-        return task if task is not None and task.state is TaskState.RUNNING else None
-
-    # -- what agents report ---------------------------------------------------------------
-    def report(self, agent: AgentRecord, body: dict[str, Any], payloads: list[list[Any]],
-               now: float) -> None:
-        """Take in one report of AGENT's, all at once, in its fields' order."""
-        for task_id in _ids(body.get("held")):
-            if self._owner(task_id) is agent and self._to_drop(task_id):
-                # Cancelled while this report was away (the cancel perhaps lost with a
-                # connection): told again, before the ack that would let it start.
-                self._send(agent.ident, P.CANCEL, {"ids": [task_id]})
-            task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
-            if task is not None:
-                task.held = True
-                if task.id in self._jobs.active:
-                    self._jobs.held(task, agent.name)
-                self._on_changed(task)
-        for task_id in _ids(body.get("started")):
-            task = self._mine(agent, task_id)
-            if task is None:
-                call = self._actors.call_on(agent.ident, task_id)
-                if call is not None:
-                    self._on_started(call)
-                continue
-            self._on_started(task)
-            task.held = task.begun = True
-            self._too_late_to_cancel(task)
-            task.started_at = now
-            grant = self._sched.running[task_id]
-            if not grant.started:
-                self._sched.started(task_id, now)
-            if task.id in self._jobs.active:
-                slot_index = agent.slots.index(grant.slot)
-                self._jobs.started(task, agent.name,
-                                   [agent.gpus[slot_index][p] for p in grant.gpus]
-                                   or list(token_devices(grant.units)))
-        self._results(agent, body.get("results", []), payloads, now)
-        for item in body.get("stored") or ():  # (copies it fetched, or uploads it took)
-            if isinstance(item, list) and len(item) == 2 and type(item[0]) is int:
-                self._objects.copied(item[0], agent.name)
-        for exit_ in body.get("exits", []):
-            if isinstance(exit_, dict):
-                self._actors.exited(agent.ident, str(exit_.get("actor")),
-                                    exit_.get("placement", -1), str(exit_.get("cause")),
-                                    _ids(exit_.get("running")))
-        for task_id in _ids(body.get("returned")):
-            task = self._mine(agent, task_id)
-            if task is not None:  # it never started there: again, uncharged
-                self.release(task_id)
-                self._requeue(task)
-
-    def _results(self, agent: AgentRecord, items: list[Any], payloads: list[list[Any]],
-                 now: float) -> None:
-        for (task_id, outcome, _, info), frames in zip(items, payloads):
-            info = info if isinstance(info, dict) else {}
-            actor = self._actors.placements.get(task_id)
-            if actor is not None:
-                if actor.agent == agent.ident and actor.state is ActorState.STARTING:
-                    self._actors.started(actor, str(outcome), frames, info)
-                continue
-            actor = self._actors.call_actor.get(task_id)
-            if actor is not None:
-                if actor.agent != agent.ident:
-                    continue  # a late result from the actor's previous instance
-                del self._actors.call_actor[task_id]
-                actor.inflight.pop(task_id, None)
-                task = self._graph.get(task_id)
-                if task is not None and task.state is TaskState.RUNNING:
-                    info = {**info, "agent": agent.name}
-                    self._kept_on(task, agent, outcome, info)
-                    self._graph.finish(task, str(outcome), frames, info)
-                continue
-            if self._owner(task_id) is not agent:
-                continue  # stale: cancelled, or retried elsewhere after a loss
-            self.release(task_id)
-            task = self._graph.get(task_id)
-            if task is None or task.state is not TaskState.RUNNING:
-                continue
-            if task.stopping and outcome != P.OK:  # a forced cancel stopped it
-                self._stopped(task)
-                continue
-            if task.begun and outcome != P.FAILED:
-                self._sched.finished(task.kind, now - task.started_at)
-            if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
-                self._retry(task, info.get("message", "worker lost"))
-            elif outcome == P.FAILED and info.get("type") == "InputLostError":
-                self.lineage.input_lost(task, info, self._requeue)  # (it ran nothing)
-            else:
-                info["agent"] = agent.name
-                self._kept_on(task, agent, outcome, info)
-                self._graph.finish(task, str(outcome), frames, info)
-
-    def _kept_on(self, task: Task, agent: AgentRecord, outcome: Any,
-                 info: dict[str, Any]) -> None:
-        """TASK's result stays on AGENT if INFO says its worker stored it there."""
-        size = info.pop("stored", None)
-        if outcome == P.OK and type(size) is int and size > 0:
-            self._objects.stored(task, agent.name, size)
-
     def sent_to(self, agent: AgentRecord) -> set[int]:
         """Every grant, actor placement and call AGENT has been sent and not finished."""
         granted = {t for s in agent.slots for t in self._sched.queued(s)}
@@ -468,7 +361,3 @@ class Dispatcher:
 def where(task: Task) -> Workers | None:
     """The agents TASK may run on, or prefers, as the scheduler takes them (None: any)."""
     return workers(task.workers, task.allow_other_workers) if task.workers else None
-
-
-def _ids(value: Any) -> list[int]:
-    return [v for v in value if type(v) is int] if isinstance(value, list) else []

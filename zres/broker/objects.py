@@ -24,6 +24,7 @@ from ..core import transfer as T
 from ..core.tasks import Task
 from .agents import AgentRegistry
 from .outbox import Send
+from .store import Store
 
 
 class ObjectDirectory:
@@ -162,6 +163,17 @@ class ObjectDirectory:
         late, self._unconfirmed = self._unconfirmed, set()
         return [(agent, self.lost(agent)) for agent in sorted(late)]
 
+    def near(self, task: Task) -> tuple[str, ...]:
+        """The agents holding the most bytes of TASK's inputs kept on agents, most first
+        (at most three: where the scheduler tries it first)."""
+        held: dict[str, int] = {}
+        for dep_id in task.deps:
+            dep = self._get(dep_id)
+            if dep is not None and dep.size:
+                for agent in dep.held_at:
+                    held[agent] = held.get(agent, 0) + dep.size
+        return tuple(sorted(held, key=lambda a: (-held[a], a))[:3])
+
     # -- references ---------------------------------------------------------------------
     def ref(self, task: Task) -> list[Any] | None:
         """A reference to TASK's result, its connected holders first (None: none is
@@ -185,6 +197,12 @@ class ObjectDirectory:
         self._to_free.clear()
 
 
-def new_secret() -> bytes:
-    """A cluster's data secret (kept in the broker's state: tokens outlive its restarts)."""
-    return os.urandom(32)
+def data_secret(store: Store | None) -> bytes:
+    """The cluster's data secret, which tokens for its results are made with: kept in
+    STORE, the broker's state, so that tokens outlive its restarts (None: a new one)."""
+    secret = store.meta("data_secret") if store else None
+    if not isinstance(secret, bytes):
+        secret = os.urandom(32)
+        if store is not None:
+            store.set_meta("data_secret", secret)
+    return secret

@@ -43,7 +43,7 @@ from .intake import Handler, Intake
 from .jobs import PUBLIC_FIELDS, JobTable
 from .keeping import TaskKeeper
 from .metrics import BrokerMetrics, Snapshots
-from .objects import ObjectDirectory, new_secret
+from .objects import ObjectDirectory, data_secret
 from .orphans import Orphans
 from .output import OutputRouter
 from .status import Explainer
@@ -124,12 +124,7 @@ class Broker(Intake):
                                on_dropped=self._dropped)
         # Where the results kept on agents are (issue 29): tokens for them are made with
         # a secret of the cluster's, kept with its state (they outlive a restart).
-        secret = store.meta("data_secret") if store else None
-        if not isinstance(secret, bytes):
-            secret = new_secret()
-            if store is not None:
-                store.set_meta("data_secret", secret)
-        self.objects = ObjectDirectory(self._send, self.agents, secret, self.graph.get,
+        self.objects = ObjectDirectory(self._send, self.agents, data_secret(store), self.graph.get,
                                        self.graph.finish, self.graph.fail)
         self.graph.refer = self.objects.ref
         self.actors = ActorRouting(self._send, self.graph, self.sched,

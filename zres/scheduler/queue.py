@@ -38,7 +38,8 @@ class WaitingQueue:
         self._on_forget = on_forget
 
     def add(self, task_id: int, units: Units, priority: int, queueable: bool,
-            kind: Hashable | None, where: Workers | None = None, owner: str = "") -> Waiting:
+            kind: Hashable | None, where: Workers | None = None, owner: str = "",
+            near: tuple[str, ...] = ()) -> Waiting:
         """Queue a task behind every task of OWNER of higher or equal priority; WHERE: the
         agents it may run on (None: any)."""
         self._seq += 1
@@ -47,7 +48,7 @@ class WaitingQueue:
         lane = (owner, shape)
         lane = self._lane_keys.setdefault(lane, lane)
         task = Waiting(task_id, units, priority, self._seq, shape,
-                       queueable=queueable, kind=kind, owner=owner, lane=lane)
+                       queueable=queueable, kind=kind, owner=owner, lane=lane, near=near)
         self.tasks[task_id] = task
         heap = self.by_lane.get(lane)
         if heap is None:
