@@ -77,9 +77,11 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"])
     client = make_client(cluster.address)
     once, twice = str(tmp_path / "once"), str(tmp_path / "twice")
+    opted = str(tmp_path / "opted")
     kept = client.submit(made, BIG, once, resources={"a": 1})              # retries=0
     again = client.submit(made, BIG, twice, resources={"a": 1}, retries=1)
-    zres.wait([kept, again])
+    remade = client.submit(made, BIG, opted, resources={"a": 1}, recompute=True)
+    zres.wait([kept, again, remade])
     waiting = client.submit(size, again, resources={"c": 1})  # (no agent offers c yet)
     os.kill(cluster.agents["agent-a"].pid, signal.SIGKILL)
     wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
@@ -91,6 +93,8 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     assert again.result(60) == made(BIG), "a task with retries left did not run again"
     assert waiting.result(60) == BIG
     assert open(twice).read() == "ran\nran\n"
+    assert remade.result(60) == made(BIG), "a recompute=True task did not run again"
+    assert open(opted).read() == "ran\nran\n"
 
 
 def test_a_big_result_outlives_a_broker_restart_and_its_task_runs_once(
@@ -145,3 +149,42 @@ def test_a_dependent_runs_where_its_big_input_is_when_that_agent_has_room(
     assert [d.result(60) for d in dependents] == [BIG] * 3
     assert [d.agent for d in dependents] == ["agent-b"] * 3, \
         "a dependent was sent away from the agent holding its input, which had room"
+
+
+def test_a_value_over_the_object_limit_is_refused_to_its_sender_alone_naming_the_limit(
+        make_cluster, make_client):
+    cluster = make_cluster(agents=[{"a": 2}], names=["agent-a"],
+                           env={"ZRES_BROKER__MAX_OBJECT_BYTES": str(4 << 20)})
+    sender, bystander = make_client(cluster.address), make_client(cluster.address)
+    with pytest.raises(zres.ZresError, match="max_object_bytes"):
+        sender.submit(size, made(6 << 20), resources={"a": 1})
+    result = sender.submit(made, 6 << 20, resources={"a": 1})
+    with pytest.raises(zres.ZresError, match=r"made-\d+ has \d+ bytes.*max_object_bytes"):
+        result.result(60)
+    assert bystander.submit(size, made(2 << 20), resources={"a": 1}).result(60) == 2 << 20
+    assert sender.submit(size, made(3 << 20), resources={"a": 1}).result(60) == 3 << 20
+    wait_until(lambda: not store(sender, "agent-a").get("objects"),
+               message="the refused result to be freed on its agent")
+
+
+def peak_rss(pid: int) -> int:
+    """The most memory process PID has held (VmHWM, bytes)."""
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+
+
+def test_a_huge_result_never_passes_through_the_broker_nor_its_agents_session(
+        make_cluster, make_client):
+    """A 1 GB result queued on its agent's one connection behind the heartbeats: the agent
+    was declared lost, and its task and a bystander failed with AgentLostError."""
+    cluster = make_cluster(agents=[{"a": 2}], names=["agent-a"], heartbeat_interval=0.1,
+                           heartbeat_timeout=1.0)
+    client = make_client(cluster.address)
+    huge = client.submit(made, 200 << 20, resources={"a": 1})
+    bystander = client.submit(size, b"x" * 1000, resources={"a": 1})
+    assert bystander.result(60) == 1000
+    assert len(huge.result(60)) == 200 << 20
+    assert [a["name"] for a in client.status()["agents"]] == ["agent-a"]
+    broker = cluster.broker
+    assert broker is not None
+    assert peak_rss(broker.pid) < (100 << 20), "the result went through the broker"

@@ -124,8 +124,7 @@ class AgentReports:
                 task = self._graph.get(task_id)
                 if task is not None and task.state is TaskState.RUNNING:
                     info = {**info, "agent": agent.name}
-                    self._kept_on(task, agent, outcome, info)
-                    self._graph.finish(task, str(outcome), frames, info)
+                    self._finish(task, agent, outcome, frames, info)
                 continue
             if self._owner(task_id) is not agent:
                 continue  # stale: cancelled, or retried elsewhere after a loss
@@ -144,15 +143,19 @@ class AgentReports:
                 self.lineage.input_lost(task, info, self._requeue)  # (it ran nothing)
             else:
                 info["agent"] = agent.name
-                self._kept_on(task, agent, outcome, info)
-                self._graph.finish(task, str(outcome), frames, info)
+                self._finish(task, agent, outcome, frames, info)
 
-    def _kept_on(self, task: Task, agent: AgentRecord, outcome: Any,
-                 info: dict[str, Any]) -> None:
-        """TASK's result stays on AGENT if INFO says its worker stored it there."""
+    def _finish(self, task: Task, agent: AgentRecord, outcome: Any, frames: list[Any],
+                info: dict[str, Any]) -> None:
+        """TASK ended on AGENT: its result travelled (FRAMES), or INFO says its worker
+        stored it there (kept, unless over the limit: then the task fails naming it)."""
         size = info.pop("stored", None)
         if outcome == P.OK and type(size) is int and size > 0:
-            self._objects.stored(task, agent.name, size)
+            refused = self._objects.stored(task, agent.name, size)
+            if refused is not None:
+                self._graph.fail(task, "ZresError", refused)
+                return
+        self._graph.finish(task, str(outcome), frames, info)
 
 
 

@@ -172,9 +172,9 @@ class TaskGraph:
             self.set_state(task, new)  # (raises: a task ends once, its outcome kept)
         # A result kept on an agent may be lost with it (see ``lineage``): its task keeps
         # its dependents (they wait for it again, or fail), and, while it may run again
-        # (retries left), its call and its inputs.
+        # (retries left, or recompute=True), its call and its inputs.
         kept = outcome == P.OK and task.size > 0
-        again = kept and task.retries > 0
+        again = kept and (task.retries > 0 or task.recompute)
         # Its outcome first: the census counts a failure as error or cancelled by it.
         task.outcome, task.result, task.info = outcome, frames, info
         if not again:

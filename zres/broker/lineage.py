@@ -2,12 +2,13 @@
 
 A result kept on agents (``objects``) is lost when the last of them goes. If it is still
 needed (a client holds its future, or a task waits for it), its task runs again when it
-may: it had retries left (one is spent), and it still has its call and its inputs (kept
-for that: see the task graph). Its dependents that had not begun wait for it again; one
-that had (its worker could not fetch the input) says so, having run nothing, and waits
-too. A task that may not run again (``retries=0``: its body runs at most once, whatever
-fails) is lost for good: what waits for it fails with ``ResultLostError`` naming the
-agent, and its client's future fails so when it asks for the result.
+may: it had retries left (one is spent) or was submitted with ``recompute=True``, and it
+still has its call and its inputs (kept for that: see the task graph). Its dependents
+that had not begun wait for it again; one that had (its worker could not fetch the input)
+says so, having run nothing, and waits too. A task that may not run again
+(``retries=0``: its body runs at most once, whatever fails) is lost for good: what waits
+for it fails with ``ResultLostError`` naming the agent, and its client's future fails so
+when it asks for the result.
 """
 
 from __future__ import annotations
@@ -41,15 +42,17 @@ class Lineage:
             if task.state is not TaskState.DONE or task.id not in self._graph.tasks:
                 continue
             deps = [self._graph.tasks.get(d) for d in task.deps]
-            if task.retries > 0 and task.payload and all(
+            if (task.retries > 0 or task.recompute) and task.payload and all(
                     dep is not None and not dep.lost for dep in deps):
-                task.retries -= 1
+                if not task.recompute:  # (recompute=True: it was asked for, at no charge)
+                    task.retries -= 1
                 log.warning("result_lost_run_again", task=task.name, id=task.id, why=why,
                             retries_left=task.retries)
                 self._again(task)
             else:
                 task.lost = (f"the result of task {task.name} was lost with {why}, and it "
-                             "may not run again (retries=0: its body runs at most once)")
+                             "may not run again (retries=0: its body runs at most once; "
+                             "submit(recompute=True) lets it)")
                 log.warning("result_lost", task=task.name, id=task.id, why=why)
                 self._gone(task)
             self._changed(task)

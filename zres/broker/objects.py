@@ -35,8 +35,8 @@ class ObjectDirectory:
                  get: Callable[[int], Task | None],
                  finish: Callable[[Task, str, list[Any], dict[str, Any]], None]
                  = lambda task, outcome, frames, info: None,
-                 fail: Callable[[Task, str, str], None] = lambda task, error, why: None
-                 ) -> None:
+                 fail: Callable[[Task, str, str], None] = lambda task, error, why: None,
+                 limit: int = 64 << 30) -> None:
         self._send = send
         self._agents = agents
         self.secret = secret
@@ -48,12 +48,19 @@ class ObjectDirectory:
         # After a restart: agents that held restored results and have not come back yet.
         self._unconfirmed: set[str] = set()
         self._since: float | None = None
+        self.limit = limit  # bytes an object may have (the broker's max_object_bytes)
 
     # -- where copies are ---------------------------------------------------------------
-    def stored(self, task: Task, agent: str, size: int) -> None:
-        """TASK's result (SIZE bytes) was made on AGENT and stays there."""
+    def stored(self, task: Task, agent: str, size: int) -> str | None:
+        """TASK's result (SIZE bytes) was made on AGENT and stays there; or, over the
+        limit, it is freed there: return why (its task fails saying so)."""
+        if size > self.limit:
+            self._to_free.setdefault(agent, []).append(task.id)
+            return (f"the result of task {task.name} has {size} bytes, more than the "
+                    f"broker's limit of {self.limit} (max_object_bytes)")
         task.size, task.held_at = size, [agent]
         self.by_agent.setdefault(agent, set()).add(task.id)
+        return None
 
     def place(self, task: Task, size: int) -> T.Holder | None:
         """Choose where a value of SIZE bytes a client puts goes (TASK stands for it until

@@ -125,7 +125,8 @@ class Broker(Intake):
         # Where the results kept on agents are (issue 29): tokens for them are made with
         # a secret of the cluster's, kept with its state (they outlive a restart).
         self.objects = ObjectDirectory(self._send, self.agents, data_secret(store), self.graph.get,
-                                       self.graph.finish, self.graph.fail)
+                                       self.graph.finish, self.graph.fail,
+                                       self.limits.object_bytes)
         self.graph.refer = self.objects.ref
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),

@@ -35,6 +35,7 @@ class Submission:
     call_in: int = -1                    # the input its call is in (put: too big inline)
     allow_other_workers: bool = False    # ... or only prefers
     detached: bool = False               # it outlives its client (a job: its spec says)
+    recompute: bool = False              # a lost result of its runs it again, retries or not
 
 
 class SubmitReader:
@@ -152,7 +153,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
         workers=tuple(check_name(w, limits, "submit: an agent name in workers")
                       for w in workers),
         allow_other_workers=extra.get("allow_other_workers") is True,
-        detached=extra.get("detached") is True, call_in=_call_in(extra, deps))
+        detached=extra.get("detached") is True, call_in=_call_in(extra, deps),
+        recompute=extra.get("recompute") is True)
 
 
 def kind_of(function: Any) -> int:

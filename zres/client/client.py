@@ -127,7 +127,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None, workers: str | Iterable[str] | None = None,
                allow_other_workers: bool = False, pure: bool | None = None,
-               detached: bool | None = None, **kwargs: Any) -> Future[R]:
+               detached: bool | None = None, recompute: bool = False,
+               **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -136,19 +137,22 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         when none of them has room. PURE is taken for Dask's sake and changes nothing:
         every submit runs its task (zres never merges calls that look alike into one), as
         Dask's pure=False does. DETACHED: it runs on after this client goes (default: the
-        client's ``detach``). (For a function taking one of these keywords itself, use
-        ``executor()``.)
+        client's ``detach``). RECOMPUTE: if its result (over 64 KiB, kept on its agent) is
+        lost with that agent while still needed, it runs again even with no retries left
+        (its body may then run more than once; see README's *Data*). (For a function taking
+        one of these keywords itself, use ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
-                            workers, allow_other_workers, detached)
+                            workers, allow_other_workers, detached, recompute)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
                 key: str | None = None, workers: str | Iterable[str] | None = None,
-                allow_other_workers: bool = False, detached: bool | None = None) -> Future:
+                allow_other_workers: bool = False, detached: bool | None = None,
+                recompute: bool = False) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached)
+                             allow_other_workers, detached, recompute)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -162,24 +166,26 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             priority: int | None = None, infeasible: str | None = None,
             key: str | None = None, workers: str | Iterable[str] | None = None,
             allow_other_workers: bool = False, pure: bool | None = None,
-            detached: bool | None = None, **kwargs: Any) -> list[Future[R]]:
+            detached: bool | None = None, recompute: bool = False,
+            **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE and DETACHED as for
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED and RECOMPUTE as for
         ``submit``. (``executor().map`` is the standard's: an iterator of results, with
         ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
-                         workers, allow_other_workers, detached)
+                         workers, allow_other_workers, detached, recompute)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
              retries: int | None = None, priority: int | None = None,
              infeasible: str | None = None, key: str | None = None,
              workers: str | Iterable[str] | None = None,
-             allow_other_workers: bool = False, detached: bool | None = None) -> list[Future]:
+             allow_other_workers: bool = False, detached: bool | None = None,
+             recompute: bool = False) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached)
+                             allow_other_workers, detached, recompute)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -205,10 +211,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                  priority: int | None = None, infeasible: str | None = None,
                  key: str | None = None, workers: str | Iterable[str] | None = None,
                  allow_other_workers: bool = False,
-                 detached: bool | None = None) -> dict[str, Any]:
+                 detached: bool | None = None, recompute: bool = False) -> dict[str, Any]:
         self._check_open()
-        if detached is not None and not isinstance(detached, bool):
-            raise TypeError(f"detached must be True or False, not {type(detached).__name__}")
+        for label, flag in (("detached", detached), ("recompute", recompute)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{label} must be True or False, not {type(flag).__name__}")
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
         retries = ann.get("retries", 0) if retries is None else retries
@@ -227,7 +234,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         return {"units": task_request(resources), "retries": retries, "priority": priority,
                 "strict": infeasible == "error",
                 "where": _where(workers, allow_other_workers),
-                "detached": self.detach if detached is None else detached}
+                "detached": self.detach if detached is None else detached,
+                "recompute": recompute}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -253,6 +261,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         if opts.get("detached"):
             future.detached = True
             extra = {**(extra or {}), "detached": True}
+        if opts.get("recompute"):
+            extra = {**(extra or {}), "recompute": True}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending

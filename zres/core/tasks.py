@@ -113,6 +113,9 @@ class Task:
     size: int = 0
     held_at: Sequence[str] = ()
     lost: str = ""           # why its result kept on agents is gone for good ("": it is not)
+    # Its result, lost with its agents, is made again even with no retries left (opted in
+    # with submit(recompute=True): its body may run more than once).
+    recompute: bool = False
     call_in: int = -1        # the input its call was put in (too big to travel inline)
 
 

@@ -37,8 +37,8 @@ class Asking:
             name: Callable[[int], str] = lambda task_id: f"task {task_id}") -> str:
         """Say why a waiting task is not running yet; NAME(id) calls another task by name.
 
-        COUNT_AHEAD walks the task's shape queue (O(waiting)): fine for one question,
-        left out when describing many tasks at once.
+        COUNT_AHEAD counts the tasks of its shape before it (a bounded sample of a long
+        queue): fine for one question, left out when describing many tasks at once.
         """
         task = self.waiting.get(task_id)
         if task is None:
@@ -55,7 +55,7 @@ class Asking:
         quota = self.owners.over_quota(task.owner, task.units)
         if quota is not None:
             return explain.over_quota(task, quota, self.owners.held(task.owner))
-        ahead = self.queue.ahead(task) if count_ahead else 0
+        ahead = self.queue.ahead(task) if count_ahead else (0, True)
         reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
         slots = self.slots.values() if where is None or where.loose else self.table.named(where)
         return explain.waiting_task(task, slots, reserved, ahead,
