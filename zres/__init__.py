@@ -37,9 +37,11 @@ from .core.errors import (
     ProtocolError,
     RemoteError,
     ResourceSpecError,
+    ResultLostError,
     WorkerLostError,
     ZresError,
 )
+from .core.serialize import dumps
 from .core.versions import ZRES_VERSION as __version__
 from .local import LocalCluster
 
@@ -51,10 +53,10 @@ __all__ = [
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
     "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
-    "LocalCluster", "NotOwnerError", "ProtocolError",
-    "RemoteError", "ResourceSpecError", "TaskContext", "WorkerLostError", "ZresError",
-    "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "submit",
-    "wait",
+    "LocalCluster", "NotOwnerError", "ProtocolError", "RemoteError", "ResourceSpecError",
+    "ResultLostError", "TaskContext", "WorkerLostError", "ZresError",
+    "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "put",
+    "scatter", "submit", "wait",
 ]
 
 
@@ -67,6 +69,16 @@ def map(fn: Callable[..., R], *iterables: Iterable[Any],  # noqa: A001
         **kwargs: Any) -> list[Future[R]]:
     """Map FN over ITERABLES on the default client, batched on the wire."""
     return default_client().map(fn, *iterables, **kwargs)
+
+
+def scatter(data: Any) -> Any:
+    """Put DATA on the cluster once, for many tasks to read; see Client.scatter."""
+    return default_client().scatter(data)
+
+
+def put(value: Any) -> Future[Any]:
+    """Put VALUE on the cluster once (Ray's ``put``): a future to pass to tasks."""
+    return default_client()._put(dumps(value), f"put-{type(value).__name__}")
 
 
 def executor(resources: Any = None, **defaults: Any) -> Executor:

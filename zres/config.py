@@ -53,7 +53,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
-               "max_deps": None, "state": None,
+               "max_deps": None, "max_object_bytes": None, "state": None,
                # The HTTP port (dashboard, /metrics, /health): HOST:PORT or "off"; None:
                # 127.0.0.1:8787, given up with a warning if that port is taken.
                "http": None},
@@ -62,7 +62,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0,
               # The agent's own files (job logs, its workers' lease and socket); None:
               # $XDG_STATE_HOME/zres/agent-NAME (zres.agent.files).
-              "state": None},
+              "state": None,
+              # Its data port (zres.agent.data): where it listens (None: loopback when
+              # its broker is on loopback, else every interface), and how much its store
+              # keeps in memory before spilling to disk (None: 30% of its MEMORY).
+              "data_listen": None, "store_memory": None},
     "client": {"broker": None, "broker_timeout": 300.0, "forward_output": True},
     # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
     # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).
@@ -74,7 +78,8 @@ _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeo
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
-                                              "resources", "slots", "tasks", "deps")}}
+                                              "resources", "slots", "tasks", "deps",
+                                              "object_bytes")}}
 _ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
 _FINITE = {"fairshare_half_life"}  # (use that never decays would never forgive)
 

@@ -4,6 +4,8 @@ first; bad annotations refused naming the task."""
 
 from __future__ import annotations
 
+import re
+
 import dask
 import dask.array as da
 import dask.bag as db
@@ -116,9 +118,11 @@ def dec(block):
 
 
 def gpu_of(plan, name: str) -> set[float]:
-    """The GPU asked for by the steps made of a task named NAME (0: none)."""
+    """The GPU asked for by the steps made of a task named NAME (0: none). (NAME is a
+    whole word of the key: a random token in another's key may hold it, as "dec" is hex.)"""
     return {dict(s.options.resources).get("GPU", 0) for s in plan.steps
-            if any(name in str(key) for key, _ in parts(s.node, ()))}
+            if any(name in re.split(r"[^0-9a-zA-Z_]+", str(key))
+                   for key, _ in parts(s.node, ()))}
 
 
 def test_annotated_and_plain_tasks_in_one_graph_each_keep_their_own():

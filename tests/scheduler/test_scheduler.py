@@ -492,6 +492,20 @@ def test_why_texts():
                             "queued behind 1 tasks of the same shape")
 
 
+def test_why_counts_a_long_queue_ahead_by_a_bounded_sample_and_says_about():
+    """One question about a task among 100,000 of its shape walks a bounded sample of them,
+    not all (issue 28: one request must not stall the loop)."""
+    from zres.scheduler.queue import AHEAD_SAMPLE
+    sched = Scheduler()
+    sched.add_slot(1, "alpha", cap(CPU=1))
+    for task in range(1, 100_002):
+        sched.enqueue(task, req(CPU=1))
+    sched.schedule()
+    text = sched.why(100_001)
+    count = int(text.split("queued behind about ")[1].split(" tasks")[0].replace(",", ""))
+    assert abs(count - 99_999) <= 2 * (100_000 // AHEAD_SAMPLE), text
+
+
 def test_why_names_the_largest_agent_for_too_large_requests():
     sched = Scheduler()
     sched.add_slot(1, "alpha", cap(CPU=4, GPU=1))

@@ -55,7 +55,9 @@ class ActorSupervisor:
         worker = self._pool.start(slot, devices, concurrency, actor=True)
         run = next(self._runs)
         context = {**item[3], "create": True, "run": run}
-        worker.actor = ActorProcess(actor_id, item[0], concurrency, item[3])
+        # (its calls' context: the construction's, without its inputs)
+        worker.actor = ActorProcess(actor_id, item[0], concurrency,
+                                    {k: v for k, v in item[3].items() if k != "refs"})
         worker.actor.sent[item[0]] = run
         self._events.held(item[0])
         construct = [item[0], item[1], item[2], context]
@@ -67,15 +69,21 @@ class ActorSupervisor:
     def call(self, msg: P.Message) -> None:
         """Pass CALL's method calls to their actors' processes, in the order sent."""
         items = P.field(msg, "calls", list)
-        groups = P.split_frames(msg.frames, [i[2] + sum(i[3]) for i in items])
-        for (call_id, actor_id, nframes, dep_counts), frames in zip(items, groups):
+        groups = P.split_frames(msg.frames, [i[2] + sum(max(c, 0) for c in i[3])
+                                             for i in items])
+        for (call_id, actor_id, nframes, dep_counts, *extra), frames in zip(items, groups):
             worker = self.by_id.get(actor_id)
             if worker is None or worker.actor is None:
                 continue  # it ended; the broker requeues or fails the call
             run = next(self._runs)
             worker.actor.sent[call_id] = run
             self._events.held(call_id)
-            item = [call_id, nframes, dep_counts, {**worker.actor.context, "run": run}]
+            context = {**worker.actor.context, "run": run}
+            if extra and isinstance(extra[0], dict):  # inputs sent as references (its
+                context["refs"] = extra[0].get("refs") or {}  # process reads them), its
+                context["payload"] = extra[0].get("payload", -1)  # call among them
+                dep_counts = [max(count, 0) for count in dep_counts]
+            item = [call_id, nframes, dep_counts, context]
             self._events.then(functools.partial(self._deliver, worker, item, frames))
 
     def _deliver(self, worker: Worker, item: list[Any], frames: list[Any]) -> None:

@@ -28,6 +28,7 @@ from ..logs import get_logger
 from .actors import ActorSupervisor
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
+from .data.node import NodeData
 from .deferred import DeferredGrants
 from .draining import Draining
 from .files import open_files
@@ -51,7 +52,8 @@ class Agent(Draining):
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 3.0,
                  job_logs: str | None = None, job_grace: float = GRACE,
                  drain_grace: float = DRAIN_GRACE, key: keys.PeerKey | None = None,
-                 state: str | None = None) -> None:
+                 state: str | None = None, data_listen: str | None = None,
+                 store_memory: int | None = None) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.files, self.logs = open_files(self.name, state, job_logs)
         self.slots = slots
@@ -66,6 +68,10 @@ class Agent(Draining):
         self.reports = Reports(lambda: self.session.valid())
         self.pool = WorkerPool(self.ctx, slots, broker, self.logs.path, self.files)
         self.session = Session(self.pool.lease)
+        # Its objects (big results, fetched inputs, uploads) and the port it serves them on.
+        self.data = NodeData(self.files.path, slots, broker, key, data_listen, store_memory,
+                             self.reports)
+        self.pool.objects = self.data.env
         self._reach = ReachWarning(broker)
         self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid)
         self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
@@ -104,6 +110,7 @@ class Agent(Draining):
                  leftovers_removed=self.files.left)  # (an agent of this name was killed)
         self.jobs.stop_leftovers()
         self.heartbeat.start()
+        self.data.start()
         # One GPU-less worker per slot starts now, so the first task does not wait for it.
         for index in range(len(self.slots)):
             self.runner.worker(index, ())
@@ -119,6 +126,7 @@ class Agent(Draining):
 
     def shutdown(self) -> None:
         self.heartbeat.stop()
+        self.data.stop()
         self.jobs.stop_all()
         self.pool.close(self.actors.workers())
         self.actors.by_id.clear()
@@ -154,10 +162,12 @@ class Agent(Draining):
         self.heartbeat.turned(now)
         if self.session.registered:  # (numbered from the welcome) its hand-offs go once acked
             self._send_report()
+        self.data.turn()
         self.pool.flush()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            P.send(self.broker, P.encode(P.HEARTBEAT, {"t": now, "session": self.session.id}))
+            P.send(self.broker, P.encode(P.HEARTBEAT, {  # (with what its store holds)
+                "t": now, "session": self.session.id, "store": self.data.store.stats()}))
             silent = self.session.registered and now - self._last_heard > self.hb_timeout
             if silent and not self._silent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
@@ -206,7 +216,8 @@ class Agent(Draining):
             "name": self.name, "session": self.session.id, "host": socket.gethostname(),
             "pid": os.getpid(), "t": now, "versions": versions.mine(),
             "slots": [{"units": s.units, "gpus": s.gpus, "gpu_memory": s.gpu_memory}
-                      for s in self.slots]}
+                      for s in self.slots],
+            **self.data.register_fields(new_session=not resume and self.session.epoch is None)}
         frames: list[Any] = []
         if resume or self.session.epoch is not None:  # (the broker says if it has it still)
             body["resume"] = True
@@ -228,6 +239,7 @@ class Agent(Draining):
             # its reports are numbered afresh.)
             self._fence("the broker restarted", keep=self.carry.adopts(msg))
             return
+        self.data.welcomed(msg)
         cluster = msg.body.get("cluster")
         if isinstance(cluster, str) and re.fullmatch(r"[0-9a-f]{1,32}", cluster):
             self.jobs.cluster = cluster  # (it names a directory: nothing else is taken)
@@ -263,6 +275,7 @@ class Agent(Draining):
             self.pool.drop_pending()
             self.carry.clear()
             self.reports.reset()
+            self.data.forget_all()  # (the objects went with the session's work)
         self._deferred.take()
         self.session.restart()
 
@@ -329,6 +342,8 @@ class Agent(Draining):
             P.send(self.broker, P.encode(P.LOGS_REPLY, self.jobs.log_reply(msg)))
         elif msg.kind == P.KILL_ACTOR:
             self.actors.kill(P.field(msg, "ids", list))
+        elif msg.kind == P.FREE:
+            self.data.free(msg)
         elif msg.kind == P.RESOURCES:
             # Remember the new capacity, so a later re-registration offers it too.
             for spec, units in zip(self.slots, P.field(msg, "slots", list)):
@@ -364,7 +379,8 @@ class Agent(Draining):
             self._deferred.add(msg)
             return
         items = P.field(msg, "tasks", list)
-        groups = P.split_frames(msg.frames, [i[4] + sum(i[5]) for i in items])
+        groups = P.split_frames(msg.frames, [i[4] + sum(max(c, 0) for c in i[5])
+                                             for i in items])
         now = time.monotonic()
         grants: list[Grant] = []
         for (task_id, slot, units, gpus, nframes, dep_counts, *extra), frames in zip(items, groups):
@@ -378,6 +394,10 @@ class Agent(Draining):
                        "gpus": list(devices), "attempt": opts.get("attempt", 0)}
             if isinstance(opts.get("token"), str):  # (clients made in it act for its owner)
                 context["token"] = opts["token"]
+            if opts.get("refs"):  # inputs sent as references: its worker reads them itself
+                context["refs"] = opts["refs"]
+                context["payload"] = opts.get("payload", -1)  # (its call, if put: one of them)
+                dep_counts = [max(count, 0) for count in dep_counts]
             item = [task_id, nframes, dep_counts, context]
             taken = P.check_units(opts.get("taken", units), "assign")
             if "actor" in opts:
@@ -421,6 +441,7 @@ class Agent(Draining):
         elif msg.kind == P.DONE:
             items = msg.body["results"]
             results = P.split_frames(msg.frames, [i[2] for i in items])
+            self.data.from_worker(msg.body)
             if worker.actor is not None:
                 self.actors.done(worker, msg.body.get("started", []), items, results)
             else:

@@ -46,7 +46,7 @@ class Reports:
 
     def _clear(self) -> None:
         self._fields: dict[str, list[Any]] = {"held": [], "started": [], "results": [],
-                                              "exits": [], "returned": []}
+                                              "exits": [], "returned": [], "stored": []}
         self._frames: list[Any] = []
 
     # -- gathering (what the runner and the actors call: runner.Events) ---------------
@@ -74,6 +74,11 @@ class Reports:
         """Run ACTION (a message to a worker) after every hand-off waiting now: at once
         if none is (a cancel must not overtake the task it cancels)."""
         self._gate.after(action)
+
+    def stored(self, object_id: int, size: int) -> None:
+        """This agent now holds a copy of object OBJECT_ID (SIZE bytes): an input a worker
+        fetched, or an upload (the broker counts it where that object is)."""
+        self._fields["stored"].append([object_id, size])
 
     def give_back(self, task_id: int) -> None:
         """TASK_ID was granted here and never started: the broker may grant it again."""

@@ -43,6 +43,7 @@ from ..core import protocol as P
 from ..core.context import TOKEN_ENV, TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
+from .data.worker_side import InputLost, WorkerObjects
 from .output import OutputBuffer, capture
 from .shared import Lease, StartLog
 from .stopping import CallStopper, Stopped
@@ -102,6 +103,7 @@ class WorkerProcess:
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
+        self.objects = WorkerObjects()  # (the agent's store: big results, inputs by reference)
         self.stopper = CallStopper()
         self.lease = Lease(lease)
         self.starts = StartLog(starts)
@@ -280,6 +282,15 @@ class WorkerProcess:
             # own, its event loop) acts for the actor's owner.
             os.environ[TOKEN_ENV] = token
         try:
+            deps = self.objects.inputs(deps, context.get("refs"))
+            if context.get("payload", -1) >= 0:  # its call was put on an agent: it is that
+                payload = deps.pop(context["payload"])  # input (not one the call reads)
+        except InputLost as lost:  # (before its body: it ran nothing, and runs again)
+            set_task_context(None)
+            self.output.end(task_id)
+            return task_id, P.FAILED, [], {"type": "InputLostError", "message": str(lost),
+                                           "input": lost.object_id}
+        try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
             self.stopper.enter(task_id)
             if self.actor is not None:
@@ -290,6 +301,8 @@ class WorkerProcess:
                     value = asyncio.run(_await(value))
             self.stopper.leave(task_id)
             outcome, frames = P.OK, _result(value, fn, task)
+            frames, kept = self.objects.keep(task_id, frames)  # (a big one: in the store)
+            task.report.update(kept)
         except Stopped:
             raise
         except BaseException as exc:  # report everything, SystemExit included
@@ -342,10 +355,13 @@ class WorkerProcess:
         with self._lock:
             started, dropped = self.started, self.dropped
             self.started, self.dropped = [], []
-        if items or started or dropped:
+        replicas = self.objects.take_replicas()  # (inputs fetched: the agent counts them)
+        if items or started or dropped or replicas:
             body: dict[str, Any] = {"results": items}
             if started or dropped:
                 body["started"], body["dropped"] = started, dropped
+            if replicas:
+                body["replicas"] = replicas
             P.send(self.agent, P.encode(P.DONE, body, frames))
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()

@@ -21,6 +21,7 @@ import zmq
 from ..core import protocol as P
 from ..core.context import TOKEN_ENV
 from ..logs import get_logger
+from .data.worker_side import ENV as OBJECTS_ENV
 from .files import AgentFiles
 from .shared import Lease, StartLog
 from .slots import SlotSpec
@@ -73,6 +74,7 @@ class WorkerPool:
         self._slots = slots
         self._broker_address = broker_address
         self._job_logs = job_logs
+        self.objects = ""  # where the agent's store is, for its workers (the agent sets it)
         # The lease, start logs and socket live in the agent's run directory (``files``):
         # removed when it stops, and by its next start after a kill.
         self._run = files.run
@@ -112,6 +114,7 @@ class WorkerPool:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order NVML numbers devices in
         env["ZRES_BROKER"] = self._broker_address
         env["ZRES_JOB_LOGS"] = self._job_logs
+        env[OBJECTS_ENV] = self.objects  # (the agent's store: see data.worker_side)
         env.pop(TOKEN_ENV, None)  # (each task's token comes with it: never this agent's own)
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.agent.worker", self.address, ident.decode(),

@@ -50,6 +50,8 @@ class ActorRecord:
     agent_name: str = ""
     spawn: list[Any] = field(default_factory=list)   # construction frames, kept for restarts
     spawn_counts: tuple[int, list[int]] = (0, [])
+    spawn_refs: dict[int, Any] = field(default_factory=dict)  # its inputs kept on agents
+    spawn_call_in: int = -1      # the input its construction's call was put in (-1: none)
     queues: dict[bytes, deque[int]] = field(default_factory=dict)  # caller -> call ids
     inflight: dict[int, None] = field(default_factory=dict)        # sent, in send order
     cause: str = ""              # why it died

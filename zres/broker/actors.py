@@ -181,9 +181,12 @@ class ActorRouting:
                 self.call_actor[task.id] = actor
                 if not task.payload:  # restored: its call stayed on disk till now
                     task.payload = self._load(task)
-                counts, inputs = self._graph.inputs(task)
-                self._calls.add(actor.agent, [task.id, actor.id, len(task.payload), counts],
-                                [*task.payload, *inputs])
+                counts, inputs, refs = self._graph.inputs(task)
+                item = [task.id, actor.id, len(task.payload), counts]
+                if refs:  # (inputs kept on agents: its process reads or fetches them, and
+                    # its call, if it was put on an agent)
+                    item.append({"refs": refs, "payload": task.call_in})
+                self._calls.add(actor.agent, item, [*task.payload, *inputs])
             if not queue:
                 del actor.queues[caller]
 
@@ -194,9 +197,10 @@ class ActorRouting:
         if actor.starts == 0 and task is not None:
             if not task.payload:  # restored: its call stayed on disk till now
                 task.payload = self._load(task)
-            counts, inputs = self._graph.inputs(task)
+            counts, inputs, refs = self._graph.inputs(task)
             actor.spawn = [*task.payload, *inputs]
             actor.spawn_counts = (len(task.payload), counts)
+            actor.spawn_refs, actor.spawn_call_in = refs, task.call_in
         if task is not None and task.state is TaskState.QUEUED:
             self._graph.set_state(task, TaskState.RUNNING)
             task.agent = agent_name

@@ -105,6 +105,13 @@ class AgentLink:
                                          recheck=False)
         record = self._agents.add(ident, reg, now)
         record.fd, record.key, record.public = self._fd(), key, public
+        data = msg.body.get("data")
+        if isinstance(data, dict) and isinstance(data.get("address"), str) \
+                and isinstance(data.get("key", ""), str) and len(data["address"]) < 256:
+            record.data_address, record.data_key = data["address"], data.get("key", "")
+        # What it holds from before (a broker restarted on its state restored where results
+        # were): what it no longer has is lost there.
+        self._dispatch.objects_offered(record, msg.body.get("objects", []))
         # Jobs it kept running while a previous broker of this cluster went: taken back
         # before anything else can be granted their resources, or stopped.
         stop = self._adopt(record, msg.body, msg.frames)

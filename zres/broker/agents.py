@@ -69,6 +69,11 @@ class AgentRecord:
     # old connection: what went after the welcome follows it on the new one.
     resumes: int = 0
     sent_before_resume: set[int] | None = None
+    # Its data port (issue 29): where it serves the objects it holds, and its CURVE key
+    # ("": none); and what its store held when it last said.
+    data_address: str = ""
+    data_key: str = ""
+    store: dict[str, int] | None = None
     # The key it registered with ("role:name", and its public key; "" without keys): its
     # session ends when that key is revoked.
     key: str = ""
@@ -120,6 +125,7 @@ class AgentRegistry:
         self.sched = sched
         self.timeout = timeout
         self.by_ident: dict[bytes, AgentRecord] = {}
+        self.by_name: dict[str, AgentRecord] = {}   # (names are one agent's at a time)
         # The same agents by session: an agent's heartbeats also come from a socket of
         # their own (its heartbeat thread), which names the session it beats for.
         self.by_session: dict[int, AgentRecord] = {}
@@ -155,7 +161,7 @@ class AgentRegistry:
         return self.by_ident.get(ident)
 
     def named(self, name: str) -> AgentRecord | None:
-        return next((a for a in self.by_ident.values() if a.name == name), None)
+        return self.by_name.get(name)
 
     def seen(self, ident: bytes, now: float) -> AgentRecord | None:
         """Return the agent IDENT and note it is alive, or None if it is unknown."""
@@ -207,6 +213,7 @@ class AgentRegistry:
         if self.ended.pop(ident, None) is not None:
             self._keep_ended([[i, why] for i, why in self.ended.items()])
         self.by_ident[ident] = record
+        self.by_name[record.name] = record
         self.by_session[record.session] = record
         for slot_id in slot_ids:
             self.slot_owner[slot_id] = record
@@ -217,6 +224,8 @@ class AgentRegistry:
         """Forget AGENT, remembering WHY for its late messages (its scheduler slots are
         removed by whoever handles its work)."""
         del self.by_ident[agent.ident]
+        if self.by_name.get(agent.name) is agent:
+            del self.by_name[agent.name]
         if self.by_session.get(agent.session) is agent:
             del self.by_session[agent.session]
         for slot_id in agent.slots:

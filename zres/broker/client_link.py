@@ -17,7 +17,7 @@ from ..core import protocol as P
 from ..core import versions
 from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_name
-from ..core.tasks import FINISHED, Task
+from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.owners import Quotas
 from .actor_records import ActorState
@@ -52,7 +52,7 @@ class ClientLink:
                  conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
                  quotas: Quotas | None = None,
                  later: Callable[[bytes, Callable[[], None]], None] | None = None,
-                 refuse: Refuse | None = None) -> None:
+                 refuse: Refuse | None = None, objects: Any = None) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -78,6 +78,9 @@ class ClientLink:
         # the tasks of it that were not taken (LATER None: every submit in one go).
         self._later = later
         self._refuse = refuse
+        # Results kept on agents (the broker's ``objects``), and references to them.
+        self._objects = objects
+        self._refer: Callable[[Task], Any] = lambda task: graph.refer(task)
         # The ids new tasks have here, per client, as [first local id, first id, count].
         self._to_tell: dict[bytes, list[list[int]]] = {}
 
@@ -192,7 +195,9 @@ class ClientLink:
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, (),
                         kind=sub.kind, quiet=sub.quiet, owner=client.owner)
             task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
+            task.call_in = sub.call_in
             task.detached = sub.detached or bool(sub.job and sub.job["detached"])
+            task.recompute = sub.recompute
             if sub.job is not None and task.detached:
                 sub.job["detached"] = True
             self._graph.add(task)
@@ -326,9 +331,74 @@ class ClientLink:
 
     def _tell(self, ident: bytes, task: Task) -> None:
         """Send TASK's outcome to its client: the result's frames, unless it is quiet and
-        succeeded (an error's frames always go: they say what went wrong)."""
+        succeeded (an error's frames always go: they say what went wrong), or, for one
+        kept on agents, a reference the client fetches it with."""
         frames = [] if task.quiet and task.outcome == P.OK else task.result
-        self._results.add(ident, [task.local_id, task.outcome, len(frames), task.info], frames)
+        info = task.info
+        if task.size and not task.quiet:
+            info = {**info, "ref": self._refer(task), "size": task.size}
+        self._results.add(ident, [task.local_id, task.outcome, len(frames), info], frames)
+
+    def on_place(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """A client puts a value on an agent (a call too big to travel inline, scatter):
+        the broker makes it a task of the client's (LOCAL) that ends once its agent says it
+        has it whole, and says where to upload it (the client's data goes straight there,
+        never through the broker)."""
+        client = self.client(ident, now)
+        if client is None:
+            return
+        size, local = P.field(msg, "size", int), P.field(msg, "local", int)
+        body: dict[str, Any] = {"req": msg.body.get("req")}
+        if size <= 0 or size > self._limits.object_bytes:
+            body["error"] = (f"a value of {size} bytes is larger than the broker's limit of "
+                             f"{self._limits.object_bytes} (max_object_bytes)" if size > 0
+                             else "a value to put has no bytes")
+        elif local in client.ids:
+            body["error"] = f"task {local} of this client's exists already"
+        if "error" in body:
+            self._send(ident, P.PLACE_REPLY, body)
+            return
+        task = Task(self._graph.new_id(), client.ident, local, {}, 0, 0, f"put-{local}",
+                    False, [], (), owner=client.owner)
+        self._graph.add(task)
+        client.ids[local] = task.id
+        self._graph.set_state(task, TaskState.QUEUED)
+        self._graph.set_state(task, TaskState.RUNNING)  # (uploading)
+        holder = self._objects.place(task, size)
+        if holder is None:
+            self._graph.fail(task, "ZresError", "no agent with a data port is connected")
+            body["error"] = "no agent with a data port is connected to keep it"
+        else:
+            self._keeper.new(task, [])
+            body.update(id=task.id, token=self._objects.put_token(task, size),
+                        at=[holder.agent, holder.address, holder.key])
+        self._send(ident, P.PLACE_REPLY, body)
+
+    def on_locate(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """Where the results of these tasks of the client's are now (a holder it fetched
+        from is gone): a reference, ``pending`` (it runs again), or why it is lost."""
+        client = self.client(ident, now)
+        if client is None:
+            return
+        refs: dict[int, Any] = {}
+        lost: dict[int, str] = {}
+        pending: list[int] = []
+        for local in P.field(msg, "ids", list)[:10_000]:
+            task = self._graph.get(client.ids.get(local, -1))
+            if task is None:
+                lost[local] = "the broker no longer has it (released, or lost in a restart)"
+            elif task.lost:
+                lost[local] = task.lost
+            elif task.state is TaskState.DONE and task.size:
+                ref = self._refer(task)
+                if ref is None:
+                    pending.append(local)  # (its holder is away: it may come back)
+                else:
+                    refs[local] = ref
+            else:
+                pending.append(local)
+        self._send(ident, P.LOCATE_REPLY, {"req": msg.body.get("req"), "refs": refs,
+                                           "lost": lost, "pending": pending})
 
     def flush(self) -> None:
         self._running.flush()  # before the results: a future runs, then finishes

@@ -19,17 +19,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
-from ..core.resources import token_devices
 from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import Grant, Workers, workers
 from .actor_records import ActorState
 from .actors import ActorRouting
+from .agent_reports import AgentReports
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
 from .graph import TaskGraph
 from .jobs import JobTable
+from .lineage import Lineage
+from .objects import ObjectDirectory
 from .outbox import Batches, Send
 
 log = get_logger("zres.broker")
@@ -41,7 +43,7 @@ class CancelOutcome(enum.Enum):
     ASKED = "asked"            # its agent says whether its worker process had begun it
 
 
-class Dispatcher:
+class Dispatcher(AgentReports):
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
@@ -49,8 +51,12 @@ class Dispatcher:
                  on_started: Callable[[Task], None],
                  on_changed: Callable[[Task], None] = lambda task: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
-                 token: Callable[[str], str] = lambda subject: "") -> None:
+                 token: Callable[[str], str] = lambda subject: "",
+                 objects: ObjectDirectory | None = None) -> None:
         self._send = send
+        # Results kept on agents, and what becomes of those lost with them (issue 29).
+        self._objects = objects or ObjectDirectory(send, agents, b"", graph.get)
+        self.lineage = Lineage(graph, sched, lambda task: self._enqueue(task), on_changed)
         # TOKEN(subject): the token a grant carries, so that a client made inside the task
         # acts for its owner ("": none, without keys). See ``auth``.
         self._token = token
@@ -86,7 +92,8 @@ class Dispatcher:
         # of its own, usually long: neither waits in a slot's queue.
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
                             queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind, where=where(task), owner=task.owner)
+                            kind=task.kind, where=where(task), owner=task.owner,
+                            near=self._objects.near(task))
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
         """Tell TASK's client, once per reason, that no agent could ever run it."""
@@ -177,6 +184,10 @@ class Dispatcher:
             if actor is not None:
                 self._actors.place(actor, agent.ident, agent.name)
                 opts.update(actor=actor.id, concurrency=actor.concurrency, taken=grant.taken)
+                if actor.spawn_refs:
+                    opts["refs"] = actor.spawn_refs
+                if actor.spawn_call_in >= 0:
+                    opts["payload"] = actor.spawn_call_in
                 token = self._token(f"a{actor.id}:{actor.key}")
                 if token:
                     opts["token"] = token
@@ -201,7 +212,11 @@ class Dispatcher:
                 opts["token"] = token
             if not task.payload and not job:  # restored: its call stayed on disk till now
                 task.payload = self._load(task)
-            counts, inputs = self._graph.inputs(task)
+            counts, inputs, refs = self._graph.inputs(task)
+            if refs:  # (inputs kept on agents: its worker reads or fetches them)
+                opts["refs"] = refs
+            if task.call_in >= 0:  # (its call was put on an agent: that input is it)
+                opts["payload"] = task.call_in
             self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
                                             len(task.payload), counts, opts],
                               [*task.payload, *inputs])
@@ -217,99 +232,6 @@ class Dispatcher:
     def release(self, task_id: int) -> None:
         """Give TASK_ID's grant back to the scheduler (its owner is charged till now)."""
         self._sched.release(task_id, time.monotonic())
-
-    def _owner(self, task_id: int) -> AgentRecord | None:
-        grant = self._sched.running.get(task_id)
-        return self._agents.slot_owner.get(grant.slot) if grant is not None else None
-
-    def _mine(self, agent: AgentRecord, task_id: Any) -> Task | None:
-        """The task of TASK_ID if its current grant is on AGENT (else a stale report)."""
-        if self._owner(task_id) is not agent:
-            return None
-        task = self._graph.get(task_id)
-        return task if task is not None and task.state is TaskState.RUNNING else None
-
-    # -- what agents report ---------------------------------------------------------------
-    def report(self, agent: AgentRecord, body: dict[str, Any], payloads: list[list[Any]],
-               now: float) -> None:
-        """Take in one report of AGENT's, all at once, in its fields' order."""
-        for task_id in _ids(body.get("held")):
-            if self._owner(task_id) is agent and self._to_drop(task_id):
-                # Cancelled while this report was away (the cancel perhaps lost with a
-                # connection): told again, before the ack that would let it start.
-                self._send(agent.ident, P.CANCEL, {"ids": [task_id]})
-            task = self._mine(agent, task_id) or self._actors.call_on(agent.ident, task_id)
-            if task is not None:
-                task.held = True
-                if task.id in self._jobs.active:
-                    self._jobs.held(task, agent.name)
-                self._on_changed(task)
-        for task_id in _ids(body.get("started")):
-            task = self._mine(agent, task_id)
-            if task is None:
-                call = self._actors.call_on(agent.ident, task_id)
-                if call is not None:
-                    self._on_started(call)
-                continue
-            self._on_started(task)
-            task.held = task.begun = True
-            self._too_late_to_cancel(task)
-            task.started_at = now
-            grant = self._sched.running[task_id]
-            if not grant.started:
-                self._sched.started(task_id, now)
-            if task.id in self._jobs.active:
-                slot_index = agent.slots.index(grant.slot)
-                self._jobs.started(task, agent.name,
-                                   [agent.gpus[slot_index][p] for p in grant.gpus]
-                                   or list(token_devices(grant.units)))
-        self._results(agent, body.get("results", []), payloads, now)
-        for exit_ in body.get("exits", []):
-            if isinstance(exit_, dict):
-                self._actors.exited(agent.ident, str(exit_.get("actor")),
-                                    exit_.get("placement", -1), str(exit_.get("cause")),
-                                    _ids(exit_.get("running")))
-        for task_id in _ids(body.get("returned")):
-            task = self._mine(agent, task_id)
-            if task is not None:  # it never started there: again, uncharged
-                self.release(task_id)
-                self._requeue(task)
-
-    def _results(self, agent: AgentRecord, items: list[Any], payloads: list[list[Any]],
-                 now: float) -> None:
-        for (task_id, outcome, _, info), frames in zip(items, payloads):
-            info = info if isinstance(info, dict) else {}
-            actor = self._actors.placements.get(task_id)
-            if actor is not None:
-                if actor.agent == agent.ident and actor.state is ActorState.STARTING:
-                    self._actors.started(actor, str(outcome), frames, info)
-                continue
-            actor = self._actors.call_actor.get(task_id)
-            if actor is not None:
-                if actor.agent != agent.ident:
-                    continue  # a late result from the actor's previous instance
-                del self._actors.call_actor[task_id]
-                actor.inflight.pop(task_id, None)
-                task = self._graph.get(task_id)
-                if task is not None and task.state is TaskState.RUNNING:
-                    self._graph.finish(task, str(outcome), frames, {**info, "agent": agent.name})
-                continue
-            if self._owner(task_id) is not agent:
-                continue  # stale: cancelled, or retried elsewhere after a loss
-            self.release(task_id)
-            task = self._graph.get(task_id)
-            if task is None or task.state is not TaskState.RUNNING:
-                continue
-            if task.stopping and outcome != P.OK:  # a forced cancel stopped it
-                self._stopped(task)
-                continue
-            if task.begun and outcome != P.FAILED:
-                self._sched.finished(task.kind, now - task.started_at)
-            if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
-                self._retry(task, info.get("message", "worker lost"))
-            else:
-                info["agent"] = agent.name
-                self._graph.finish(task, str(outcome), frames, info)
 
     def sent_to(self, agent: AgentRecord) -> set[int]:
         """Every grant, actor placement and call AGENT has been sent and not finished."""
@@ -397,6 +319,7 @@ class Dispatcher:
         uncharged; what may have started spends a retry or fails; its actors restart or
         die."""
         self._agents.remove(agent, why)
+        self.lineage.lost(self._objects.lost(agent.name), f"agent {agent.name} ({why})")
         if left:
             log.info("agent_left", agent=agent.name)
         else:
@@ -419,6 +342,12 @@ class Dispatcher:
         if recheck:
             self.recheck_feasibility()
 
+    def objects_offered(self, agent: AgentRecord, objects: Any) -> None:
+        """AGENT's new session holds OBJECTS ([id, size]): any result it was known to hold
+        and no longer does is lost there."""
+        self.lineage.lost(self._objects.offered(agent.name, objects),
+                          f"agent {agent.name} (it came back without it)")
+
     def set_accepting(self, agent: AgentRecord) -> None:
         """Open AGENT's slots to new grants, or close them, as it is there and staying."""
         for slot_id in agent.slots:
@@ -432,7 +361,3 @@ class Dispatcher:
 def where(task: Task) -> Workers | None:
     """The agents TASK may run on, or prefers, as the scheduler takes them (None: any)."""
     return workers(task.workers, task.allow_other_workers) if task.workers else None
-
-
-def _ids(value: Any) -> list[int]:
-    return [v for v in value if type(v) is int] if isinstance(value, list) else []

@@ -28,6 +28,8 @@ class TaskGraph:
                  reserve_ids: Callable[[int], int] | None = None, first_id: int = 1,
                  on_dropped: Callable[[Task], None] = lambda task: None) -> None:
         self.tasks: dict[int, Task] = {}
+        # A reference to a result kept on agents (the broker's ``objects`` sets it).
+        self.refer: Callable[[Task], Any] = lambda task: None
         # Held tasks by state, kept as they change (every change goes through here).
         self.census = Census()
         # Tasks finished in this broker's life, by how (finished, error, cancelled): for its
@@ -95,8 +97,11 @@ class TaskGraph:
             dep.holders += 1
             if dep.state is TaskState.FAILED:
                 failed_dep = dep
-            elif dep.state is not TaskState.DONE:
-                task.missing += 1
+            elif dep.state is not TaskState.DONE or dep.size:
+                # (a result kept on agents knows who reads it too: lost with them, its
+                # readers that have not begun wait for it again, or fail: see lineage)
+                if dep.state is not TaskState.DONE:
+                    task.missing += 1
                 if isinstance(dep.dependents, list):
                     dep.dependents.append(task.id)
                 else:
@@ -106,27 +111,40 @@ class TaskGraph:
         elif task.missing == 0:
             self._on_ready(task)
 
-    def inputs(self, task: Task) -> tuple[list[int], list[Any]]:
-        """Return how many frames each dependency's result has, and those frames in order:
-        what a worker needs besides the call itself."""
+    def inputs(self, task: Task) -> tuple[list[int], list[Any], dict[int, Any]]:
+        """Return how many frames each dependency's result has, those frames in order, and
+        references to the results kept on agents (by the dependency's place; its count
+        -1): what a worker needs besides the call itself."""
         counts: list[int] = []
         frames: list[Any] = []
-        for dep_id in task.deps:
-            result = self.tasks[dep_id].result
-            counts.append(len(result))
-            frames.extend(result)
-        return counts, frames
+        refs: dict[int, Any] = {}
+        for index, dep_id in enumerate(task.deps):
+            dep = self.tasks[dep_id]
+            if dep.size:
+                counts.append(-1)
+                refs[index] = self.refer(dep)
+                continue
+            counts.append(len(dep.result))
+            frames.extend(dep.result)
+        return counts, frames, refs
 
     def unhold(self, task: Task) -> None:
-        """One holder of TASK let go (its client, or a dependent that finished)."""
-        task.holders -= 1
-        if task.holders <= 0 and task.state in FINISHED:
-            self.drop(task)
-            self._on_dropped(task)
-            for dep_id in task.deps:
-                if dep_id in self.tasks:
-                    self.unhold(self.tasks[dep_id])
-            task.deps = []
+        """One holder of TASK let go (its client, or a dependent that finished): one that
+        has finished and that nobody holds is dropped, letting go of its inputs in turn
+        (a worklist: a chain of 100,000 is dropped without deep recursion)."""
+        work = [task]
+        while work:
+            current = work.pop()
+            current.holders -= 1
+            if current.holders <= 0 and current.state in FINISHED:
+                self._forget(current, work)
+
+    def _forget(self, task: Task, work: list[Task]) -> None:
+        """Drop TASK, finished and held by nobody; put its inputs on WORK to let go of."""
+        self.drop(task)
+        self._on_dropped(task)
+        work.extend(self.tasks[d] for d in task.deps if d in self.tasks)
+        task.deps = []
 
     def fail(self, task: Task, error: str, message: str) -> None:
         """Fail TASK with the zres error type ERROR (a class name) and MESSAGE."""
@@ -152,8 +170,15 @@ class TaskGraph:
         new = TaskState.DONE if outcome == P.OK else TaskState.FAILED
         if task.state in FINISHED:
             self.set_state(task, new)  # (raises: a task ends once, its outcome kept)
+        # A result kept on an agent may be lost with it (see ``lineage``): its task keeps
+        # its dependents (they wait for it again, or fail), and, while it may run again
+        # (retries left, or recompute=True), its call and its inputs.
+        kept = outcome == P.OK and task.size > 0
+        again = kept and (task.retries > 0 or task.recompute)
         # Its outcome first: the census counts a failure as error or cancelled by it.
-        task.outcome, task.result, task.info, task.payload = outcome, frames, info, []
+        task.outcome, task.result, task.info = outcome, frames, info
+        if not again:
+            task.payload = []
         self.set_state(task, new)
         self.finished[state_word(task)] += 1
         self._on_recorded(task)
@@ -168,15 +193,18 @@ class TaskGraph:
                 dependent.missing -= 1
                 if dependent.missing == 0:
                     self._on_ready(dependent)
-        task.dependents = []
-        # The dependencies' results are no longer needed by this task.
-        for dep_id in task.deps:
-            if dep_id in self.tasks:
-                self.unhold(self.tasks[dep_id])
-        task.deps = []
+        if not kept:
+            task.dependents = []
+        if not again:  # (the dependencies' results are no longer needed by this task)
+            for dep_id in task.deps:
+                if dep_id in self.tasks:
+                    self.unhold(self.tasks[dep_id])
+            task.deps = []
         if task.holders <= 0 and task.id in self.tasks:
-            self.drop(task)
-            self._on_dropped(task)
+            inputs: list[Task] = []
+            self._forget(task, inputs)
+            for dep in inputs:  # (those kept to run it again: see above)
+                self.unhold(dep)
         return failed
 
     def waiting_for(self, task: Task) -> str:

@@ -55,6 +55,8 @@ class TaskKeeper:
         # Restored tasks whose results were not kept, not run again yet: id -> inputs.
         self._unrun: dict[int, list[int]] = {}
         self._digests: dict[bytes, bytes] = {}  # shared function frames' digests
+        # A restored task whose result is kept on agents (the broker's ``objects``).
+        self.kept_on_agents: Callable[[Task], None] = lambda task: None
         self._graph: TaskGraph | None = None
         self._fail: Callable[[Task, str, str], None] = lambda task, error, why: None
 
@@ -66,7 +68,7 @@ class TaskKeeper:
         record = _pack([task.client, task.owner, task.local_id, task.units, task.priority,
                         task.name, task.strict, task.kind, deps, task.creates, task.actor,
                         task.quiet, list(task.workers), task.allow_other_workers,
-                        task.detached])
+                        task.detached, task.call_in, task.recompute])
         frames = [P.buffer(f) for f in task.payload]
         blob = None
         if frames and len(frames[0]) >= BLOB_MIN:  # (a function: the same for many tasks)
@@ -90,7 +92,8 @@ class TaskKeeper:
         if self._store is None or not task.kept:
             return
         result = None
-        if task.outcome == P.OK and sum(len(P.buffer(f)) for f in task.result) <= KEEP_RESULT:
+        if task.outcome == P.OK and not task.size \
+                and sum(len(P.buffer(f)) for f in task.result) <= KEEP_RESULT:
             result = _pack([P.buffer(f) for f in task.result])
         self._store.put_task(task.id, self._state(task), result)
 
@@ -98,8 +101,10 @@ class TaskKeeper:
         client = self._clients.get(task.client)
         holds = client is not None and client.ids.get(task.local_id) == task.id
         held = task.state is TaskState.RUNNING and (task.held or task.begun)
+        # (and where its result is, if it is kept on agents: issue 29)
         return _pack([task.retries, task.agent if held else "", task.begun and held,
-                      task.outcome, task.info, holds])
+                      task.outcome, task.info, holds, task.size, list(task.held_at),
+                      task.lost])
 
     def need(self, task_id: int) -> None:
         """Something needs the result of TASK_ID: if it was not kept, run its task again
@@ -169,8 +174,9 @@ class TaskKeeper:
         for task_id, record, state, result in self._store.tasks():
             ident, owner, local, units, priority, name, strict, kind, deps, *of_actor = \
                 msgpack.unpackb(record, strict_map_key=False)
-            retries, held_on, _, outcome, info, holds = msgpack.unpackb(
+            retries, held_on, _, outcome, info, holds, *where = msgpack.unpackb(
                 state, strict_map_key=False)
+            size, held_at, gone = where if where else (0, [], "")  # (kept by older ones)
             # (its payload, the call, is read when it is granted: see payload())
             task = Task(task_id, ident, local, units, priority, retries, name, strict, [],
                         [], kind=kind, holders=int(holds), owner=owner)
@@ -181,10 +187,14 @@ class TaskKeeper:
             if len(more) >= 3:
                 task.workers, task.allow_other_workers = tuple(more[1]), bool(more[2])
             task.detached = len(more) >= 4 and bool(more[3])
-            if outcome and (outcome != P.OK or result is not None):
+            task.call_in = int(more[4]) if len(more) >= 5 else -1
+            task.recompute = len(more) >= 6 and bool(more[5])
+            if outcome and (outcome != P.OK or result is not None or size):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []
-            rows.append((task, owner, deps, held_on, outcome == P.OK and result is None))
+                task.size, task.held_at, task.lost = size, list(held_at), gone
+            rows.append((task, owner, deps, held_on,
+                         outcome == P.OK and result is None and not size))
         # A task whose result was not kept is run again only once something needs it:
         # a waiting task, a new one, or its client (that has not seen it): see need().
         needed = {d for task, _, deps, _, lost in rows if not (task.outcome or lost)
@@ -197,6 +207,8 @@ class TaskKeeper:
                 graph.add(task)
                 graph.restored_as(task, TaskState.DONE if task.outcome == P.OK
                                   else TaskState.FAILED)
+                if task.size:
+                    self.kept_on_agents(task)  # (its agents offer it back, or it is lost)
                 continue
             if not (holds_it or task.id in needed or task.creates or task.detached):
                 # (an actor needs its construction; a detached task runs on for its owner)

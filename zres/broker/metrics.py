@@ -189,6 +189,14 @@ class _SnapshotCollector(Collector):
         yield total
         yield free
         yield GaugeMetricFamily("zres_agents", "Agents registered", value=len(snap["agents"]))
+        held = GaugeMetricFamily("zres_agent_store_bytes", "Bytes of results each agent "
+                                 "holds, in memory and spilled to its disk",
+                                 labels=["agent", "tier"])
+        for agent in snap["agents"]:
+            store = agent.get("store") or {}
+            for tier in ("memory", "spilled"):
+                held.add_metric([agent["name"], tier], store.get(tier, 0))
+        yield held
         yield GaugeMetricFamily("zres_clients", "Clients connected", value=snap["clients"])
         actors = GaugeMetricFamily("zres_actors", "Actors, by state", labels=["state"])
         by_state: dict[str, int] = {}

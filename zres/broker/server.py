@@ -43,6 +43,7 @@ from .intake import Handler, Intake
 from .jobs import PUBLIC_FIELDS, JobTable
 from .keeping import TaskKeeper
 from .metrics import BrokerMetrics, Snapshots
+from .objects import ObjectDirectory, data_secret
 from .orphans import Orphans
 from .output import OutputRouter
 from .status import Explainer
@@ -120,7 +121,13 @@ class Broker(Intake):
                                on_recorded=lambda task: self.client_link.recorded(task),
                                reserve_ids=store.reserve_ids if store else None,
                                first_id=(store.meta("id_ceiling", 0) if store else 0) + 1,
-                               on_dropped=self.keeper.dropped)
+                               on_dropped=self._dropped)
+        # Where the results kept on agents are (issue 29): tokens for them are made with
+        # a secret of the cluster's, kept with its state (they outlive a restart).
+        self.objects = ObjectDirectory(self._send, self.agents, data_secret(store), self.graph.get,
+                                       self.graph.finish, self.graph.fail,
+                                       self.limits.object_bytes)
+        self.graph.refer = self.objects.ref
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),
                                    changed=lambda actor: self.actor_keeper.changed(actor),
@@ -140,7 +147,7 @@ class Broker(Intake):
                  "header_bytes": self.limits.header_bytes,
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
-            refuse=self._refused)
+            refuse=self._refused, objects=self.objects)
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
                                self.jobs, self.keeper, self.client_link.forget,
                                later=self.backlog.next)
@@ -148,7 +155,7 @@ class Broker(Intake):
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
                                    on_changed=self.keeper.changed, load=self.keeper.payload,
-                                   token=self.gate.token)
+                                   token=self.gate.token, objects=self.objects)
         self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
@@ -159,6 +166,7 @@ class Broker(Intake):
                                  grace=max(60.0, 10 * heartbeat_timeout),
                                  clients=self.clients, reconnect=reconnect,
                                  actors=self.actor_keeper)
+        self.keeper.kept_on_agents = self.objects.restored
         if store is not None:
             self.adoption.restore(store)
             self.actor_keeper.restore()  # (before the tasks that construct and call them)
@@ -168,7 +176,8 @@ class Broker(Intake):
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,
                                   "heartbeat": self.hb_interval, "adopts": store is not None,
-                                  "lease": self.lease, "starve": self.sched.starvation_after},
+                                  "lease": self.lease, "starve": self.sched.starvation_after,
+                                  "data_secret": self.objects.secret},
                               fd=lambda: self._fd, key=lambda: self.ids.conn,
                               keys=self.gate.names,
                               adopt=lambda *a: self.adoption.offered(*a),
@@ -188,6 +197,7 @@ class Broker(Intake):
             P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
             P.WHY: self.client_link.on_why, P.RESUME: self.client_link.on_resume,
+            P.LOCATE: self.client_link.on_locate, P.PLACE: self.client_link.on_place,
             P.TASK_CANCEL: self.orphans.on_task_cancel,
             P.STATUS: self._on_status,
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
@@ -283,6 +293,9 @@ class Broker(Intake):
             try:
                 self._heartbeats(now)
                 self.adoption.expire(now)
+                for agent, gone in self.objects.expire(now, self.adoption.grace):
+                    self.dispatch.lineage.lost(gone, f"agent {agent} (it did not come back "
+                                               "after the broker restarted)")
                 if self._collector.tick(now, len(self.graph.tasks)) and self.store:
                     self.store.collect_blobs()
             except Exception:
@@ -291,6 +304,7 @@ class Broker(Intake):
         self.client_link.accept()  # (written above)
         self.client_link.flush()
         self.link.flush_acks()
+        self.objects.flush()
         if self.snapshots.wanted:
             try:
                 self.snapshots.publish(self.dashboard())
@@ -318,6 +332,11 @@ class Broker(Intake):
             for agent in self.agents.disconnected(int(event["value"])):
                 log.info("agent_away", agent=agent.name)
                 self.dispatch.set_accepting(agent)
+
+    def _dropped(self, task: Any) -> None:
+        """Nobody holds TASK any more: forget it in the state store, free its copies."""
+        self.keeper.dropped(task)
+        self.objects.dropped(task)
 
     def _client_gone(self, client: Any, event: str) -> None:
         """A client left, or was dropped: what it had not handed over goes with it, and
@@ -390,6 +409,10 @@ class Broker(Intake):
             sent = msg.body.get("t")
             if isinstance(sent, float):
                 agent.echo = sent
+            store = msg.body.get("store")
+            if isinstance(store, dict):  # (what its object store holds: for status)
+                agent.store = {k: v for k, v in store.items()
+                               if isinstance(k, str) and type(v) is int}
         elif msg.body.get("side") is True:  # an agent's heartbeat thread
             self.link.on_side_beat(ident, msg, now)
         elif self.clients.seen(ident, now) is None:

@@ -74,6 +74,7 @@ class Explainer:
             pending += sum(len(s.queue) for s in slots)
             agents.append({"name": agent.name, "host": agent.host, "pid": agent.pid,
                            "draining": agent.draining, "away": agent.away,
+                           "store": agent.store or {}, "data": agent.data_address,
                            "slots": [{"total": s.total, "free": s.free,
                                       "running": len(s.running), "gpus": g}
                                      for s, g in zip(slots, agent.gpus)]})

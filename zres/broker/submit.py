@@ -32,8 +32,10 @@ class Submission:
     job: dict[str, Any] | None = None    # it is this command job
     quiet: bool = False                  # its client wants no result, only its end
     workers: tuple[str, ...] = ()        # the agents it runs on, by name (none: any)
+    call_in: int = -1                    # the input its call is in (put: too big inline)
     allow_other_workers: bool = False    # ... or only prefers
     detached: bool = False               # it outlives its client (a job: its spec says)
+    recompute: bool = False              # a lost result of its runs it again, retries or not
 
 
 class SubmitReader:
@@ -127,7 +129,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
     extra = rest[0] if rest else {}
     if not (isinstance(local, int) and isinstance(priority, int)
             and isinstance(retries, int) and isinstance(deps, list)
-            and (payload or "job" in extra)  # a command job carries no call
+            and (payload or "job" in extra  # a command job carries no call, and one too
+                 or type(extra.get("payload")) is int)  # big to travel, an input's place
             and all(type(d) is int for d in deps) and isinstance(extra, dict)):
         raise ProtocolError("submit: malformed task")
     if (wrong := L.priority_error(priority)) is not None:  # (a raw peer sends anything)
@@ -150,7 +153,8 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
         workers=tuple(check_name(w, limits, "submit: an agent name in workers")
                       for w in workers),
         allow_other_workers=extra.get("allow_other_workers") is True,
-        detached=extra.get("detached") is True)
+        detached=extra.get("detached") is True, call_in=_call_in(extra, deps),
+        recompute=extra.get("recompute") is True)
 
 
 def kind_of(function: Any) -> int:
@@ -163,3 +167,11 @@ def kind_of(function: Any) -> int:
     if view.nbytes <= 4096:
         return hash(bytes(view))
     return hash((view.nbytes, bytes(view[:2048]), bytes(view[-2048:])))
+
+
+def _call_in(extra: dict[str, Any], deps: list[int]) -> int:
+    """The place among DEPS of the value its call was put in (-1: it came inline)."""
+    index = extra.get("payload", -1)
+    if type(index) is not int or not -1 <= index < len(deps):
+        raise ProtocolError("submit: payload must name one of the task's inputs")
+    return index

@@ -21,7 +21,7 @@ from ..core.address import is_local, is_loopback, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.report import in_user_units
-from ..core.resources import format_units, parse_spec
+from ..core.resources import UNIT, format_units, parse_spec
 from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
 from .status_text import render_status
@@ -68,6 +68,12 @@ def add_parsers(sub: Any) -> None:
                        "instead (private too; default: jobs in the --state directory)")
     agent.add_argument("--job-grace", type=seconds, help="seconds a cancelled command job "
                        "has between SIGTERM and SIGKILL (default 5)")
+    agent.add_argument("--data-listen", metavar="ADDR", help="where this agent serves the "
+                       "results it holds to other agents and clients, e.g. tcp://0.0.0.0:7071 "
+                       "(default: a free port, on loopback when the broker is on loopback)")
+    agent.add_argument("--store-memory", metavar="BYTES", help="how much of the results it "
+                       "holds stay in memory before the oldest spill to its disk, e.g. 8GiB "
+                       "(default: 30%% of the MEMORY it offers)")
     agent.add_argument("--drain-grace", type=float, metavar="SECONDS",
                        help="on SIGTERM, seconds running work has to finish before it is "
                        "stopped (default 30; 0: stop it at once); a second SIGTERM stops now")
@@ -224,7 +230,8 @@ def agent(args: argparse.Namespace) -> int:
                                      "name": args.name, "job_logs": args.job_logs,
                                      "job_grace": args.job_grace,
                                      "drain_grace": args.drain_grace,
-                                     "state": args.state},
+                                     "state": args.state, "data_listen": args.data_listen,
+                                     "store_memory": args.store_memory},
                            path=args.config)
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
@@ -238,7 +245,8 @@ def agent(args: argparse.Namespace) -> int:
         agent = Agent(address, slots, name,
                       settings["heartbeat_interval"], settings["heartbeat_timeout"],
                       settings["job_logs"], settings["job_grace"], settings["drain_grace"],
-                      key, settings["state"])
+                      key, settings["state"], settings["data_listen"],
+                      _bytes(settings["store_memory"], "store_memory"))
         _exit_with(args, agent.stop)
         agent.run()
         # A broker starting on this machine makes this user's keys before it listens: an
@@ -250,6 +258,16 @@ def agent(args: argparse.Namespace) -> int:
                 continue
             get_logger("zres.agent").error("agent_refused", broker=address, why=agent.refused)
         return agent.exit_code
+
+
+def _bytes(value: Any, what: str) -> int | None:
+    """VALUE ("8GiB", "1e9", 1000000) as a number of bytes; None if not given."""
+    if value is None:
+        return None
+    try:
+        return parse_spec(f"MEMORY={value}")["MEMORY"] // UNIT
+    except (ValueError, KeyError):
+        raise UsageError(f"{what} {value!r}: give a number of bytes, e.g. 8GiB") from None
 
 
 def _exit_with(args: argparse.Namespace, stop: Any) -> None:

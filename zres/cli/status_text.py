@@ -78,8 +78,12 @@ def render_status(status: dict[str, Any]) -> str:
                 f"{format_user_amount(n, t)}"
                 for n, t in sorted(slot["total"].items()))
             gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
+            store = agent.get("store") or {}
+            held = (f"  holds {store['objects']} results: {_bytes(store['memory'])} in "
+                    f"memory, {_bytes(store['spilled'])} on disk"
+                    if store.get("objects") and index == 0 else "")
             agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "
-                                f"{amounts}{gpus}"))
+                                f"{amounts}{gpus}{held}"))
     lines += _cut(agents, len(agents), " agents")
     counts = status["counts"]
     ordered = [*STATES, *sorted(set(counts) - set(STATES))]
@@ -146,3 +150,8 @@ def _owners(owners: list[dict[str, Any]]) -> list[str]:
                            f"{quota}"))
     return ["", "owners (fair share: served in this order, least recent use first):",
             *_cut(shown, len(shown), " owners")]
+
+
+def _bytes(count: int) -> str:
+    """COUNT bytes as people read them (binary units, as memory is everywhere)."""
+    return format_user_amount("MEMORY", count)

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from .. import config
+from ..core import objects as O
 from ..core import protocol as P
+from ..core import transfer as T
 from ..core.address import wait_for_answer
 from ..core.context import task_token
 from ..core.errors import ZresError
@@ -24,7 +26,7 @@ from ..core.keys import refusal
 from ..core.limits import priority_error
 from ..core.report import in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
-from ..core.serialize import CallPickler
+from ..core.serialize import CallPickler, dumps
 from . import html, registry
 from .actor_methods import ActorMethods
 from .annotations import current_annotations
@@ -32,12 +34,14 @@ from .cancelling import CancelMethods
 from .connect import find_broker
 from .dask_methods import DaskMethods
 from .executor import Executor
+from .fetching import Fetcher
 from .futures import Future, R, gather
 from .io import IOThread
 from .job_methods import JobMethods
 from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
+CALL_INLINE = 1 << 20  # bytes of a call that travel with it; a bigger one is put first
 _ROLES = ("admin", "client")  # the keys a client connects with: the first found
 
 
@@ -87,6 +91,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
         self._futures_lock = threading.RLock()  # (its futures' conditions: see futures)
+        self._fetcher = Fetcher(self)  # (results kept on agents, fetched when asked for)
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, _ROLES, address)
@@ -122,7 +127,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                priority: int | None = None, infeasible: str | None = None,
                key: str | None = None, workers: str | Iterable[str] | None = None,
                allow_other_workers: bool = False, pure: bool | None = None,
-               detached: bool | None = None, **kwargs: Any) -> Future[R]:
+               detached: bool | None = None, recompute: bool = False,
+               **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -131,19 +137,22 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         when none of them has room. PURE is taken for Dask's sake and changes nothing:
         every submit runs its task (zres never merges calls that look alike into one), as
         Dask's pure=False does. DETACHED: it runs on after this client goes (default: the
-        client's ``detach``). (For a function taking one of these keywords itself, use
-        ``executor()``.)
+        client's ``detach``). RECOMPUTE: if its result (over 64 KiB, kept on its agent) is
+        lost with that agent while still needed, it runs again even with no retries left
+        (its body may then run more than once; see README's *Data*). (For a function taking
+        one of these keywords itself, use ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
-                            workers, allow_other_workers, detached)
+                            workers, allow_other_workers, detached, recompute)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
                 key: str | None = None, workers: str | Iterable[str] | None = None,
-                allow_other_workers: bool = False, detached: bool | None = None) -> Future:
+                allow_other_workers: bool = False, detached: bool | None = None,
+                recompute: bool = False) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached)
+                             allow_other_workers, detached, recompute)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -157,24 +166,26 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             priority: int | None = None, infeasible: str | None = None,
             key: str | None = None, workers: str | Iterable[str] | None = None,
             allow_other_workers: bool = False, pure: bool | None = None,
-            detached: bool | None = None, **kwargs: Any) -> list[Future[R]]:
+            detached: bool | None = None, recompute: bool = False,
+            **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE and DETACHED as for
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED and RECOMPUTE as for
         ``submit``. (``executor().map`` is the standard's: an iterator of results, with
         ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
-                         workers, allow_other_workers, detached)
+                         workers, allow_other_workers, detached, recompute)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
              retries: int | None = None, priority: int | None = None,
              infeasible: str | None = None, key: str | None = None,
              workers: str | Iterable[str] | None = None,
-             allow_other_workers: bool = False, detached: bool | None = None) -> list[Future]:
+             allow_other_workers: bool = False, detached: bool | None = None,
+             recompute: bool = False) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached)
+                             allow_other_workers, detached, recompute)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -200,10 +211,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                  priority: int | None = None, infeasible: str | None = None,
                  key: str | None = None, workers: str | Iterable[str] | None = None,
                  allow_other_workers: bool = False,
-                 detached: bool | None = None) -> dict[str, Any]:
+                 detached: bool | None = None, recompute: bool = False) -> dict[str, Any]:
         self._check_open()
-        if detached is not None and not isinstance(detached, bool):
-            raise TypeError(f"detached must be True or False, not {type(detached).__name__}")
+        for label, flag in (("detached", detached), ("recompute", recompute)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{label} must be True or False, not {type(flag).__name__}")
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
         retries = ann.get("retries", 0) if retries is None else retries
@@ -222,7 +234,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         return {"units": task_request(resources), "retries": retries, "priority": priority,
                 "strict": infeasible == "error",
                 "where": _where(workers, allow_other_workers),
-                "detached": self.detach if detached is None else detached}
+                "detached": self.detach if detached is None else detached,
+                "recompute": recompute}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -230,6 +243,12 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         for dep in deps:
             if dep.client is not self:
                 raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
+        if sum(memoryview(f).nbytes for f in frames) > CALL_INLINE:
+            # Too big to travel through the broker (nor be kept in its state): put on an
+            # agent first, and read from there by its worker as one of its inputs.
+            deps = [*deps, self._put(frames, f"{name or getattr(fn, '__name__', fn)} call")]
+            extra = {**(extra or {}), "payload": len(deps) - 1}
+            frames = []
         local = next(self._ids)
         label = name or f"{getattr(fn, '__name__', fn)}-{local}"
         future: Future[Any] = Future(self, local, label, deps)
@@ -242,6 +261,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         if opts.get("detached"):
             future.detached = True
             extra = {**(extra or {}), "detached": True}
+        if opts.get("recompute"):
+            extra = {**(extra or {}), "recompute": True}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending
@@ -249,6 +270,43 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             self._io.pending[local] = future
             self._io.outbox.append((P.SUBMIT, item, frames))
         return future
+
+    def _put(self, frames: list[Any], name: str) -> Future:
+        """Put FRAMES (a pickled value) on an agent the broker chooses, uploaded straight
+        there; return its future (a task of this client's that ends once the agent has it
+        whole; its result is the value). A failed upload is tried on another agent."""
+        size = O.object_size(frames)
+        why: Exception | None = None
+        for _ in range(3):
+            local = next(self._ids)
+            future: Future[Any] = Future(self, local, name)
+            with self._io.lock:
+                self._check_open()
+                self._io.pending[local] = future
+            reply = self._io.request(P.PLACE, {"local": local, "size": size},
+                                     self._io.broker_timeout)
+            if "error" in reply:
+                self._io.pending.pop(local, None)
+                raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
+            future._id = reply["id"]
+            try:
+                self._fetcher.upload(T.Holder(*reply["at"]), reply["id"], reply["token"],
+                                     frames)
+                return future
+            except T.TransferError as exc:
+                why = exc  # (the agent went, or could not keep it: stop that one, try again)
+                self._io.ask(P.CANCEL, {"ids": [local], "force": True})
+        raise ZresError(f"{name} could not be put on an agent: {why}")
+
+    def scatter(self, data: Any) -> Any:
+        """Put DATA on the cluster once, for many tasks to read (Dask's ``scatter``, Ray's
+        ``put``): a future whose result is DATA, kept on an agent; a list, tuple or dict is
+        put item by item (a list of futures back). Pass the future to ``submit``."""
+        if isinstance(data, (list, tuple)):
+            return type(data)(self.scatter(item) for item in data)
+        if isinstance(data, dict):
+            return {key: self.scatter(value) for key, value in data.items()}
+        return self._put(dumps(data), f"scatter-{type(data).__name__}")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -260,6 +318,10 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             raise ZresError("this client's connection thread has stopped; make a new Client")
 
     # -- other requests -------------------------------------------------------------------
+    def _fetch(self, futures: list[Future[Any]], timeout: float | None = None) -> None:
+        """Fetch the results of FUTURES kept on agents (see ``fetching``)."""
+        self._fetcher.fetch(futures, timeout)
+
     def gather(self, futures: Any, timeout: float | None = None) -> Any:
         """Return the results of FUTURES, keeping their list/tuple/dict structure."""
         return gather(futures, timeout)
@@ -298,6 +360,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             self._closed = True
         registry.remove(self)
         self._io.stop()
+        self._fetcher.close()
         self._io.lose_all("the client was closed before the task finished", ZresError,
                           detached="the client was closed; the task is detached and runs "
                           "on (zres status lists it, zres cancel --task stops it)")

@@ -10,6 +10,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import _base
 from typing import Any, Generic, Protocol, TypeVar, overload
 
+from .fetching import Remote
+
 T = TypeVar("T")
 R = TypeVar("R")  # what a submitted function returns
 
@@ -30,6 +32,8 @@ class Owner(Protocol):
     def _cancel(self, futures: list[Future[Any]]) -> None: ...
 
     def why(self, future: Future[Any], timeout: float = 10.0) -> str: ...
+
+    def _fetch(self, futures: list[Future[Any]], timeout: float | None = None) -> None: ...
 
 
 class _Condition:
@@ -204,6 +208,15 @@ class Future(cf.Future[T], Generic[T]):
         if self._on_running is not None:
             self._on_running(self)
 
+    def result(self, timeout: float | None = None) -> T:
+        """The task's result, as concurrent.futures gives it; one kept on an agent is
+        fetched from there now (see ``fetching``)."""
+        value = super().result(timeout)
+        if type(value) is Remote:
+            self.client._fetch([self], timeout)
+            value = super().result(timeout)
+        return value
+
     def why(self, timeout: float = 10.0) -> str:
         """Say why this task is not running yet (or where it runs)."""
         return self.client.why(self, timeout=timeout)
@@ -239,10 +252,35 @@ def gather(futures: Any, timeout: float | None = None) -> Any:
 
     Raises the first task error met, in argument order.
     """
+    _fetch_all(futures, timeout)
+    return _results(futures, timeout)
+
+
+def _fetch_all(futures: Any, timeout: float | None) -> None:
+    """Fetch every result kept on agents among FUTURES at once (not one by one)."""
+    found: list[Future[Any]] = []
+    work = [futures]
+    while work:
+        item = work.pop()
+        if isinstance(item, Future):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            work.extend(item)
+        elif isinstance(item, Mapping):
+            work.extend(item.values())
+    by_client: dict[int, list[Future[Any]]] = {}
+    for future in found:
+        if future.done() and not future.cancelled() and type(future._result) is Remote:
+            by_client.setdefault(id(future.client), []).append(future)
+    for group in by_client.values():
+        group[0].client._fetch(group, timeout)
+
+
+def _results(futures: Any, timeout: float | None) -> Any:
     if isinstance(futures, cf.Future):
         return futures.result(timeout)
     if isinstance(futures, (list, tuple)):
-        return type(futures)(gather(f, timeout) for f in futures)
+        return type(futures)(_results(f, timeout) for f in futures)
     if isinstance(futures, Mapping):
-        return {k: gather(v, timeout) for k, v in futures.items()}
+        return {k: _results(v, timeout) for k, v in futures.items()}
     return futures

@@ -10,6 +10,7 @@ from ..core import errors
 from ..core import protocol as P
 from ..core.errors import BrokerLostError, InfeasibleError, ZresError
 from ..core.serialize import loads, loads_exception
+from .fetching import Remote
 from .futures import Future
 
 # zres's own errors by the name the broker gives (anything else: ZresError)
@@ -18,7 +19,7 @@ _ERRORS: dict[str, type[BaseException]] = {
     "InfeasibleError": InfeasibleError, "BrokerLostError": BrokerLostError,
     "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
     "CommandFailed": errors.CommandFailed, "ZresError": ZresError,
-    "NotOwnerError": errors.NotOwnerError,
+    "NotOwnerError": errors.NotOwnerError, "ResultLostError": errors.ResultLostError,
 }
 
 
@@ -40,6 +41,8 @@ def resolve(future: Future[Any], outcome: str, frames: list[Any], info: dict[str
     future.agent = info.get("agent")
     if outcome == P.OK and future.quiet:
         settle(future)  # (its end was asked for, not its result)
+    elif outcome == P.OK and info.get("ref") is not None:
+        settle(future, Remote(info["ref"]))  # (fetched from where it is when asked for)
     elif outcome == P.OK:
         try:
             settle(future, loads(frames))

@@ -23,6 +23,12 @@ class BrokerLostError(ZresError):
     """The broker restarted or stayed unreachable, losing the task."""
 
 
+class ResultLostError(ZresError):
+    """A result kept on an agent was lost with it, and its task may not run again (its
+    retries were spent, or retries=0: its body runs at most once); the message names the
+    agent."""
+
+
 class ActorDiedError(ZresError):
     """An actor ended (killed, its process or agent lost, its owner gone) before the call ran
     or while it ran; the message names the cause."""

@@ -22,6 +22,7 @@ class Limits:
     slots: int = 4096                 # slots one agent offers
     tasks: int = 100_000              # tasks in one submit
     deps: int = 1_000_000             # dependencies of one task
+    object_bytes: int = 64 << 30      # a value put on an agent (a big call, scatter)
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> Limits:

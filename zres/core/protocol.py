@@ -90,6 +90,17 @@ client -> broker
                                                  silent past client_timeout)
     resources  {agent: name, units}              change an agent's capacity at runtime
                                                  (names given are set, 0 removes one)
+    place      {local, size, req}               put a value (scatter, zres.put, a call over
+                                                1 MiB) on an agent: -> place_reply {req,
+                                                id, token, at: [agent, address, key]} or
+                                                {req, error} (over max_object_bytes, or no
+                                                agent with a data port); the client then
+                                                uploads it there (put, below) and the task
+                                                LOCAL ends once that agent reports it whole
+    locate     {ids: [id...], req}              where these results are now (a holder it
+                                                fetched from is gone) -> locate_reply {req,
+                                                refs: {id: ref}, lost: {id: why}, pending:
+                                                [id...]} (pending: it runs again)
 broker -> client
     welcome    {epoch, cluster, keeps, heartbeat: seconds, new, resumed, limits:
                 {header_bytes, payload_bytes, tasks}}  limits: what one submit may hold;
@@ -104,6 +115,9 @@ broker -> client
                                                 one, as runs (COUNT local ids from LOCAL
                                                 ID are COUNT ids from ID): what users see
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
+               a result kept on an agent (over 64 KiB) comes with no frames and info.ref:
+               [id, size, get token, [[agent, address, key]...]] (its holders), info.size:
+               the client fetches it from a holder's data port when asked for it
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
@@ -149,6 +163,8 @@ agent -> broker
                to a worker process, so possibly started (reported before the hand-off);
                started: its body began; returned: granted here and never started, to be
                granted again. The broker reads a report in that order, all of it at once.
+               A result's info.stored: SIZE says it stays in the agent's store (no frames);
+               stored?: [[id, size]...]: copies it now holds (inputs fetched, uploads).
     holding    {session, tasks: [id...], resumed} after a resumption (welcome{resumed: N}),
                                                 once the reports are sent again: every
                                                 grant the agent holds
@@ -161,8 +177,9 @@ agent -> broker
                                                 sent again: lost with a lost connection
 broker -> agent
     welcome    {epoch, cluster, session, agent, heartbeat, lease: seconds, starve: seconds,
-                adopts: bool, resumed?, ack?}   adopts: it keeps its state, so jobs run on
-                                                through its restarts (same cluster)
+                adopts: bool, resumed?, ack?, data_secret}  adopts: it keeps its state, so
+               jobs run on through its restarts (same cluster); data_secret: what tokens
+               for its data port are checked with (HMAC-SHA256, kept with the broker's state)
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
                opts {queued?, taken?, priority, seq, attempt, actor?, job?, token?}: queued
                grants start when room frees there (direct ones fit now); actor {actor: id,
@@ -170,8 +187,12 @@ broker -> agent
                serves its calls; job {argv, env, cwd}: a command job the agent runs (env:
                its exported variables, then its own, then ZRES_TASK_TOKEN, with keys);
                token: the task's (or actor's) token, put in its context for the clients
-               made in it
-    call       {calls: [[id, actor id, nframes, deps: [nframes...]]]}
+               made in it; refs?: {dep index: ref} inputs kept on agents (their count -1:
+               the worker reads them in place, or fetches them into this agent's store);
+               payload?: index: its call was put on an agent, and is that input
+    free       {ids: [id...]}                   objects nobody holds any more: unlink them
+    call       {calls: [[id, actor id, nframes, deps: [nframes...], extra?]]}  extra:
+                                                {refs, payload}, as in assign
     kill_actor {ids: [actor id...]}
     logs       {token, job, offset}             read a job's log file
     cancel     {ids: [id...], force?: bool}     force: stop them even if they started
@@ -182,10 +203,12 @@ broker -> agent
                ended: the session is over (lost): stop its work, register anew;
                refused: its key was revoked: stop (exit status 1)
 any peer -> broker
-    heartbeat  {t?, session?, side?: true}      side: from an agent's heartbeat thread (a
-                                                socket of its own, its agent's key):
-                                                SESSION is alive; answered heartbeat
-                                                {epoch, echo: t, session} to that socket
+    heartbeat  {t?, session?, side?: true, store?}  side: from an agent's heartbeat
+                                                thread (a socket of its own, its agent's
+                                                key): SESSION is alive; answered heartbeat
+                                                {epoch, echo: t, session} to that socket;
+                                                store (an agent's): what its store holds
+                                                ({objects, memory, spilled, budget})
 
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}
@@ -197,12 +220,23 @@ agent -> worker process (over ipc)
                                                 force: stop them where they run (an
                                                 exception raised in the call's thread)
 worker process -> agent
-    done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?}
+    done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?,
+                replicas?: [[id, size]...]}     info.stored: as in report; replicas: inputs
+                                                it fetched into its agent's store
     ready      {pid}
     output     {items: [[id, stream, data]]}    whole lines tasks wrote to sys.stdout (1)
                                                 or sys.stderr (2), every 0.1 s while there
                                                 are some and before the done carrying
                                                 their results (see agent/output.py)
+
+anyone -> an agent's data port (a socket of its own, CURVE with the agent's key; nothing is
+served without a token the broker made with the cluster's data secret)
+    get        {id, token, offset, length, req}  -> chunk {req, id, offset, size, error?} +
+                                                one frame (at most 4 MiB of the object's
+                                                file; size: the whole file's; error missing:
+                                                it does not hold it)
+    put        {id, token, size, offset, req} + one frame  -> put_ack {req, id, offset,
+                                                error?, done?} (done: it has it whole)
 
 Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
 and its traceback text), ``failed`` (no payload; info = {type, message} names a zres error
@@ -270,13 +304,24 @@ LOGS_REPLY = "logs_reply"
 RESUME = "resume"
 ACCEPTED = "accepted"
 OUTPUT = "output"
+# The data plane: an agent's data port (zres.core.transfer), objects freed, put, located.
+GET = "get"
+CHUNK = "chunk"
+PUT = "put"
+PUT_ACK = "put_ack"
+FREE = "free"
+PLACE = "place"
+PLACE_REPLY = "place_reply"
+LOCATE = "locate"
+LOCATE_REPLY = "locate_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
                    RUN, READY, BYE, RESOURCES, RESOURCES_REPLY, KILL, KILL_REPLY, LOOKUP,
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
-                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY})
+                   ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY,
+                   GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY})
 
 # Task outcomes.
 OK = "ok"

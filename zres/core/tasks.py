@@ -22,10 +22,15 @@ FINISHED = frozenset({TaskState.DONE, TaskState.FAILED})
 
 _ALLOWED = {
     TaskState.WAITING: {TaskState.QUEUED, TaskState.FAILED},
-    TaskState.QUEUED: {TaskState.RUNNING, TaskState.FAILED},
+    # QUEUED -> WAITING, RUNNING -> WAITING: an input it was to read was lost with its
+    # agent, and is being made again (issue 29's lineage).
+    TaskState.QUEUED: {TaskState.RUNNING, TaskState.FAILED, TaskState.WAITING},
     # RUNNING -> QUEUED is a retry after its agent or worker was lost.
-    TaskState.RUNNING: {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED},
-    TaskState.DONE: set(),
+    TaskState.RUNNING: {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED,
+                        TaskState.WAITING},
+    # DONE -> QUEUED or WAITING: its result, kept on an agent, was lost with it, and it
+    # runs again (it had retries left).
+    TaskState.DONE: {TaskState.QUEUED, TaskState.WAITING},
     TaskState.FAILED: set(),
 }
 
@@ -103,6 +108,15 @@ class Task:
     detached: bool = False
     # Its client went (closed, killed, silent) before it ended: nobody waits for it.
     client_gone: bool = False
+    # A result kept on agents (issue 29): its size in bytes (0: none such, its frames are
+    # in ``result``) and the agents holding a copy, the one that made it first.
+    size: int = 0
+    held_at: Sequence[str] = ()
+    lost: str = ""           # why its result kept on agents is gone for good ("": it is not)
+    # Its result, lost with its agents, is made again even with no retries left (opted in
+    # with submit(recompute=True): its body may run more than once).
+    recompute: bool = False
+    call_in: int = -1        # the input its call was put in (too big to travel inline)
 
 
 def state_word(task: Task) -> str:

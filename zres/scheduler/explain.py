@@ -40,13 +40,13 @@ def over_quota(task: Waiting, quota: Units, held: Units) -> str:
 
 
 def waiting_task(task: Waiting, slots: Iterable[Slot], reserved: Slot | None,
-                 ahead: int, fenced: Callable[[Slot], bool],
+                 ahead: tuple[int, bool], fenced: Callable[[Slot], bool],
                  name: Callable[[int], str]) -> str:
     """Explain a feasible task that fits on none of SLOTS now.
 
     RESERVED is the slot it holds a reservation on; AHEAD how many tasks of its shape come
-    before it; FENCED(slot) whether another task's reservation keeps it off SLOT, NAME(id)
-    how to call that task ("task load-3").
+    before it, and whether exactly (else about as many); FENCED(slot) whether another
+    task's reservation keeps it off SLOT, NAME(id) how to call that task ("task load-3").
     """
     short = []
     for slot in sorted(slots, key=lambda s: s.id):
@@ -70,6 +70,7 @@ def waiting_task(task: Waiting, slots: Iterable[Slot], reserved: Slot | None,
         text += f"; and {len(short) - 3} more agents busy"
     if reserved is not None:
         text += f"; holds a reservation on {reserved.agent}"
-    if ahead:
-        text += f"; queued behind {ahead} tasks of the same shape"
+    if ahead[0]:
+        text += (f"; queued behind {'' if ahead[1] else 'about '}{ahead[0]:,} tasks of the "
+                 "same shape")
     return text

@@ -7,10 +7,10 @@ See the package's docstring for the rules it keeps.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 from ..core.resources import GPU, GPU_MEMORY, Units, fits
-from . import explain
+from .asking import Asking
 from .devices import could_ever_fit, devices_at, taken_by
 from .durations import Durations
 from .fit import best_slot
@@ -18,14 +18,14 @@ from .order import PassOrder
 from .owners import DEFAULT_HALF_LIFE, Owners, Quotas, weight_of
 from .pipelining import QueueChoice
 from .queue import WaitingQueue
-from .records import Grant, Shape, Slot, Waiting, Workers, add_to, workers_of
+from .records import Grant, Shape, Slot, Waiting, Workers, add_to, workers, workers_of
 from .reservations import Fence, drop_fence, fence, held_fences, soonest_slot
 from .table import NewSlot, SlotTable
 
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 
 
-class Scheduler:
+class Scheduler(Asking):
     """Resource table plus waiting queue; every method is plain bookkeeping."""
 
     def __init__(self, starvation_after: float = 5.0, prefetch: int = 0,
@@ -120,18 +120,20 @@ class Scheduler:
     # -- tasks ----------------------------------------------------------------------
     def enqueue(self, task_id: int, units: Units, priority: int = 0, now: float = 0.0,
                 queueable: bool = True, kind: Hashable | None = None,
-                where: Workers | None = None, owner: str = "") -> None:
+                where: Workers | None = None, owner: str = "",
+                near: tuple[str, ...] = ()) -> None:
         """Queue a ready task of OWNER (the key that submitted it: fair share and quotas);
         QUEUEABLE=False keeps it out of slot queues (an actor).
 
         KIND groups tasks expected to take alike (see ``finished``). WHERE: the agents it
         may run on, or prefers (None: any; see ``records.workers``). NOW, when it was
         queued, starts no clock: its wait for a reservation counts from the first pass that
-        finds it blocked (a task queued behind many that run in turn is not starving)."""
+        finds it blocked (a task queued behind many that run in turn is not starving).
+        NEAR: the agents holding most of its inputs' bytes, preferred when they fit now."""
         self._changed = True
         self.queue.add(task_id, units, priority,
                        queueable and GPU not in units and GPU_MEMORY not in units, kind, where,
-                       owner)
+                       owner, near)
 
     @property
     def waiting(self) -> dict[int, Waiting]:
@@ -327,10 +329,17 @@ class Scheduler:
         where = workers_of(task.shape)
         end = self._expected_end(task) if fences else None
         owner = task.owner
-        if where is None:
+        found, fenced = None, False
+        for agent in task.near if where is None else ():
+            # (its inputs' agents first, most bytes first; never waited for)
+            found, fenced = best_slot(task.units, self.table.named(workers((agent,))),
+                                      fences, end, owner=owner)
+            if found is not None:
+                break
+        if found is None and where is None:
             found, fenced = best_slot(task.units, self.table.candidates(task.units)
                                       if only is None else only, fences, end, only, owner)
-        else:
+        elif found is None and where is not None:
             named = self.table.named(where) if only is None else [
                 s for s in only if s.agent in where.names]
             found, fenced = best_slot(task.units, named, fences, end, owner=owner)
@@ -400,49 +409,3 @@ class Scheduler:
             self._queues.touched([slot.id])  # (it may take queued grants in this pass)
             self._reservation_epoch += 1
         task.reserved_slot = None
-
-    # -- explaining -----------------------------------------------------------------
-    def infeasible_reason(self, units: Units, where: Workers | None = None) -> str | None:
-        """Say why no registered slot could ever run UNITS (on the agents WHERE names, if
-        it may run only there), or None if one could."""
-        return self.table.infeasible_reason(units, where)
-
-    def why(self, task_id: int, count_ahead: bool = True,
-            name: Callable[[int], str] = lambda task_id: f"task {task_id}") -> str:
-        """Say why a waiting task is not running yet; NAME(id) calls another task by name.
-
-        COUNT_AHEAD walks the task's shape queue (O(waiting)): fine for one question,
-        left out when describing many tasks at once.
-        """
-        task = self.waiting.get(task_id)
-        if task is None:
-            grant = self.running.get(task_id)
-            if grant is not None and not grant.started:
-                return explain.queued_grant(grant, self.slots[grant.slot], self.running)
-            return "running" if grant is not None else "not waiting"
-        if not self.slots:
-            return "no agent has joined the broker yet"
-        where = workers_of(task.shape)
-        reason = self.infeasible_reason(task.units, where)
-        if reason is not None:
-            return f"infeasible: {reason}"
-        quota = self.owners.over_quota(task.owner, task.units)
-        if quota is not None:
-            return explain.over_quota(task, quota, self.owners.held(task.owner))
-        ahead = self.queue.ahead(task) if count_ahead else 0
-        reserved = self.slots[task.reserved_slot] if task.reserved_slot is not None else None
-        slots = self.slots.values() if where is None or where.loose else self.table.named(where)
-        return explain.waiting_task(task, slots, reserved, ahead,
-                                    lambda slot: self._fenced(task, slot), name)
-
-    def _fenced(self, task: Waiting, slot: Slot) -> bool:
-        """Whether another task's reservation of SLOT keeps TASK off it now (TASK fits
-        what is free there: else what it lacks says more)."""
-        holder = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
-        if holder is None or holder is task or not fits(slot.free, task.units) \
-                or (task.owner == holder.owner
-                    and (-task.priority, task.seq) < (-holder.priority, holder.seq)):
-            return False  # it binds other owners, and its owner's tasks after its holder
-        return not self._fence_of(slot, holder).admits(slot, task.units,
-                                                        self._expected_end(task))
-

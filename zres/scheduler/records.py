@@ -68,6 +68,9 @@ class Waiting:
     kind: Hashable | None = None  # what it runs, for its expected duration (None: short)
     owner: str = ""              # the key that submitted it ("": none), for fair share
     lane: Lane = ("", ())        # (owner, shape): one tuple shared by the lane's tasks
+    # The agents holding the most bytes of its inputs (results kept on agents), best
+    # first: where it goes if it fits there now (locality never makes it wait).
+    near: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

@@ -1,0 +1,108 @@
+"""An agent's objects and its data port (issue 29), with no broker: objects written and
+mapped, served in chunks to a fetch with the right token only, uploaded, spilled past the
+memory budget, freed."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import wait_until
+from zres.agent.data.server import DataServer
+from zres.agent.data.store import MIN_BUDGET, ObjectStore
+from zres.core import keys as K
+from zres.core import objects as O
+from zres.core import transfer as T
+from zres.core.serialize import dumps, loads
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = b"s" * 32
+
+
+def test_an_object_keeps_its_frames_aligned_and_maps_writable_without_touching_its_file(
+        tmp_path):
+    array = np.arange(1_000_000, dtype=np.float64)
+    frames = dumps(array)
+    assert len(frames) > 1, "the array's buffer travels out of band"
+    path = str(tmp_path / "7")
+    size = O.write_object(path, frames)
+    assert size == os.path.getsize(path) == O.object_size(frames)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    back = loads(O.read_object(path))
+    assert (back == array).all() and back.ctypes.data % 64 == 0
+    back[0] = -1  # (copy on write: the file, and whoever else maps it, keep theirs)
+    assert loads(O.read_object(path))[0] == 0
+    with pytest.raises(O.ObjectError):
+        O.frames_of(b"not an object at all")
+
+
+@pytest.fixture
+def served(tmp_path):
+    key_dir = tmp_path / "keys"
+    K.keygen(key_dir)
+    store = ObjectStore(str(tmp_path / "state"), MIN_BUDGET)
+    server = DataServer(store, "tcp://127.0.0.1:0", "tcp://127.0.0.1:1",
+                        K.peer_key(str(key_dir), ("agent",)))
+    server.secret = SECRET
+    server.start()
+    transfers = T.Transfers(timeout=5.0)
+    yield store, server, transfers
+    transfers.close()
+    server.stop()
+    store.close()
+
+
+def put_local(store: ObjectStore, object_id: int, value: object) -> int:
+    size = O.write_object(store.new_path(object_id), dumps(value))
+    store.added(object_id, size)
+    return size
+
+
+def ref(server: DataServer, object_id: int, size: int, token: bytes | None = None) -> T.Ref:
+    return T.Ref(object_id, size, token or T.token(SECRET, "get", object_id),
+                 (T.Holder("a", server.address, server.key),))
+
+
+def test_objects_are_fetched_in_chunks_with_their_token_only(served):
+    store, server, transfers = served
+    big = os.urandom(3 * T.CHUNK + 12345)  # (several chunks, the last a short one)
+    sizes = {1: put_local(store, 1, big), 2: put_local(store, 2, {"small": [1, 2]})}
+    first, second = transfers.fetch([ref(server, i, n) for i, n in sizes.items()])
+    assert loads(first) == big and loads(second) == {"small": [1, 2]}
+    with pytest.raises(T.TransferError, match="refused"):
+        transfers.fetch([ref(server, 1, sizes[1], token=T.token(SECRET, "get", 2))])
+    with pytest.raises(T.TransferError, match="missing"):
+        transfers.fetch([ref(server, 3, 100)])
+    replica = str(Path(store.memory_dir).parent / "replica")
+    transfers.fetch_to(ref(server, 1, sizes[1]), replica)
+    assert loads(O.read_object(replica)) == big
+
+
+def test_an_upload_with_its_token_is_kept_and_said(served):
+    store, server, transfers = served
+    frames = dumps(list(range(100_000)))
+    holder = T.Holder("a", server.address, server.key)
+    size = O.object_size(frames)
+    with pytest.raises(T.TransferError, match="refused"):
+        transfers.upload(holder, 9, T.token(SECRET, "put", 9, size + 1), frames)
+    assert transfers.upload(holder, 9, T.token(SECRET, "put", 9, size), frames) == size
+    assert server.stored.get(timeout=5) == (9, size)
+    assert loads(O.read_object(store.path(9))) == list(range(100_000))
+
+
+def test_past_its_budget_the_store_spills_the_oldest_and_still_serves_them(served):
+    store, server, transfers = served
+    chunk = os.urandom(MIN_BUDGET // 3)
+    sizes = [put_local(store, i, chunk + bytes([i])) for i in range(1, 5)]
+    wait_until(lambda: store.stats()["memory"] <= store.budget, message="the spill")
+    stats = store.stats()
+    assert stats["memory"] <= store.budget and stats["spilled"] >= sizes[0], stats
+    assert store.path(1).startswith(store.spill_dir), "the oldest did not move to disk"
+    assert loads(transfers.fetch([ref(server, 1, sizes[0])])[0]) == chunk + b"\x01"
+    store.free([1, 2, 3, 4])
+    assert store.stats() == {"objects": 0, "memory": 0, "spilled": 0, "budget": store.budget}
+    assert store.path(1) is None

@@ -1,0 +1,98 @@
+"""A worker process's side of the data plane: a result too big to travel inline is kept in
+its agent's store, and an input held there is read in place (mapped: no copy through a
+socket), or, held on another agent, fetched into this agent's store first.
+
+Inputs are fetched before a task's body runs: should one be lost (its holder gone), the
+task ends ``InputLostError`` having run nothing of its own, and the broker runs it again,
+uncharged, once that input is back (or fails it with the input's loss).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from ...core import objects as O
+from ...core import transfer as T
+
+INLINE = 64 * 1024   # a result of at most this many bytes travels with the task's end
+ENV = "ZRES_OBJECTS"  # the agent's store, for its workers: "MEMORY_DIR:SPILL_DIR"
+FETCH_TIMEOUT = 10.0  # seconds without a chunk before an input's holder counts as gone
+
+
+class InputLost(Exception):
+    """An input could not be fetched (the text says which, and why)."""
+
+    def __init__(self, object_id: int, why: str) -> None:
+        super().__init__(why)
+        self.object_id = object_id
+
+
+class WorkerObjects:
+    """The agent's store as a worker process sees it (``ENV``); None dirs: no store (every
+    result travels inline)."""
+
+    def __init__(self, spec: str | None = None) -> None:
+        spec = spec if spec is not None else os.environ.get(ENV, "")
+        memory, _, spill = spec.partition(":")
+        self.memory_dir, self.spill_dir = memory or None, spill or None
+        self._transfers: T.Transfers | None = None
+        self._lock = threading.Lock()
+        self.replicas: list[list[int]] = []   # [id, size] fetched here, for the agent
+
+    def keep(self, task_id: int, frames: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """FRAMES of TASK_ID's result as they go to the agent, and what to add to its info:
+        inline if small, else written to the store ({"stored": size}, no frames)."""
+        if self.memory_dir is None or sum(memoryview(f).nbytes for f in frames) <= INLINE:
+            return frames, {}
+        size = O.write_object(os.path.join(self.memory_dir, str(task_id)), frames)
+        return [], {"stored": size}
+
+    def _path(self, object_id: int) -> str | None:
+        for where in (self.memory_dir, self.spill_dir):
+            if where is not None and os.path.exists(os.path.join(where, str(object_id))):
+                return os.path.join(where, str(object_id))
+        return None
+
+    def inputs(self, deps: list[list[Any]], refs: dict[Any, Any] | None) -> list[list[Any]]:
+        """DEPS (each input's frames) with those sent as references (REFS: input's index
+        -> Ref's wire form) read from the store, fetched into it first if held elsewhere;
+        InputLost if one cannot be."""
+        if not refs:
+            return deps
+        out = list(deps)
+        for index, wire in refs.items():
+            ref = T.Ref.from_wire(wire)
+            path = self._path(ref.id)
+            if path is None:
+                path = self._fetch(ref)
+            try:
+                out[int(index)] = O.read_object(path)
+            except (OSError, O.ObjectError) as exc:
+                raise InputLost(ref.id, f"input {ref.id} cannot be read here: {exc}") \
+                    from None
+        return out
+
+    def _fetch(self, ref: T.Ref) -> str:
+        if self.memory_dir is None:
+            raise InputLost(ref.id, f"input {ref.id} is on another agent, and this one has "
+                            "no store to fetch it into")
+        path = os.path.join(self.memory_dir, str(ref.id))
+        with self._lock:
+            if self._transfers is None:
+                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT)
+            transfers = self._transfers
+        try:
+            transfers.fetch_to(ref, path)
+        except (T.TransferError, OSError) as exc:
+            raise InputLost(ref.id, str(exc)) from None
+        with self._lock:
+            self.replicas.append([ref.id, ref.size])
+        return path
+
+    def take_replicas(self) -> list[list[int]]:
+        """The inputs fetched here since last asked: [id, size] each."""
+        with self._lock:
+            taken, self.replicas = self.replicas, []
+        return taken

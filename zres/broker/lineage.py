@@ -1,0 +1,117 @@
+"""What becomes of results lost with the agents that held them (issue 29).
+
+A result kept on agents (``objects``) is lost when the last of them goes. If it is still
+needed (a client holds its future, or a task waits for it), its task runs again when it
+may: it had retries left (one is spent) or was submitted with ``recompute=True``, and it
+still has its call and its inputs (kept for that: see the task graph). Its dependents
+that had not begun wait for it again; one that had (its worker could not fetch the input)
+says so, having run nothing, and waits too. A task that may not run again
+(``retries=0``: its body runs at most once, whatever fails) is lost for good: what waits
+for it fails with ``ResultLostError`` naming the agent, and its client's future fails so
+when it asks for the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..core.tasks import NO_INFO, Task, TaskState
+from ..logs import get_logger
+from ..scheduler.policy import Scheduler
+from .graph import TaskGraph
+
+log = get_logger("zres.broker")
+LOST = "ResultLostError"
+
+
+class Lineage:
+    """Running lost results' tasks again, over GRAPH and SCHED: ENQUEUE(task) queues a
+    task for resources; CHANGED(task) writes it again (the state store)."""
+
+    def __init__(self, graph: TaskGraph, sched: Scheduler, enqueue: Callable[[Task], None],
+                 changed: Callable[[Task], None]) -> None:
+        self._graph = graph
+        self._sched = sched
+        self._enqueue = enqueue
+        self._changed = changed
+
+    def lost(self, tasks: list[Task], why: str) -> None:
+        """TASKS' results have no copy left (WHY: where they were); inputs first."""
+        for task in sorted(tasks, key=lambda t: t.id):
+            if task.state is not TaskState.DONE or task.id not in self._graph.tasks:
+                continue
+            deps = [self._graph.tasks.get(d) for d in task.deps]
+            if (task.retries > 0 or task.recompute) and task.payload and all(
+                    dep is not None and not dep.lost for dep in deps):
+                if not task.recompute:  # (recompute=True: it was asked for, at no charge)
+                    task.retries -= 1
+                log.warning("result_lost_run_again", task=task.name, id=task.id, why=why,
+                            retries_left=task.retries)
+                self._again(task)
+            else:
+                task.lost = (f"the result of task {task.name} was lost with {why}, and it "
+                             "may not run again (retries=0: its body runs at most once; "
+                             "submit(recompute=True) lets it)")
+                log.warning("result_lost", task=task.name, id=task.id, why=why)
+                self._gone(task)
+            self._changed(task)
+
+    def _again(self, task: Task) -> None:
+        """Run TASK (done, its result lost) again; what had not begun waits for it."""
+        task.outcome, task.result, task.info, task.size, task.held_at = "", (), NO_INFO, 0, ()
+        task.held = task.begun = False
+        task.missing = sum(1 for d in task.deps if not _usable(self._graph.tasks[d]))
+        if task.missing:  # an input of its own is being made again too: after it
+            self._graph.set_state(task, TaskState.WAITING)
+            for dep_id in task.deps:
+                dep = self._graph.tasks[dep_id]
+                if not _usable(dep) and task.id not in dep.dependents:
+                    dep.dependents = [*dep.dependents, task.id]
+        else:
+            self._graph.set_state(task, TaskState.QUEUED)
+            self._enqueue(task)
+        for dependent_id in task.dependents:
+            dependent = self._graph.get(dependent_id)
+            if dependent is None:
+                continue
+            if dependent.state is TaskState.WAITING:
+                dependent.missing += 1
+            elif dependent.state is TaskState.QUEUED and not dependent.actor:
+                self._sched.dequeue(dependent.id)
+                self._graph.set_state(dependent, TaskState.WAITING)
+                dependent.missing += 1
+
+    def _gone(self, task: Task) -> None:
+        """TASK's result is lost for good: what waits for it fails (what runs with it as
+        an input fails when it cannot read it: see ``input_lost``)."""
+        for dependent_id in task.dependents:
+            dependent = self._graph.get(dependent_id)
+            if dependent is None or dependent.state not in (TaskState.WAITING,
+                                                            TaskState.QUEUED):
+                continue
+            if dependent.state is TaskState.QUEUED and not dependent.actor:
+                self._sched.dequeue(dependent.id)
+            self._graph.fail(dependent, LOST, f"task {dependent.name} cannot run: {task.lost}")
+
+    def input_lost(self, task: Task, info: dict[str, Any],
+                   again: Callable[[Task], None]) -> None:
+        """TASK's worker could not read an input (INFO names it) and ran nothing: it runs
+        again, uncharged (AGAIN queues it), when the input is there; or it fails with it."""
+        dep = self._graph.get(info.get("input"))  # type: ignore[arg-type]
+        if dep is None or dep.lost:
+            why = dep.lost if dep is not None else f"its input {info.get('input')} is gone"
+            self._graph.fail(task, LOST, f"task {task.name} cannot run: {why}")
+        elif _usable(dep):
+            again(task)  # (its holder still answers, or another has a copy)
+        else:  # it is being made again: after it
+            self._graph.set_state(task, TaskState.WAITING)
+            task.held = task.begun = False
+            task.missing += 1
+            if task.id not in dep.dependents:
+                dep.dependents = [*dep.dependents, task.id]
+
+
+def _usable(task: Task) -> bool:
+    """Whether TASK's result can be read now (inline, or held somewhere)."""
+    return task.state is TaskState.DONE and (not task.size or bool(task.held_at))

@@ -1,0 +1,115 @@
+"""A client's side of the data plane (issue 29): a result kept on agents is fetched straight
+from an agent holding it when it is asked for (``Future.result``, ``gather``), from several
+agents at once for many, over their data ports (``zres.core.transfer``), never through the
+broker. A result nobody asks for never travels (a future only passed on to other tasks).
+
+A holder gone meanwhile is looked up again (``locate``): the result is elsewhere (a copy
+on another agent), being made again (its task had retries left: waited for), or lost for
+good (the future fails with ``ResultLostError``, naming the agent).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..core import protocol as P
+from ..core import transfer as T
+from ..core.errors import RemoteError, ResultLostError
+from ..core.serialize import loads
+
+_LOOK_AGAIN = 0.2  # seconds between looks for a result that is being made again
+
+
+class Remote:
+    """A finished future's result while it is still on agents: its reference."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def __repr__(self) -> str:
+        return "<result kept on an agent>"
+
+
+class Fetcher:
+    """Fetch the results of CLIENT's futures (its I/O thread asks ``locate``)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._transfers: T.Transfers | None = None
+        self._lock = threading.Lock()
+
+    def fetch(self, futures: Iterable[Any], timeout: float | None = None) -> None:
+        """Replace the Remote results of FUTURES (finished) by their values: fetched at
+        once, one pass for all; looked up again where a holder is gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        todo = [f for f in futures if type(f._result) is Remote]
+        while todo:
+            transfers = self._transfers_()
+            try:
+                values = transfers.fetch([T.Ref.from_wire(f._result.ref) for f in todo])
+            except T.TransferError:
+                self._locate(todo, deadline)
+                todo = [f for f in todo if type(f._result) is Remote and f._exception is None]
+                continue
+            for future, frames in zip(todo, values):
+                try:
+                    value = loads(frames)
+                except Exception as exc:
+                    _settle(future, exception=RemoteError(
+                        f"the result of {future.name} cannot be unpickled here: {exc!r}"))
+                    continue
+                _settle(future, value)
+            return
+
+    def _locate(self, futures: list[Any], deadline: float | None) -> None:
+        """Ask the broker where FUTURES' results are now; wait while they are made again."""
+        waiting = {f._local: f for f in futures}
+        while waiting:
+            io = self._client._io
+            reply = io.request(P.LOCATE, {"ids": list(waiting)}, io.broker_timeout)
+            for local, ref in (reply.get("refs") or {}).items():
+                future = waiting.pop(int(local), None)
+                if future is not None:
+                    _settle(future, Remote(ref))
+            for local, why in (reply.get("lost") or {}).items():
+                future = waiting.pop(int(local), None)
+                if future is not None:
+                    _settle(future, exception=ResultLostError(
+                        f"task {future.name}: {why}"))
+            if not waiting:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the result of {next(iter(waiting.values())).name} is "
+                                   "being made again, and is not there yet")
+            time.sleep(_LOOK_AGAIN)
+
+    def upload(self, holder: T.Holder, object_id: int, token: bytes,
+               frames: list[Any]) -> None:
+        """Put the object FRAMES make on HOLDER as OBJECT_ID."""
+        self._transfers_().upload(holder, object_id, token, frames)
+
+    def _transfers_(self) -> T.Transfers:
+        with self._lock:
+            if self._transfers is None:
+                self._transfers = T.Transfers()
+            return self._transfers
+
+    def close(self) -> None:
+        if self._transfers is not None:
+            self._transfers.close()
+            self._transfers = None
+
+
+def _settle(future: Any, value: Any = None, exception: BaseException | None = None) -> None:
+    """Put VALUE (or EXCEPTION) in place of FUTURE's result: it has finished already, and
+    what waits on it has been told; only what it holds changes."""
+    with future._condition:
+        if exception is not None:
+            future._exception = exception
+        else:
+            future._result = value

@@ -1,0 +1,293 @@
+"""Moving objects over agents' data ports: what a reference to an object holds, the tokens
+that allow reading and writing one, and the one fetch and upload that clients, worker
+processes and the broker's relay use.
+
+An agent serves the objects it holds on a port of its own (``zres.agent.data``), apart
+from every control connection, so a gigabyte moving never delays a heartbeat or a grant.
+Anyone may connect (with CURVE when the cluster has keys: the bytes are encrypted), and
+nothing is served without a token the broker made: a client gets tokens only for the
+objects it owns, agents for the inputs of the tasks they run. A transfer moves an object's
+bytes (``objects``) in chunks of ``CHUNK``, ``WINDOW`` of them in flight per object, from
+several holders at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from . import objects
+from . import protocol as P
+from .errors import ZresError
+
+CHUNK = 4 << 20       # bytes a request asks for at most
+WINDOW = 8            # requests in flight per object
+TIMEOUT = 5.0         # seconds without a chunk before a holder counts as gone
+
+
+class TransferError(ZresError):
+    """An object could not be moved: its holders are gone, or refuse (the text says)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """An agent holding an object: its name, its data port's address and CURVE public key
+    (z85; "" for a cluster without keys)."""
+
+    agent: str
+    address: str
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """Where object ID (SIZE bytes) is, and the TOKEN that lets its holder serve it."""
+
+    id: int
+    size: int
+    token: bytes
+    holders: tuple[Holder, ...]
+
+    def wire(self) -> list[Any]:
+        return [self.id, self.size, self.token, [[h.agent, h.address, h.key]
+                                                 for h in self.holders]]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Ref:
+        """A Ref as ``wire`` wrote it; ValueError if VALUE is not one."""
+        try:
+            object_id, size, token, holders = value
+            ref = cls(int(object_id), int(size), bytes(token),
+                      tuple(Holder(str(a), str(addr), str(k)) for a, addr, k in holders))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a reference to an object: {exc}") from None
+        if ref.size <= 0 or not ref.holders:
+            raise ValueError("a reference names no holder, or no bytes")
+        return ref
+
+
+def token(secret: bytes, verb: str, object_id: int, size: int = 0) -> bytes:
+    """What lets its bearer VERB ("get" or "put") object OBJECT_ID (of SIZE, for a put):
+    a MAC of both under the cluster's data SECRET."""
+    text = f"{verb}:{object_id}:{size}".encode()
+    return hmac.new(secret, text, hashlib.sha256).digest()[:16]
+
+
+def allowed(secret: bytes, given: Any, verb: str, object_id: int, size: int = 0) -> bool:
+    """Whether GIVEN is the token for VERB on OBJECT_ID (SIZE)."""
+    return isinstance(given, bytes) and hmac.compare_digest(
+        given, token(secret, verb, object_id, size))
+
+
+@dataclass(slots=True)
+class _Fetch:
+    ref: Ref
+    buffer: bytearray | objects.ObjectWriter
+    holder: int = 0           # which of its holders is being asked
+    asked: int = 0            # bytes asked for so far
+    got: int = 0              # bytes come
+    inflight: int = 0
+    heard: float = 0.0
+
+
+class Transfers:
+    """A process's connections to data ports, and transfers over them (one at a time per
+    process: a lock; each moves many objects at once). Its zmq context is its own: its I/O
+    thread encrypts bulk data, never the control connection's messages."""
+
+    def __init__(self, timeout: float = TIMEOUT) -> None:
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._timeout = timeout
+        self._socks: dict[tuple[str, str], zmq.Socket[Any]] = {}
+        self._public, self._secret = zmq.curve_keypair()  # (authorised by tokens, not keys)
+        self._lock = threading.Lock()
+        self._reqs = itertools.count(1)
+
+    def _sock(self, holder: Holder) -> zmq.Socket[Any]:
+        sock = self._socks.get((holder.address, holder.key))
+        if sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if holder.key:
+                sock.curve_serverkey = holder.key.encode()
+                sock.curve_publickey, sock.curve_secretkey = self._public, self._secret
+            sock.connect(holder.address)
+            self._socks[holder.address, holder.key] = sock
+        return sock
+
+    def fetch(self, refs: Sequence[Ref]) -> list[list[memoryview]]:
+        """The frames of each of REFS, fetched at once from their holders (each into
+        memory of its own); TransferError naming the object if one cannot be."""
+        fetches = [_Fetch(ref, bytearray(ref.size)) for ref in refs]
+        self._run(fetches)
+        return [objects.frames_of(f.buffer) for f in fetches]  # type: ignore[arg-type]
+
+    def fetch_to(self, ref: Ref, path: str) -> None:
+        """Fetch REF into a file at PATH (an agent's copy of another's object)."""
+        writer = objects.ObjectWriter(path, ref.size)
+        try:
+            self._run([_Fetch(ref, writer)])
+            writer.done()
+        except BaseException:
+            writer.abandon()
+            raise
+
+    def _run(self, fetches: list[_Fetch]) -> None:
+        with self._lock:
+            waiting: dict[int, tuple[_Fetch, int, int]] = {}  # req -> fetch, offset, length
+            now = time.monotonic()
+            for fetch in fetches:
+                fetch.heard = now
+                self._ask(fetch, waiting)
+            poller = zmq.Poller()
+            for sock in {id(s): s for s in self._socks.values()}.values():
+                poller.register(sock, zmq.POLLIN)
+            left = sum(1 for f in fetches if f.got < f.ref.size)
+            while left:
+                events = dict(poller.poll(200))
+                for sock in events:
+                    while True:
+                        try:
+                            frames = P.recv(sock)
+                        except zmq.Again:
+                            break
+                        left -= self._take(frames, waiting)
+                now = time.monotonic()
+                for fetch in fetches:
+                    if fetch.got < fetch.ref.size and now - fetch.heard > self._timeout:
+                        self._next_holder(fetch, waiting, "did not answer within "
+                                          f"{self._timeout:g}s")
+                poller = _poller(self._socks.values(), poller)
+
+    def _ask(self, fetch: _Fetch, waiting: dict[int, tuple[_Fetch, int, int]]) -> None:
+        """Keep WINDOW requests of FETCH in flight, to its current holder."""
+        holder = fetch.ref.holders[fetch.holder]
+        sock = self._sock(holder)
+        while fetch.inflight < WINDOW and fetch.asked < fetch.ref.size:
+            length = min(CHUNK, fetch.ref.size - fetch.asked)
+            req = next(self._reqs)
+            waiting[req] = (fetch, fetch.asked, length)
+            P.send(sock, P.encode(P.GET, {"id": fetch.ref.id, "offset": fetch.asked,
+                                          "length": length, "token": fetch.ref.token,
+                                          "req": req}))
+            fetch.asked += length
+            fetch.inflight += 1
+
+    def _take(self, frames: list[Any], waiting: dict[int, tuple[_Fetch, int, int]]) -> int:
+        """Take in one reply; return 1 if it completed its object."""
+        try:
+            msg = P.decode(frames)
+        except ZresError:
+            return 0
+        entry = waiting.pop(msg.body.get("req", -1), None)
+        if entry is None or msg.kind != P.CHUNK:
+            return 0  # (an answer to a request given up on)
+        fetch, offset, length = entry
+        fetch.inflight -= 1
+        fetch.heard = time.monotonic()
+        data = P.buffer(msg.frames[0]) if msg.frames else b""
+        if "error" in msg.body or len(data) != length:
+            self._next_holder(fetch, waiting, str(msg.body.get("error", "a short chunk")))
+            return 0
+        if isinstance(fetch.buffer, bytearray):
+            fetch.buffer[offset:offset + length] = data
+        else:
+            fetch.buffer.write(offset, data)
+        fetch.got += length
+        if fetch.got >= fetch.ref.size:
+            return 1
+        self._ask(fetch, waiting)
+        return 0
+
+    def _next_holder(self, fetch: _Fetch, waiting: dict[int, tuple[_Fetch, int, int]],
+                     why: str) -> None:
+        """FETCH's holder failed it (WHY): start again from its next holder, or give up."""
+        for req in [r for r, (f, _, _) in waiting.items() if f is fetch]:
+            del waiting[req]
+        failed = fetch.ref.holders[fetch.holder]
+        fetch.holder += 1
+        if fetch.holder >= len(fetch.ref.holders):
+            raise TransferError(f"object {fetch.ref.id} ({fetch.ref.size} bytes) could not "
+                                f"be fetched: agent {failed.agent} at {failed.address} {why}")
+        fetch.asked = fetch.got = fetch.inflight = 0
+        fetch.heard = time.monotonic()
+        self._ask(fetch, waiting)
+
+    def upload(self, holder: Holder, object_id: int, put_token: bytes,
+               frames: Sequence[Any]) -> int:
+        """Write the object FRAMES make to HOLDER as OBJECT_ID (PUT_TOKEN lets it); return
+        its size once HOLDER has it whole; TransferError if it cannot."""
+        size = objects.object_size(frames)
+        with self._lock:
+            sock = self._sock(holder)
+            stream = _Stream(objects.parts(frames))
+            inflight: dict[int, int] = {}
+            offset, heard = 0, time.monotonic()
+            while True:
+                while len(inflight) < WINDOW and offset < size:
+                    data = stream.take(CHUNK)
+                    req = next(self._reqs)
+                    inflight[req] = offset
+                    P.send(sock, P.encode(P.PUT, {"id": object_id, "size": size,
+                                                  "offset": offset, "token": put_token,
+                                                  "req": req}, [data]))
+                    offset += len(data)
+                if sock.poll(200):
+                    msg = P.decode(P.recv(sock))
+                    if msg.kind != P.PUT_ACK or inflight.pop(msg.body.get("req", -1),
+                                                             None) is None:
+                        continue
+                    heard = time.monotonic()
+                    if "error" in msg.body:
+                        raise TransferError(f"object {object_id} could not be put on agent "
+                                            f"{holder.agent}: {msg.body['error']}")
+                    if msg.body.get("done"):
+                        return size
+                elif time.monotonic() - heard > self._timeout:
+                    raise TransferError(f"object {object_id} could not be put on agent "
+                                        f"{holder.agent} at {holder.address}: it did not "
+                                        f"answer within {self._timeout:g}s")
+
+    def close(self) -> None:
+        for sock in self._socks.values():
+            sock.close(0)
+        self._socks.clear()
+        self._ctx.term()
+
+
+class _Stream:
+    """Buffers read in chunks across their boundaries (an object's parts, to upload)."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self._parts = [memoryview(p).cast("B") for p in parts]
+
+    def take(self, count: int) -> bytes:
+        out = bytearray()
+        while self._parts and len(out) < count:
+            part = self._parts[0]
+            piece = part[:count - len(out)]
+            out += piece
+            if piece.nbytes == part.nbytes:
+                self._parts.pop(0)
+            else:
+                self._parts[0] = part[piece.nbytes:]
+        return bytes(out)
+
+
+def _poller(socks: Any, current: zmq.Poller) -> zmq.Poller:
+    """A poller over SOCKS (CURRENT if it has them all: a fetch may connect to more)."""
+    socks = list(socks)
+    if len(current.sockets) == len(socks):
+        return current
+    poller = zmq.Poller()
+    for sock in socks:
+        poller.register(sock, zmq.POLLIN)
+    return poller
