@@ -84,9 +84,12 @@ class _Request:
 
 class Relay:
     """Relay transfers on LISTEN (a zmq address) for holders of the keys in KEYS (a
-    directory; None: anyone), with the cluster's data SECRET."""
+    directory; None: anyone), with the cluster's data SECRET; an agent silent for TIMEOUT
+    seconds fails its requests."""
 
-    def __init__(self, listen: str, keys: str | None, secret: bytes) -> None:
+    def __init__(self, listen: str, keys: str | None, secret: bytes,
+                 timeout: float = TIMEOUT) -> None:
+        self.timeout = timeout
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._gate = Gate(self._ctx, keys)
         self._pair = K.broker_pair(keys) if keys is not None else None
@@ -319,17 +322,18 @@ class Relay:
         """Answer with an error the requests of agents silent for TIMEOUT (their next
         address is tried next), and those that waited that long for room; return whether a
         connection was closed."""
-        while self._waiting and now - self._waiting[0][0] > TIMEOUT:
+        while self._waiting and now - self._waiting[0][0] > self.timeout:
             _, ident, msg, _ = self._waiting.popleft()
             self._refuse(ident, msg, "the broker's relay is busy")
-        silent = [b for b in self._backs.values() if b.waiting and now - b.heard > TIMEOUT]
+        silent = [b for b in self._backs.values()
+                  if b.waiting and now - b.heard > self.timeout]
         for back in silent:
             why = f"agent {back.agent} did not answer the broker's relay at {back.address}"
             for req in back.waiting:
                 request = self._inflight.pop(req)
                 P.send(self._front, [request.ident, *P.encode(request.answer, {
                     "req": request.req, "id": request.object_id, "offset": request.offset,
-                    "error": f"{why} within {TIMEOUT:g}s"})])
+                    "error": f"{why} within {self.timeout:g}s"})])
             del self._backs[next(k for k, b in self._backs.items() if b is back)]
             back.sock.close(0)  # (and what it had queued)
             with self._lock:
