@@ -107,10 +107,7 @@ broker -> client
                                                 may hold; keeps: it keeps its state (tasks
                                                 survive its restarts); resumed: it restored
                                                 this client's tasks from a previous life;
-                                                relay: [endpoint, key], the broker's relay
-                                                (below; a wildcard host, 0.0.0.0 or ::,
-                                                means the host the peer reaches the broker
-                                                at; key: the broker's, "" without keys)
+                                                relay: [endpoint, key] (see the relay below)
     accepted   {upto, ids: [[local id, id, count]...]}  the submitted tasks up to this
                                                 local id are kept (a broker that keeps its
                                                 state sends it once they are written, one
@@ -120,9 +117,8 @@ broker -> client
                                                 ID are COUNT ids from ID): what users see
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
                a result kept on an agent (over 64 KiB) comes with no frames and info.ref:
-               [id, size, get token, [[agent, address, key]...], relay?] (its holders;
-               relay: the broker's relay, as in welcome), info.size: the client fetches it
-               from a holder's data port when asked for it (or through the relay)
+               [id, size, get token, [[agent, address, key]...], relay?] (its holders, the
+               relay), info.size: the client fetches it from a holder when asked for it
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
@@ -144,13 +140,9 @@ broker -> client
                                                 from the broker's keys directory)
 agent -> broker
     register   {name, session, slots: [{units, gpus: [device id...], gpu_memory}], host,
-                pid, t, resume?: true, epoch?, versions?, data?: {address, key, bound},
-                objects?: [[id, size]...]}
-               data: its data port: the address others reach it at (--data-advertise, or
-               where it listens with a wildcard host replaced), its key (z85, "" without
-               keys), and the endpoint it bound (the broker's relay reaches it on that
-               port at the IP address the register came from, when bound to a wildcard
-               host, else there; then at the address); objects: what its store holds
+                pid, t, resume?: true, epoch?, versions?, data?: {address, key, bound}, objects?}
+               data: its data port (where others reach it, its key, the endpoint it bound:
+               where the relay reaches it, zres.broker.relay); objects: [[id, size]...] held
                versions: as a client's hello's; a mismatch is refused (refused{kind:
                register}) and the agent exits with status 1. With keys, its name is the
                node's own key's (agent-NAME) if there is one, else the key's that first
@@ -190,8 +182,8 @@ broker -> agent
     welcome    {epoch, cluster, session, agent, heartbeat, lease: seconds, starve: seconds,
                 adopts: bool, resumed?, ack?, data_secret, relay?}  adopts: it keeps its
                state, so jobs run on through its restarts (same cluster); data_secret: what
-               tokens for its data port are checked with (HMAC-SHA256, kept with the
-               broker's state); relay: as in a client's welcome
+               tokens for its data port are checked with (HMAC-SHA256, kept with its state);
+               relay: as in a client's welcome
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
                opts {queued?, taken?, priority, seq, attempt, actor?, job?, token?}: queued
                grants start when room frees there (direct ones fit now); actor {actor: id,
@@ -249,19 +241,10 @@ served without a token the broker made with the cluster's data secret)
                                                 it does not hold it)
     put        {id, token, size, offset, req} + one frame  -> put_ack {req, id, offset,
                                                 error?, done?} (done: it has it whole)
-
-client or agent -> the broker's relay (zres.broker.relay: a socket of the broker's own,
-beside its address, for peers that cannot reach a data port; CURVE with the broker's key,
-only the broker's keys get in, as into the broker)
-    get, put   as to a data port, plus {agent, from}  agent: the holder to forward it to;
-                                                from: who asks (a client's name; counted in
-                                                status_reply's relay); the token is checked
-                                                by the relay, the answer (chunk, put_ack) is
-                                                the agent's, passed on as it comes, or
-                                                {error} (unknown agent, bad token, the
-                                                agent did not answer the relay in 4 s, busy)
-               status_reply's relay: {address, transfers, bytes, inflight, clients:
-               [{owner, client, transfers, bytes}]} (None: no relay)
+client or agent -> the broker's relay (zres.broker.relay; a wildcard host: the broker's)
+    get, put   as to a data port, plus {agent, from}: the holder, who asks; answered by the
+               agent (passed on as it comes) or {error}; counted in status_reply's relay:
+               {address, transfers, bytes, inflight, clients: [{owner, client, ...}]}
 
 Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
 and its traceback text), ``failed`` (no payload; info = {type, message} names a zres error
