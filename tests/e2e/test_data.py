@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import zres
 from tests.conftest import wait_until
@@ -157,7 +159,7 @@ def test_a_client_that_reaches_no_agent_fetches_and_puts_through_the_brokers_rel
         make_cluster, make_client):
     """A firewalled client (relay=True) gets big results and puts values through the
     broker's relay, chunk by chunk; status says how much it relayed."""
-    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"], http="127.0.0.1:0")
     client = make_client(cluster.address, relay=True)
     big = 3 * (4 << 20) + 4096  # (several chunks)
     assert client.submit(made, big, resources={"a": 1}).result(60) == made(big)
@@ -166,6 +168,10 @@ def test_a_client_that_reaches_no_agent_fetches_and_puts_through_the_brokers_rel
     mine = relayed(client)[client.name]
     assert mine["transfers"] == 2 and mine["bytes"] > big + BIG
     assert "relayed through the broker" in render_status(client.status())
+    with urllib.request.urlopen(cluster.dashboard + "metrics", timeout=10) as reply:
+        samples = {s.name: s.value for family in text_string_to_metric_families(
+            reply.read().decode()) for s in family.samples}
+    assert samples["zres_relayed_bytes_total"] == mine["bytes"]
 
 
 def test_an_agent_nobody_reaches_has_its_results_fetched_through_the_brokers_relay(
