@@ -188,3 +188,7 @@ def test_an_agent_nobody_reaches_has_its_results_fetched_through_the_brokers_rel
     assert client.submit(size, result, resources={"b": 1}).result(60) == BIG
     by = relayed(client)
     assert by[client.name]["bytes"] > BIG and by["agent agent-b"]["bytes"] > BIG
+    never = make_client(cluster.address, relay=False)  # (the relay is what reached it)
+    again = never.submit(made, BIG, resources={"a": 1})
+    with pytest.raises(TimeoutError, match="agent-a at tcp://127.0.0.1:1 did not answer"):
+        again.result(1)

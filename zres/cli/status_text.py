@@ -159,12 +159,16 @@ def _relayed(relay: Any) -> list[str]:
     if not isinstance(relay, dict) or not relay.get("transfers") and not relay.get("bytes"):
         return []
     shown = [_wrap(f"{c['client'] or '?'}{' (' + c['owner'] + ')' if c['owner'] else ''}: "
-                   f"{c['transfers']} transfers, {_bytes(c['bytes'])}")
+                   f"{_transfers(c['transfers'])}, {_bytes(c['bytes'])}")
              for c in relay.get("clients", [])]
-    return ["", *_wrap(f"relayed through the broker ({relay['address']}): "
-                       f"{relay['transfers']} transfers, {_bytes(relay['bytes'])} (peers "
-                       "that could not reach an agent's data port)", ""),
+    return ["", *_wrap(f"relayed through the broker (for peers that could not reach an "
+                       f"agent): {_transfers(relay['transfers'])}, {_bytes(relay['bytes'])}"
+                       f"  relay: {relay['address']}", ""),
             *_cut(shown, len(shown), " peers")]
+
+
+def _transfers(count: int) -> str:
+    return f"{count} transfer{'' if count == 1 else 's'}"
 
 
 def _bytes(count: int) -> str:

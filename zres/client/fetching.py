@@ -57,7 +57,10 @@ class Fetcher:
             transfers = self._transfers_()
             try:
                 values = transfers.fetch([T.Ref.from_wire(f._result.ref) for f in todo])
-            except T.TransferError:
+            except T.TransferError as exc:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the result of {todo[0].name} could not be fetched "
+                                       f"within {timeout:g}s: {exc}") from None
                 self._locate(todo, deadline)
                 todo = [f for f in todo if type(f._result) is Remote and f._exception is None]
                 continue

@@ -111,6 +111,8 @@ class Routes:
             self.failed(holder)
             return False
         with self._lock:
+            if len(self._probed) > 10_000:  # (addresses of agents long gone)
+                self._probed = {a: t for a, t in self._probed.items() if t > now}
             self._probed[holder.address] = now + REMEMBER
         return True
 
