@@ -1,16 +1,19 @@
-"""The broker's relay (issue 29), with no broker loop: a holder a process cannot reach is
+"""The broker's relay (issue 29), mostly on its own: a holder a process cannot reach is
 fetched from through the relay, chunk by chunk, and remembered; the relay forwards only
 what a token allows, to the agent named, answers for an agent that stops answering it,
 keeps nothing of a requester that went, takes uploads, and lets in the cluster's keys
-only."""
+only; a broker stepped by hand tells it where an agent is, from where its connection
+comes, and says where it is in its welcome."""
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import zmq
@@ -19,12 +22,14 @@ from tests.conftest import wait_until
 from zres.agent.data.server import DataServer
 from zres.agent.data.store import MIN_BUDGET, ObjectStore
 from zres.broker.relay import Relay, listen_beside, targets
+from zres.broker.server import Broker
 from zres.cli.status_text import _relayed
 from zres.core import keys as K
 from zres.core import objects as O
 from zres.core import protocol as P
 from zres.core import transfer as T
 from zres.core.relaying import Routes, mode_of, resolve
+from zres.core.resources import UNIT
 from zres.core.serialize import dumps, loads
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,6 +184,38 @@ def test_only_the_clusters_keys_get_into_the_relay(cluster, tmp_path):
     with pytest.raises(T.TransferError, match="did not answer"):
         transfers.fetch([cluster.ref(1, size, "tcp://127.0.0.1:1")])
     assert cluster.relay.status()["transfers"] == 0
+
+
+def test_the_broker_tells_its_relay_where_an_agent_is_from_where_its_connection_comes(
+        cluster):
+    """An agent bound to every interface, advertising an address nobody reaches (behind
+    NAT): the broker's relay reaches it at that port on the host its connection came from
+    (here the agent's port is on loopback, and so is its connection)."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0)
+    agent = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        cluster.server.secret = broker.objects.secret
+        size = cluster.put(1, b"z" * 300_000)
+        agent.connect(broker.address)
+        port = urlsplit(cluster.server.bound).port
+        P.send(agent, P.encode(P.REGISTER, {
+            "name": "agent-n", "session": 1, "host": "h", "pid": 1, "t": time.monotonic(),
+            "slots": [{"units": {"CPU": UNIT}, "gpus": []}],
+            "data": {"address": "tcp://127.0.0.1:1", "key": cluster.server.key,
+                     "bound": f"tcp://0.0.0.0:{port}"}}))
+        while not agent.poll(0):
+            broker.poll_once(time.monotonic(), timeout=0.01)
+        welcome = P.decode(agent.recv_multipart())
+        assert broker.relay is not None and welcome.body["relay"] == [broker.relay.address, ""]
+        transfers, _ = cluster.routed("always", key=None)
+        ref = T.Ref(1, size, T.token(broker.objects.secret, "get", 1),
+                    (T.Holder("agent-n", "tcp://127.0.0.1:1", cluster.server.key),),
+                    (welcome.body["relay"][0], ""))
+        assert loads(transfers.fetch([ref])[0]) == b"z" * 300_000
+        assert broker.status()["relay"]["bytes"] == size
+    finally:
+        agent.close(0)
+        broker.close()
 
 
 def test_where_the_relay_listens_and_reaches_agents():
