@@ -237,9 +237,10 @@ class Relay:
         if not T.allowed(self._secret, body.get("token"), msg.kind, body["id"],
                          size if msg.kind == P.PUT else 0):
             return "refused: not a token of this cluster's for that object"
+        agent = body.get("agent")
         with self._lock:
-            if body.get("agent") not in self._routes:
-                return f"no agent {quote(body.get('agent'), 100)} is known to the broker"
+            if not isinstance(agent, str) or agent not in self._routes:
+                return f"no agent {quote(agent, 100)} is known to the broker"
         return None
 
     def _refuse(self, ident: bytes, msg: P.Message, why: str) -> None:
