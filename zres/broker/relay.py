@@ -264,17 +264,17 @@ class Relay:
             back = self._backs[address, route[1]] = _Back(self._connect(address, route[1]),
                                                           agent, address)
         req = next(self._reqs)
+        offset = msg.body["offset"]
+        if msg.kind == P.PUT:
+            self._count(who, offset == 0, len(msg.frames[0]))
         body: dict[str, Any] = {k: msg.body[k] for k in _FORWARDED if k in msg.body}
         P.send(back.sock, P.encode(msg.kind, {**body, "req": req}, msg.frames[:1]))
         if not back.waiting:
             back.heard = now
         back.waiting.add(req)
-        offset = msg.body["offset"]
         self._inflight[req] = _Request(ident, msg.body.get("req"),
                                        P.CHUNK if msg.kind == P.GET else P.PUT_ACK,
                                        msg.body["id"], offset, back, who)
-        if msg.kind == P.PUT:
-            self._count(who, offset == 0, len(msg.frames[0]))
 
     def _connect(self, address: str, key: str) -> zmq.Socket[Any]:
         sock = self._ctx.socket(zmq.DEALER)
@@ -300,11 +300,11 @@ class Relay:
         if request is None:
             return  # (an answer to a request given up on)
         back.waiting.discard(req)
+        if msg.kind == P.CHUNK and "error" not in msg.body and msg.frames:
+            self._count(request.who, request.offset == 0, len(msg.frames[0]))  # (then sent)
         P.send(self._front, [request.ident, *P.encode(msg.kind, {**msg.body,
                                                                  "req": request.req},
                                                       msg.frames[:1])])
-        if msg.kind == P.CHUNK and "error" not in msg.body and msg.frames:
-            self._count(request.who, request.offset == 0, len(msg.frames[0]))
 
     def _count(self, who: tuple[str, str], begins: bool, size: int) -> None:
         with self._lock:
