@@ -56,7 +56,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "max_deps": None, "max_object_bytes": None, "state": None,
                # The HTTP port (dashboard, /metrics, /health): HOST:PORT or "off"; None:
                # 127.0.0.1:8787, given up with a warning if that port is taken.
-               "http": None},
+               "http": None,
+               # Its relay (transfers for peers that cannot reach an agent): a zmq
+               # address, or "off"; None: the broker's host (or socket path), a free port.
+               "relay_listen": None},
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0,
@@ -64,9 +67,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               # $XDG_STATE_HOME/zres/agent-NAME (zres.agent.files).
               "state": None,
               # Its data port (zres.agent.data): where it listens (None: loopback when
-              # its broker is on loopback, else every interface), and how much its store
-              # keeps in memory before spilling to disk (None: 30% of its MEMORY).
-              "data_listen": None, "store_memory": None},
+              # its broker is on loopback, else every interface), where others reach it
+              # (None: there, a wildcard replaced by this host's address towards the
+              # broker), and how much its store keeps in memory before spilling to disk
+              # (None: 30% of its MEMORY).
+              "data_listen": None, "data_advertise": None, "store_memory": None},
     "client": {"broker": None, "broker_timeout": 300.0, "forward_output": True},
     # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
     # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).

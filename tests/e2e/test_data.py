@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import zres
 from tests.conftest import wait_until
+from zres.cli.status_text import render_status
 
 pytestmark = pytest.mark.timeout(120)
 BIG = 256 * 4000  # bytes: well over what travels inline (64 KiB)
@@ -188,3 +191,47 @@ def test_a_huge_result_never_passes_through_the_broker_nor_its_agents_session(
     broker = cluster.broker
     assert broker is not None
     assert peak_rss(broker.pid) < (100 << 20), "the result went through the broker"
+
+
+def relayed(client: zres.Client) -> dict[str, dict[str, int]]:
+    """What the broker's relay moved, per requester's name."""
+    return {c["client"]: c for c in client.status()["relay"]["clients"]}
+
+
+def test_a_client_that_reaches_no_agent_fetches_and_puts_through_the_brokers_relay(
+        make_cluster, make_client):
+    """A firewalled client (relay=True) gets big results and puts values through the
+    broker's relay, chunk by chunk; status says how much it relayed."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"], http="127.0.0.1:0")
+    client = make_client(cluster.address, relay=True)
+    big = 3 * (4 << 20) + 4096  # (several chunks)
+    assert client.submit(made, big, resources={"a": 1}).result(60) == made(big)
+    shared = client.scatter(made(BIG))
+    assert client.submit(size, shared, resources={"a": 1}).result(60) == BIG
+    mine = relayed(client)[client.name]
+    assert mine["transfers"] == 2 and mine["bytes"] > big + BIG
+    assert "relayed through the broker" in render_status(client.status())
+    with urllib.request.urlopen(cluster.dashboard + "metrics", timeout=10) as reply:
+        samples = {s.name: s.value for family in text_string_to_metric_families(
+            reply.read().decode()) for s in family.samples}
+    assert samples["zres_relayed_bytes_total"] == mine["bytes"]
+
+
+def test_an_agent_nobody_reaches_has_its_results_fetched_through_the_brokers_relay(
+        make_cluster, make_client):
+    """An agent behind NAT advertises an address nobody reaches (here a closed port): the
+    client and a dependent on another agent get its big result through the broker's relay
+    (which reaches that agent where its connection comes from), with keys on."""
+    cluster = make_cluster(agents=[{"b": 1}], names=["agent-b"])
+    cluster.add_agent({"a": 1}, name="agent-a",
+                      extra_args=["--data-advertise", "tcp://127.0.0.1:1"])
+    client = make_client(cluster.address)
+    result = client.submit(made, BIG, resources={"a": 1})
+    assert result.result(60) == made(BIG)
+    assert client.submit(size, result, resources={"b": 1}).result(60) == BIG
+    by = relayed(client)
+    assert by[client.name]["bytes"] > BIG and by["agent agent-b"]["bytes"] > BIG
+    never = make_client(cluster.address, relay=False)  # (the relay is what reached it)
+    again = never.submit(made, BIG, resources={"a": 1})
+    with pytest.raises(TimeoutError, match="agent-a at tcp://127.0.0.1:1 did not answer"):
+        again.result(1)

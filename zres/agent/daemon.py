@@ -53,7 +53,7 @@ class Agent(Draining):
                  job_logs: str | None = None, job_grace: float = GRACE,
                  drain_grace: float = DRAIN_GRACE, key: keys.PeerKey | None = None,
                  state: str | None = None, data_listen: str | None = None,
-                 store_memory: int | None = None) -> None:
+                 store_memory: int | None = None, data_advertise: str | None = None) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.files, self.logs = open_files(self.name, state, job_logs)
         self.slots = slots
@@ -70,7 +70,7 @@ class Agent(Draining):
         self.session = Session(self.pool.lease)
         # Its objects (big results, fetched inputs, uploads) and the port it serves them on.
         self.data = NodeData(self.files.path, slots, broker, key, data_listen, store_memory,
-                             self.reports)
+                             self.reports, data_advertise)
         self.pool.objects = self.data.env
         self._reach = ReachWarning(broker)
         self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid)

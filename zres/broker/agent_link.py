@@ -39,7 +39,9 @@ class AgentLink:
                  adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]],
                  commit: Callable[[], bool],
                  key: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
-                 keys: Callable[[], frozenset[str]] = frozenset) -> None:
+                 keys: Callable[[], frozenset[str]] = frozenset,
+                 relay: Callable[[str, Any, str], None] | None = None,
+                 peer: Callable[[], str] = lambda: "") -> None:
         self._send = send
         # The key that sent the message handled: role, name, public key ("": none); and
         # every key in the broker's keys directory ("role:name").
@@ -52,6 +54,9 @@ class AgentLink:
         self._limits = limits
         self._welcome = welcome
         self._fd = fd
+        # The broker's relay, told where each agent's data port is (the register's data,
+        # and the IP address its connection comes from: PEER()).
+        self._relay, self._peer = relay, peer
         self.to_ack: set[bytes] = set()    # agents whose big reports need an ack now
 
     def flush_acks(self) -> None:
@@ -109,6 +114,8 @@ class AgentLink:
         if isinstance(data, dict) and isinstance(data.get("address"), str) \
                 and isinstance(data.get("key", ""), str) and len(data["address"]) < 256:
             record.data_address, record.data_key = data["address"], data.get("key", "")
+            if self._relay is not None:
+                self._relay(reg.name, data, self._peer())
         # What it holds from before (a broker restarted on its state restored where results
         # were): what it no longer has is lost there.
         self._dispatch.objects_offered(record, msg.body.get("objects", []))

@@ -10,7 +10,7 @@ message is checked against the role before any handler reads it:
 - admins do what clients do, to anyone's work, and change agents' capacity.
 The directory is read again when it changes (at each handshake, and on the broker's
 heartbeat): a key whose file is removed (or replaced) is refused from then on, and the
-broker ends its sessions (``Broker._revoke``).
+broker ends its sessions (``Identities.revoke``).
 
 A task the broker grants carries a *task token* (a MAC of the task's id, keyed BLAKE2b under
 a key derived from the broker's secret key, so it outlives the broker's restarts with

@@ -14,6 +14,7 @@ admin keys only; an actor's calls are checked where they are queued (``actors``)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
@@ -128,6 +129,20 @@ class Identities:
         job_id = msg.body.get("job")
         job = self._jobs.get(job_id) if type(job_id) is int else None
         return (f"job {job_id}", job.owner) if job is not None else None
+
+    def revoke(self, send: Any, agents: Any, lose: Callable[[Any, str], None]) -> None:
+        """End the sessions of keys no longer in the keys directory: clients are dropped
+        (their work as if they had left), AGENTS lost (LOSE); each is told why (SEND)."""
+        for client in self._clients.all():
+            if client.public and not self._gate.current(client.public):
+                why = f"its key {client.key} was revoked (removed from the broker's keys)"
+                send(client.ident, P.REFUSED, {"kind": P.HELLO, "error": why}, hold=False)
+                self._clients.leave(client.ident, "client_revoked")
+        for agent in list(agents.by_ident.values()):
+            if agent.public and not self._gate.current(agent.public):
+                why = f"its key {agent.key} was revoked (removed from the broker's keys)"
+                send(agent.ident, P.UNKNOWN, {"refused": why})
+                lose(agent, why)
 
     def sees_all(self, owner: str) -> bool:
         """Whether the message handled may see OWNER's private details (command lines):

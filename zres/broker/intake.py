@@ -24,6 +24,8 @@ Handler = Callable[[bytes, P.Message, float], None]
 class Intake:
     """Mixed into the ``Broker``, whose parts it hands each message to."""
 
+    _head: Any = None   # the first frame of the message being handled
+
     if TYPE_CHECKING:  # (the broker's own, used here)
         limits: Any
         gate: Any
@@ -38,6 +40,7 @@ class Intake:
 
     def _dispatch(self, frames: list[Any], now: float) -> None:
         ident = frames[0].bytes
+        self._head = frames[0]
         try:
             self._fd = frames[0].get(zmq.SRCFD)
         except zmq.ZMQError:  # a message libzmq made itself, of no connection
@@ -70,6 +73,13 @@ class Intake:
             self.backlog.defer(ident, lambda: self._handle(ident, msg, handler, seen))
             return
         self._handle(ident, msg, handler)
+
+    def peer(self) -> str:
+        """The IP address the message being handled came from ("": not over TCP)."""
+        try:
+            return str(self._head.get("Peer-Address"))
+        except (zmq.ZMQError, AttributeError):
+            return ""
 
     def _handle(self, ident: bytes, msg: P.Message, handler: Handler,
                 seen: tuple[Any, Any, int] | None = None) -> None:

@@ -197,6 +197,12 @@ class _SnapshotCollector(Collector):
             for tier in ("memory", "spilled"):
                 held.add_metric([agent["name"], tier], store.get(tier, 0))
         yield held
+        relay = snap.get("relay") or {}
+        yield CounterMetricFamily("zres_relayed_bytes", "Bytes the broker's relay moved for "
+                                  "peers that could not reach an agent's data port",
+                                  value=relay.get("bytes", 0))
+        yield CounterMetricFamily("zres_relayed_transfers", "Transfers the broker's relay "
+                                  "moved", value=relay.get("transfers", 0))
         yield GaugeMetricFamily("zres_clients", "Clients connected", value=snap["clients"])
         actors = GaugeMetricFamily("zres_actors", "Actors, by state", labels=["state"])
         by_state: dict[str, int] = {}

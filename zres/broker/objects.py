@@ -45,6 +45,7 @@ class ObjectDirectory:
         self._puts: dict[int, tuple[str, int]] = {}  # put task -> agent, size it awaits
         self.by_agent: dict[str, set[int]] = {}   # agent name -> tasks it holds a copy of
         self._to_free: dict[str, list[int]] = {}
+        self.relay: tuple[str, str] | None = None   # the broker's relay: endpoint, key
         # After a restart: agents that held restored results and have not come back yet.
         self._unconfirmed: set[str] = set()
         self._since: float | None = None
@@ -193,7 +194,12 @@ class ObjectDirectory:
         if not holders:
             return None
         return T.Ref(task.id, task.size, T.token(self.secret, "get", task.id),
-                     tuple(holders)).wire()
+                     tuple(holders), self.relay).wire()
+
+    def relay_field(self) -> dict[str, Any]:
+        """What a welcome says of the relay: its endpoint and key (a wildcard host: the
+        host the peer reaches the broker at), if there is one."""
+        return {"relay": list(self.relay)} if self.relay is not None else {}
 
     def flush(self) -> None:
         """Send each agent the objects to free that this turn found."""

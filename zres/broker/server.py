@@ -46,6 +46,7 @@ from .metrics import BrokerMetrics, Snapshots
 from .objects import ObjectDirectory, data_secret
 from .orphans import Orphans
 from .output import OutputRouter
+from .relay import Relay, listen_beside
 from .status import Explainer
 from .store import Store
 
@@ -65,7 +66,7 @@ class Broker(Intake):
                  prefetch: int = 32, limits: Limits | None = None,
                  store: Store | None = None, keys: str | None = None,
                  half_life: float = DEFAULT_HALF_LIFE, quotas: Quotas | None = None,
-                 client_grace: float = 5.0) -> None:
+                 client_grace: float = 5.0, relay: str | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
@@ -128,6 +129,10 @@ class Broker(Intake):
                                        self.graph.finish, self.graph.fail,
                                        self.limits.object_bytes)
         self.graph.refer = self.objects.ref
+        # Transfers for peers that cannot reach a holder (RELAY: where; "off": none).
+        where = listen_beside(self.address, relay)
+        self.relay = Relay(where, keys, self.objects.secret) if where else None
+        self.objects.relay = (self.relay.address, self.relay.key) if self.relay else None
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),
                                    changed=lambda actor: self.actor_keeper.changed(actor),
@@ -145,7 +150,8 @@ class Broker(Intake):
             {"epoch": self.epoch, "cluster": self.cluster_id, "keeps": store is not None,
              "heartbeat": self.hb_interval, "limits": {
                  "header_bytes": self.limits.header_bytes,
-                 "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
+                 "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks},
+             **self.objects.relay_field()},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
             refuse=self._refused, objects=self.objects)
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
@@ -177,10 +183,12 @@ class Broker(Intake):
                                   "epoch": self.epoch, "cluster": self.cluster_id,
                                   "heartbeat": self.hb_interval, "adopts": store is not None,
                                   "lease": self.lease, "starve": self.sched.starvation_after,
-                                  "data_secret": self.objects.secret},
+                                  "data_secret": self.objects.secret,
+                                  **self.objects.relay_field()},
                               fd=lambda: self._fd, key=lambda: self.ids.conn,
                               keys=self.gate.names,
                               adopt=lambda *a: self.adoption.offered(*a),
+                              relay=self.relay.route if self.relay else None, peer=self.peer,
                               commit=lambda: store is None or store.commit())
         # What the HTTP thread serves (zres.broker.http): a snapshot made on demand, and
         # counters the loop bumps; neither can change anything here.
@@ -235,6 +243,8 @@ class Broker(Intake):
         self.sock.close(0)
         self.gate.close()
         self.snapshots.close()
+        if self.relay is not None:
+            self.relay.close()
 
     def stop(self) -> None:
         self._stopping = True
@@ -349,21 +359,6 @@ class Broker(Intake):
         see ``identity``."""
         return self.ids.acting
 
-    def _revoke(self) -> None:
-        """End the sessions of keys no longer in the keys directory: clients are dropped
-        (their work as if they had left), agents lost; each is told why."""
-        for client in self.clients.all():
-            if client.public and not self.gate.current(client.public):
-                why = f"its key {client.key} was revoked (removed from the broker's keys)"
-                self._send(client.ident, P.REFUSED, {"kind": P.HELLO, "error": why},
-                           hold=False)
-                self.clients.leave(client.ident, "client_revoked")
-        for agent in list(self.agents.by_ident.values()):
-            if agent.public and not self.gate.current(agent.public):
-                why = f"its key {agent.key} was revoked (removed from the broker's keys)"
-                self._send(agent.ident, P.UNKNOWN, {"refused": why})
-                self.dispatch.lose_agent(agent, why)
-
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
               frames: Sequence[Any] = (), hold: bool = True) -> None:
         client = self.clients.get(ident) if hold else None
@@ -388,7 +383,7 @@ class Broker(Intake):
         read = self.gate.refresh()  # (a key removed is refused within a heartbeat)
         if read != self._keys_read:
             self._keys_read = read
-            self._revoke()
+            self.ids.revoke(self._send, self.agents, self.dispatch.lose_agent)
         for agent in self.agents.silent(now):
             self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
         self.clients.expire(now)
@@ -436,7 +431,8 @@ class Broker(Intake):
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
                 "loop": {"turns": self._traffic.turns,
                          "longest_turn": round(self._traffic.longest_turn, 4)},
-                "state": self.store.describe() if self.store is not None else None}
+                "state": self.store.describe() if self.store is not None else None,
+                "relay": self.relay.status() if self.relay is not None else None}
 
     def dashboard(self) -> dict[str, Any]:
         """Describe the cluster for the dashboard and metrics, amounts in user units: the

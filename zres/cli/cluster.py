@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
+from ..core import relaying
 from ..core.address import is_local, is_loopback, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
@@ -71,6 +73,10 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument("--data-listen", metavar="ADDR", help="where this agent serves the "
                        "results it holds to other agents and clients, e.g. tcp://0.0.0.0:7071 "
                        "(default: a free port, on loopback when the broker is on loopback)")
+    agent.add_argument("--data-advertise", metavar="ADDR", help="the address others reach "
+                       "this agent's data port at, when not the one it listens on (behind "
+                       "NAT: the public address forwarded to it), e.g. tcp://203.0.113.5:7071; "
+                       "who cannot reach it goes through the broker's relay")
     agent.add_argument("--store-memory", metavar="BYTES", help="how much of the results it "
                        "holds stay in memory before the oldest spill to its disk, e.g. 8GiB "
                        "(default: 30%% of the MEMORY it offers)")
@@ -136,7 +142,8 @@ def broker(args: argparse.Namespace) -> int:
                         settings["starvation_after"], prefetch=settings["prefetch"],
                         limits=Limits.from_settings(settings), store=store, keys=keys_dir,
                         half_life=settings["fairshare_half_life"],
-                        quotas=quotas, client_grace=settings["client_grace"])
+                        quotas=quotas, client_grace=settings["client_grace"],
+                        relay=settings["relay_listen"])
         dashboard = _serve_http(broker, http, given=given is not None)
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
@@ -148,6 +155,15 @@ def broker(args: argparse.Namespace) -> int:
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
     return 0
+
+
+def _data_address(value: Any, what: str) -> None:
+    """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port is reached
+    at: tcp://HOST:PORT or ipc://PATH (None: not given)."""
+    if value is not None and not (isinstance(value, str) and re.fullmatch(
+            r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):\d{1,5}|ipc://\S+", value)):
+        raise ValueError(f"{what} {value!r} is not an address a data port is reached at: "
+                         "give tcp://HOST:PORT or ipc://PATH")
 
 
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
@@ -231,11 +247,14 @@ def agent(args: argparse.Namespace) -> int:
                                      "job_grace": args.job_grace,
                                      "drain_grace": args.drain_grace,
                                      "state": args.state, "data_listen": args.data_listen,
+                                     "data_advertise": args.data_advertise,
                                      "store_memory": args.store_memory},
                            path=args.config)
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
+    _data_address(settings["data_advertise"], "data_advertise")
+    relaying.mode_of(None)  # ($ZRES_RELAY, which its workers read: refused here if wrong)
     address = settings["broker"] or config.DEFAULT_ADDRESS
     key = config.find_key(None, ("agent",), address, args.config, settings["name"])
     while True:
@@ -246,7 +265,8 @@ def agent(args: argparse.Namespace) -> int:
                       settings["heartbeat_interval"], settings["heartbeat_timeout"],
                       settings["job_logs"], settings["job_grace"], settings["drain_grace"],
                       key, settings["state"], settings["data_listen"],
-                      _bytes(settings["store_memory"], "store_memory"))
+                      _bytes(settings["store_memory"], "store_memory"),
+                      settings["data_advertise"])
         _exit_with(args, agent.stop)
         agent.run()
         # A broker starting on this machine makes this user's keys before it listens: an

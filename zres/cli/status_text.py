@@ -85,6 +85,7 @@ def render_status(status: dict[str, Any]) -> str:
             agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "
                                 f"{amounts}{gpus}{held}"))
     lines += _cut(agents, len(agents), " agents")
+    lines += _relayed(status.get("relay"))
     counts = status["counts"]
     ordered = [*STATES, *sorted(set(counts) - set(STATES))]
     lines += ["", *_wrap("tasks: " + (", ".join(f"{k}={counts[k]}" for k in ordered
@@ -150,6 +151,24 @@ def _owners(owners: list[dict[str, Any]]) -> list[str]:
                            f"{quota}"))
     return ["", "owners (fair share: served in this order, least recent use first):",
             *_cut(shown, len(shown), " owners")]
+
+
+def _relayed(relay: Any) -> list[str]:
+    """What the broker's relay moved for those that could not reach an agent (nothing
+    said when it moved nothing)."""
+    if not isinstance(relay, dict) or not relay.get("transfers") and not relay.get("bytes"):
+        return []
+    shown = [_wrap(f"{c['client'] or '?'}{' (' + c['owner'] + ')' if c['owner'] else ''}: "
+                   f"{_transfers(c['transfers'])}, {_bytes(c['bytes'])}")
+             for c in relay.get("clients", [])]
+    return ["", *_wrap(f"relayed through the broker (for peers that could not reach an "
+                       f"agent): {_transfers(relay['transfers'])}, {_bytes(relay['bytes'])}"
+                       f"  relay: {relay['address']}", ""),
+            *_cut(shown, len(shown), " peers")]
+
+
+def _transfers(count: int) -> str:
+    return f"{count} transfer{'' if count == 1 else 's'}"
 
 
 def _bytes(count: int) -> str:

@@ -24,6 +24,7 @@ from ..core.context import task_token
 from ..core.errors import ZresError
 from ..core.keys import refusal
 from ..core.limits import priority_error
+from ..core.relaying import mode_of
 from ..core.report import in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
 from ..core.serialize import CallPickler, dumps
@@ -70,13 +71,17 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
     submitted. DETACH: its tasks (and jobs) run on after it goes instead, as
     ``submit(..., detached=True)`` does for one task; ``zres status`` lists them with
     their owner, and ``zres cancel --task ID`` (or ``cancel_task``) stops one.
+    RELAY: True fetches and puts every value through the broker's relay (a client that
+    reaches no agent), False never (default: ``$ZRES_RELAY``, else only for agents it
+    cannot reach).
     """
 
     def __init__(self, address: str | None = None, *, name: str | None = None,
                  infeasible: str | None = None, connect_timeout: float = 30.0,
                  broker_timeout: float | None = None, keys: str | None = None,
                  modules: Iterable[ModuleType] = (),
-                 forward_output: bool | None = None, detach: bool = False) -> None:
+                 forward_output: bool | None = None, detach: bool = False,
+                 relay: bool | str | None = None) -> None:
         self.ship(*modules)  # (refuses what is not a module before anything starts)
         if not isinstance(detach, bool):
             raise TypeError(f"detach must be True or False, not {type(detach).__name__}")
@@ -91,7 +96,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
         self._futures_lock = threading.RLock()  # (its futures' conditions: see futures)
-        self._fetcher = Fetcher(self)  # (results kept on agents, fetched when asked for)
+        # (results kept on agents, fetched when asked for; RELAY: see relaying.mode_of)
+        self._fetcher = Fetcher(self, mode_of(relay))
         self._pickler = CallPickler(Future)
         # KEYS: the cluster's keys directory (else found as core.keys.find says).
         key = config.find_key(keys, _ROLES, address)

@@ -1,7 +1,9 @@
 """A client's side of the data plane (issue 29): a result kept on agents is fetched straight
 from an agent holding it when it is asked for (``Future.result``, ``gather``), from several
-agents at once for many, over their data ports (``zres.core.transfer``), never through the
-broker. A result nobody asks for never travels (a future only passed on to other tasks).
+agents at once for many, over their data ports (``zres.core.transfer``), not through the
+broker; only an agent this client cannot reach is reached through the broker's relay
+(``zres.core.relaying``, its MODE). A result nobody asks for never travels (a future only
+passed on to other tasks).
 
 A holder gone meanwhile is looked up again (``locate``): the result is elsewhere (a copy
 on another agent), being made again (its task had retries left: waited for), or lost for
@@ -18,6 +20,7 @@ from typing import Any
 from ..core import protocol as P
 from ..core import transfer as T
 from ..core.errors import RemoteError, ResultLostError
+from ..core.relaying import Routes
 from ..core.serialize import loads
 
 _LOOK_AGAIN = 0.2  # seconds between looks for a result that is being made again
@@ -36,10 +39,12 @@ class Remote:
 
 
 class Fetcher:
-    """Fetch the results of CLIENT's futures (its I/O thread asks ``locate``)."""
+    """Fetch the results of CLIENT's futures (its I/O thread asks ``locate``), and put
+    its values on agents; through the broker's relay as MODE says (``relaying``)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, mode: str = "auto") -> None:
         self._client = client
+        self._mode = mode
         self._transfers: T.Transfers | None = None
         self._lock = threading.Lock()
 
@@ -52,7 +57,10 @@ class Fetcher:
             transfers = self._transfers_()
             try:
                 values = transfers.fetch([T.Ref.from_wire(f._result.ref) for f in todo])
-            except T.TransferError:
+            except T.TransferError as exc:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the result of {todo[0].name} could not be fetched "
+                                       f"within {timeout:g}s: {exc}") from None
                 self._locate(todo, deadline)
                 todo = [f for f in todo if type(f._result) is Remote and f._exception is None]
                 continue
@@ -90,13 +98,26 @@ class Fetcher:
 
     def upload(self, holder: T.Holder, object_id: int, token: bytes,
                frames: list[Any]) -> None:
-        """Put the object FRAMES make on HOLDER as OBJECT_ID."""
-        self._transfers_().upload(holder, object_id, token, frames)
+        """Put the object FRAMES make on HOLDER as OBJECT_ID: directly, else (HOLDER did
+        not answer) through the broker's relay."""
+        transfers = self._transfers_()
+        ways = transfers.routes.uploads(holder)
+        for way in ways:
+            try:
+                transfers.upload(way, object_id, token, frames)
+                return
+            except T.Unanswered:
+                if way is ways[-1]:
+                    raise
+                transfers.routes.failed(way)  # (through the relay for a while)
 
     def _transfers_(self) -> T.Transfers:
         with self._lock:
             if self._transfers is None:
-                self._transfers = T.Transfers()
+                io = self._client._io
+                self._transfers = T.Transfers(routes=Routes(
+                    self._client.address, self._client.name, io.key, self._mode,
+                    lambda: self._client._io.relay))
             return self._transfers
 
     def close(self) -> None:

@@ -58,6 +58,7 @@ class IOThread(OutboxSender):
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.key = key
         keys.secure(self.sock, key)  # (KEY: this client's, and its broker's public key)
         self._handshakes = keys.Handshakes(address, key)
         self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES | zmq.EVENT_DISCONNECTED)
@@ -82,6 +83,7 @@ class IOThread(OutboxSender):
         self.refused: str | None = None   # why the broker refused our hello, if it did
         self.epoch: int | None = None
         self.limits = Limits()  # the broker's, once it has welcomed us
+        self.relay: tuple[str, str] | None = None
         self.hb_interval = 0.5
         # How long the broker may be gone (restarting) before pending work fails.
         self.broker_timeout = broker_timeout or float(os.environ.get(
@@ -318,6 +320,9 @@ class IOThread(OutboxSender):
                           detached="the broker had taken this client for gone; the task "
                           "is detached and runs on (zres status lists it)")
         self.epoch, self.cluster, self.keeps = epoch, cluster, keeps
+        relay = msg.body.get("relay")  # (the broker's relay: its endpoint, key)
+        self.relay = (str(relay[0]), str(relay[1])) if isinstance(relay, list) \
+            and len(relay) == 2 else None
         self._welcomed = True
         self.wake()  # send what waited for this welcome
         if not keeps:

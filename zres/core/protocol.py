@@ -103,10 +103,11 @@ client -> broker
                                                 [id...]} (pending: it runs again)
 broker -> client
     welcome    {epoch, cluster, keeps, heartbeat: seconds, new, resumed, limits:
-                {header_bytes, payload_bytes, tasks}}  limits: what one submit may hold;
-                                                keeps: it keeps its state (tasks survive
-                                                its restarts); resumed: it restored this
-                                                client's tasks from a previous life
+                {header_bytes, payload_bytes, tasks}, relay?}  limits: what one submit
+                                                may hold; keeps: it keeps its state (tasks
+                                                survive its restarts); resumed: it restored
+                                                this client's tasks from a previous life;
+                                                relay: [endpoint, key] (see the relay below)
     accepted   {upto, ids: [[local id, id, count]...]}  the submitted tasks up to this
                                                 local id are kept (a broker that keeps its
                                                 state sends it once they are written, one
@@ -116,8 +117,8 @@ broker -> client
                                                 ID are COUNT ids from ID): what users see
     results    {results: [[id, outcome, nframes, info]]}  outcome: ok | raised | failed
                a result kept on an agent (over 64 KiB) comes with no frames and info.ref:
-               [id, size, get token, [[agent, address, key]...]] (its holders), info.size:
-               the client fetches it from a holder's data port when asked for it
+               [id, size, get token, [[agent, address, key]...], relay?] (its holders, the
+               relay), info.size: the client fetches it from a holder when asked for it
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
@@ -139,7 +140,9 @@ broker -> client
                                                 from the broker's keys directory)
 agent -> broker
     register   {name, session, slots: [{units, gpus: [device id...], gpu_memory}], host,
-                pid, t, resume?: true, epoch?, versions?}
+                pid, t, resume?: true, epoch?, versions?, data?: {address, key, bound}, objects?}
+               data: its data port (where others reach it, its key, the endpoint it bound:
+               where the relay reaches it, zres.broker.relay); objects: [[id, size]...] held
                versions: as a client's hello's; a mismatch is refused (refused{kind:
                register}) and the agent exits with status 1. With keys, its name is the
                node's own key's (agent-NAME) if there is one, else the key's that first
@@ -177,9 +180,10 @@ agent -> broker
                                                 sent again: lost with a lost connection
 broker -> agent
     welcome    {epoch, cluster, session, agent, heartbeat, lease: seconds, starve: seconds,
-                adopts: bool, resumed?, ack?, data_secret}  adopts: it keeps its state, so
-               jobs run on through its restarts (same cluster); data_secret: what tokens
-               for its data port are checked with (HMAC-SHA256, kept with the broker's state)
+                adopts: bool, resumed?, ack?, data_secret, relay?}  adopts: it keeps its
+               state, so jobs run on through its restarts (same cluster); data_secret: what
+               tokens for its data port are checked with (HMAC-SHA256, kept with its state);
+               relay: as in a client's welcome
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
                opts {queued?, taken?, priority, seq, attempt, actor?, job?, token?}: queued
                grants start when room frees there (direct ones fit now); actor {actor: id,
@@ -237,6 +241,10 @@ served without a token the broker made with the cluster's data secret)
                                                 it does not hold it)
     put        {id, token, size, offset, req} + one frame  -> put_ack {req, id, offset,
                                                 error?, done?} (done: it has it whole)
+client or agent -> the broker's relay (zres.broker.relay; a wildcard host: the broker's)
+    get, put   as to a data port, plus {agent, from}: the holder, who asks; answered by the
+               agent (passed on as it comes) or {error}; counted in status_reply's relay:
+               {address, transfers, bytes, inflight, clients: [{owner, client, ...}]}
 
 Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
 and its traceback text), ``failed`` (no payload; info = {type, message} names a zres error

@@ -37,36 +37,46 @@ class TransferError(ZresError):
     """An object could not be moved: its holders are gone, or refuse (the text says)."""
 
 
+class Unanswered(TransferError):
+    """A holder did not answer (an upload's: it may be reached through the relay)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """An agent holding an object: its name, its data port's address and CURVE public key
-    (z85; "" for a cluster without keys)."""
+    (z85; "" for a cluster without keys); RELAY: reached through the broker's relay,
+    whose ADDRESS and KEY these are then (``zres.core.relaying``)."""
 
     agent: str
     address: str
     key: str = ""
+    relay: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Ref:
-    """Where object ID (SIZE bytes) is, and the TOKEN that lets its holder serve it."""
+    """Where object ID (SIZE bytes) is, and the TOKEN that lets its holder serve it;
+    RELAY: the broker's relay's endpoint and key, if it has one."""
 
     id: int
     size: int
     token: bytes
     holders: tuple[Holder, ...]
+    relay: tuple[str, str] | None = None
 
     def wire(self) -> list[Any]:
-        return [self.id, self.size, self.token, [[h.agent, h.address, h.key]
-                                                 for h in self.holders]]
+        holders = [[h.agent, h.address, h.key] for h in self.holders]
+        return [self.id, self.size, self.token, holders,
+                *([list(self.relay)] if self.relay else [])]
 
     @classmethod
     def from_wire(cls, value: Any) -> Ref:
         """A Ref as ``wire`` wrote it; ValueError if VALUE is not one."""
         try:
-            object_id, size, token, holders = value
+            object_id, size, token, holders, *relay = value
             ref = cls(int(object_id), int(size), bytes(token),
-                      tuple(Holder(str(a), str(addr), str(k)) for a, addr, k in holders))
+                      tuple(Holder(str(a), str(addr), str(k)) for a, addr, k in holders),
+                      (str(relay[0][0]), str(relay[0][1])) if relay else None)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a reference to an object: {exc}") from None
         if ref.size <= 0 or not ref.holders:
@@ -101,11 +111,13 @@ class _Fetch:
 class Transfers:
     """A process's connections to data ports, and transfers over them (one at a time per
     process: a lock; each moves many objects at once). Its zmq context is its own: its I/O
-    thread encrypts bulk data, never the control connection's messages."""
+    thread encrypts bulk data, never the control connection's messages. ROUTES
+    (``relaying.Routes``): which holders to try directly, and the relay (None: direct)."""
 
-    def __init__(self, timeout: float = TIMEOUT) -> None:
+    def __init__(self, timeout: float = TIMEOUT, routes: Any = None) -> None:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._timeout = timeout
+        self.routes = routes
         self._socks: dict[tuple[str, str], zmq.Socket[Any]] = {}
         self._public, self._secret = zmq.curve_keypair()  # (authorised by tokens, not keys)
         self._lock = threading.Lock()
@@ -116,9 +128,11 @@ class Transfers:
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)  # (requests to a holder not reached never block)
             if holder.key:
                 sock.curve_serverkey = holder.key.encode()
-                sock.curve_publickey, sock.curve_secretkey = self._public, self._secret
+                if not (holder.relay and self.routes and self.routes.secure(sock)):
+                    sock.curve_publickey, sock.curve_secretkey = self._public, self._secret
             sock.connect(holder.address)
             self._socks[holder.address, holder.key] = sock
         return sock
@@ -126,7 +140,7 @@ class Transfers:
     def fetch(self, refs: Sequence[Ref]) -> list[list[memoryview]]:
         """The frames of each of REFS, fetched at once from their holders (each into
         memory of its own); TransferError naming the object if one cannot be."""
-        fetches = [_Fetch(ref, bytearray(ref.size)) for ref in refs]
+        fetches = [_Fetch(self._route(ref), bytearray(ref.size)) for ref in refs]
         self._run(fetches)
         return [objects.frames_of(f.buffer) for f in fetches]  # type: ignore[arg-type]
 
@@ -134,11 +148,14 @@ class Transfers:
         """Fetch REF into a file at PATH (an agent's copy of another's object)."""
         writer = objects.ObjectWriter(path, ref.size)
         try:
-            self._run([_Fetch(ref, writer)])
+            self._run([_Fetch(self._route(ref), writer)])
             writer.done()
         except BaseException:
             writer.abandon()
             raise
+
+    def _route(self, ref: Ref) -> Ref:
+        return self.routes.route(ref) if self.routes is not None else ref
 
     def _run(self, fetches: list[_Fetch]) -> None:
         with self._lock:
@@ -164,7 +181,7 @@ class Transfers:
                 for fetch in fetches:
                     if fetch.got < fetch.ref.size and now - fetch.heard > self._timeout:
                         self._next_holder(fetch, waiting, "did not answer within "
-                                          f"{self._timeout:g}s")
+                                          f"{self._timeout:g}s", silent=True)
                 poller = _poller(self._socks.values(), poller)
 
     def _ask(self, fetch: _Fetch, waiting: dict[int, tuple[_Fetch, int, int]]) -> None:
@@ -177,7 +194,7 @@ class Transfers:
             waiting[req] = (fetch, fetch.asked, length)
             P.send(sock, P.encode(P.GET, {"id": fetch.ref.id, "offset": fetch.asked,
                                           "length": length, "token": fetch.ref.token,
-                                          "req": req}))
+                                          "req": req, **self._fields(holder)}))
             fetch.asked += length
             fetch.inflight += 1
 
@@ -207,16 +224,24 @@ class Transfers:
         self._ask(fetch, waiting)
         return 0
 
+    def _fields(self, holder: Holder) -> dict[str, Any]:
+        """What a request to HOLDER says besides the object's (through the relay: whom
+        for, and from whom)."""
+        return self.routes.fields(holder) if holder.relay and self.routes else {}
+
     def _next_holder(self, fetch: _Fetch, waiting: dict[int, tuple[_Fetch, int, int]],
-                     why: str) -> None:
-        """FETCH's holder failed it (WHY): start again from its next holder, or give up."""
+                     why: str, silent: bool = False) -> None:
+        """FETCH's holder failed it (WHY; SILENT: it did not answer): start again from its
+        next holder, or give up."""
         for req in [r for r, (f, _, _) in waiting.items() if f is fetch]:
             del waiting[req]
         failed = fetch.ref.holders[fetch.holder]
+        if silent and self.routes is not None:
+            self.routes.failed(failed)  # (to be reached through the relay for a while)
         fetch.holder += 1
         if fetch.holder >= len(fetch.ref.holders):
             raise TransferError(f"object {fetch.ref.id} ({fetch.ref.size} bytes) could not "
-                                f"be fetched: agent {failed.agent} at {failed.address} {why}")
+                                f"be fetched: agent {failed.agent} at {_where(failed)} {why}")
         fetch.asked = fetch.got = fetch.inflight = 0
         fetch.heard = time.monotonic()
         self._ask(fetch, waiting)
@@ -224,7 +249,8 @@ class Transfers:
     def upload(self, holder: Holder, object_id: int, put_token: bytes,
                frames: Sequence[Any]) -> int:
         """Write the object FRAMES make to HOLDER as OBJECT_ID (PUT_TOKEN lets it); return
-        its size once HOLDER has it whole; TransferError if it cannot."""
+        its size once HOLDER has it whole; TransferError if it cannot (Unanswered: HOLDER
+        did not answer)."""
         size = objects.object_size(frames)
         with self._lock:
             sock = self._sock(holder)
@@ -238,7 +264,8 @@ class Transfers:
                     inflight[req] = offset
                     P.send(sock, P.encode(P.PUT, {"id": object_id, "size": size,
                                                   "offset": offset, "token": put_token,
-                                                  "req": req}, [data]))
+                                                  "req": req, **self._fields(holder)},
+                                          [data]))
                     offset += len(data)
                 if sock.poll(200):
                     msg = P.decode(P.recv(sock))
@@ -252,15 +279,21 @@ class Transfers:
                     if msg.body.get("done"):
                         return size
                 elif time.monotonic() - heard > self._timeout:
-                    raise TransferError(f"object {object_id} could not be put on agent "
-                                        f"{holder.agent} at {holder.address}: it did not "
-                                        f"answer within {self._timeout:g}s")
+                    self._socks.pop((holder.address, holder.key)).close(0)  # (what it queued)
+                    raise Unanswered(f"object {object_id} could not be put on agent "
+                                     f"{holder.agent} at {_where(holder)}: it did not "
+                                     f"answer within {self._timeout:g}s")
 
     def close(self) -> None:
         for sock in self._socks.values():
             sock.close(0)
         self._socks.clear()
         self._ctx.term()
+
+
+def _where(holder: Holder) -> str:
+    return f"{holder.address} (through the broker's relay)" if holder.relay \
+        else holder.address
 
 
 class _Stream:

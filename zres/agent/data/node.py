@@ -23,9 +23,10 @@ class NodeData:
 
     def __init__(self, state_dir: str, slots: list[SlotSpec], broker: str,
                  key: keys.PeerKey | None, listen: str | None, budget: int | None,
-                 reports: Reports) -> None:
+                 reports: Reports, advertise: str | None = None) -> None:
         self.store = ObjectStore(state_dir, budget or default_budget(slots))
-        self.server = DataServer(self.store, listen or default_listen(broker), broker, key)
+        self.server = DataServer(self.store, listen or default_listen(broker), broker, key,
+                                 advertise)
         # What worker processes are told of the store (worker_side.ENV).
         self.env = f"{self.store.memory_dir}:{self.store.spill_dir}"
         self._reports = reports
@@ -38,10 +39,12 @@ class NodeData:
         self.store.close()
 
     def register_fields(self, new_session: bool) -> dict[str, Any]:
-        """What a REGISTER says of the data plane: the port, and for a new session what
-        is held (a broker restarted on its state takes back where its objects are)."""
+        """What a REGISTER says of the data plane: the port (where others reach it, its key,
+        and where it is bound: the broker's relay reaches it there), and for a new session
+        what is held (a broker restarted on its state takes back where its objects are)."""
         fields: dict[str, Any] = {"data": {"address": self.server.address,
-                                           "key": self.server.key}}
+                                           "key": self.server.key,
+                                           "bound": self.server.bound}}
         if new_session:
             fields["objects"] = self.store.held()
         return fields

@@ -35,10 +35,11 @@ _UPLOADS = 64       # uploads under way at once, at most (each holds a file open
 
 class DataServer:
     """Serve STORE's objects on LISTEN (a zmq address; a wildcard host is advertised as
-    the host's address towards BROKER), with KEY's pair for CURVE (None: no keys)."""
+    the host's address towards BROKER, unless ADVERTISE says where others reach it: a
+    public address, behind NAT), with KEY's pair for CURVE (None: no keys)."""
 
     def __init__(self, store: ObjectStore, listen: str, broker: str,
-                 key: keys.PeerKey | None) -> None:
+                 key: keys.PeerKey | None, advertise: str | None = None) -> None:
         self._store = store
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -48,8 +49,8 @@ class DataServer:
             self._sock.curve_server = True
             self._sock.curve_publickey, self._sock.curve_secretkey = key.public, key.secret
         self._sock.bind(listen)
-        bound = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.address = _advertised(bound, broker)
+        self.bound = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = advertise or _advertised(self.bound, broker)
         self.key = key.public.decode() if key is not None else ""
         self.secret: bytes | None = None   # the cluster's data secret (the broker's welcome)
         self.stored: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()

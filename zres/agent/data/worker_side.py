@@ -2,6 +2,10 @@
 its agent's store, and an input held there is read in place (mapped: no copy through a
 socket), or, held on another agent, fetched into this agent's store first.
 
+An input on an agent this one cannot reach is fetched through the broker's relay, as a
+client's results are (``zres.core.relaying``: its port refuses, or it does not answer),
+with the agent's key.
+
 Inputs are fetched before a task's body runs: should one be lost (its holder gone), the
 task ends ``InputLostError`` having run nothing of its own, and the broker runs it again,
 uncharged, once that input is back (or fails it with the input's loss).
@@ -13,8 +17,12 @@ import os
 import threading
 from typing import Any
 
+from ...config import find_key
 from ...core import objects as O
 from ...core import transfer as T
+from ...core.context import current_task
+from ...core.errors import ZresError
+from ...core.relaying import Routes, mode_of
 
 INLINE = 64 * 1024   # a result of at most this many bytes travels with the task's end
 ENV = "ZRES_OBJECTS"  # the agent's store, for its workers: "MEMORY_DIR:SPILL_DIR"
@@ -81,7 +89,7 @@ class WorkerObjects:
         path = os.path.join(self.memory_dir, str(ref.id))
         with self._lock:
             if self._transfers is None:
-                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT)
+                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT, routes=_routes())
             transfers = self._transfers
         try:
             transfers.fetch_to(ref, path)
@@ -96,3 +104,16 @@ class WorkerObjects:
         with self._lock:
             taken, self.replicas = self.replicas, []
         return taken
+
+
+def _routes() -> Routes:
+    """Which way this worker's fetches go: its agent's broker, and its agent's key (as the
+    agent reaches the broker, so does its worker the relay)."""
+    broker = os.environ.get("ZRES_BROKER", "")
+    task = current_task()
+    agent = task.agent if task is not None else None
+    try:
+        key = find_key(None, ("agent",), broker, name=agent)
+    except ZresError:  # (none: it reaches holders directly only, or a relay without keys)
+        key = None
+    return Routes(broker, f"agent {agent}" if agent else "a worker", key, mode_of(None))
