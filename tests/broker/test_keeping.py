@@ -339,3 +339,32 @@ def test_workers_that_are_not_agent_names_are_refused(tmp_path):
     finally:
         client.close()
         broker.close()
+
+
+def test_a_task_sent_again_after_a_restart_is_told_again_if_it_ended_before_its_client_came(
+        tmp_path):
+    """Task 1 was kept, but its client had not heard so when the broker went: it sends it
+    again after the restart. The restarted broker ran it before the client came back (its
+    result went nowhere): the copy sent again is taken once, and its result told again."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    submit(client, 1)
+    client.take(P.ACCEPTED)
+    broker = restarted(broker, tmp_path, client)
+    agent = Peer(broker)
+    client = None
+    try:
+        register(agent, session=1)
+        [(one, *_)] = agent.take(P.ASSIGN).body["tasks"]
+        finish(agent, 1, 1, one, b"one")
+        agent.sync()  # (ended, and told to a client not there)
+        client, _ = hello(broker)
+        submit(client, 1)  # (it had not heard it was kept)
+        client.send(P.RESUME, {"ids": [], "holds": [1], "last": True})
+        assert results(client)[1] == (P.OK, [b"one"]), "its result was never told again"
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "it ran twice"
+    finally:
+        for peer in (client, agent):
+            if peer is not None:
+                peer.close()
+        broker.close()

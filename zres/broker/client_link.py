@@ -186,6 +186,9 @@ class ClientLink:
             client.accepted = max(client.accepted, sub.local)
             if sub.local in client.ids:
                 _tell_id(told, sub.local, client.ids[sub.local])  # (it may not have heard)
+                known = self._graph.get(client.ids[sub.local])
+                if known is not None and known.state in FINISHED:
+                    self._tell(client.ident, known)  # (perhaps told before it was back)
             if sub.local in client.ids or (
                     sub.actor and self._actors.sent_again(sub.actor["id"], client.ident)):
                 # Sent again after a restart, and kept before it: taken once (an actor's
