@@ -1,0 +1,191 @@
+"""A fleet of simulated agents against a real broker: what a thousand agents cost it (issue 28).
+
+    python bench/fleet.py [--agents 1,100,1000] [--tasks 100000] [--answer acked|once]
+                          [--procs 1] [--json PATH]
+
+Each size starts a fresh ``zres.LocalCluster(agents=[])`` (a broker with keys and a state
+directory, as a user runs it, and its HTTP port for /metrics), then a fleet of fake agents
+in ``--procs`` processes of this script. Each fake agent is a DEALER socket of its own with
+the agents' key (CURVE), speaking the real protocol: it registers a session (one slot of
+``--threads`` CPUs), beats every heartbeat interval on its connection and on a second
+socket of its own as a real agent's heartbeat thread does (``side``), and answers each
+grant at once with a no-op's result. ``--answer acked`` (the default) answers as a real
+agent does: a report saying the grants are held, then, once the broker has acknowledged
+it, one saying they started and ended; ``once`` says all of it in one report. The fake
+agents run no code: their CPU is the fleet's, not the broker's.
+
+A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, per size:
+
+- agents lost: every ``unknown{ended}`` the broker sent a fake agent (each re-registers as a
+  real agent would), and the fewest agents the broker's status listed while the tasks ran;
+- the time for all (submit to the last result);
+- the broker process's CPU (all its threads, from /proc/PID/stat) per task and per message
+  (messages in and out of its socket, from /metrics);
+- scheduling time per decision (``zres_scheduling_seconds``'s sum over the grants) and per
+  pass;
+- the loop's longest turn (``status()["loop"]["longest_turn"]``: what any message may have
+  waited behind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import zres  # noqa: E402
+
+
+def noop(x: int = 0) -> int:
+    return x
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process PID so far, all its threads."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metrics(url: str) -> dict[str, float]:
+    """The broker's counters from its /metrics."""
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=60) as reply:
+        text = reply.read().decode()
+    wanted = {"zres_scheduling_seconds_sum": "sched_s", "zres_scheduling_seconds_count":
+              "passes", "zres_messages_received_total": "in", "zres_messages_sent_total": "out"}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"(\w+) (\S+)", line)
+        if match and match[1] in wanted:
+            out[wanted[match[1]]] = float(match[2])
+    return out
+
+
+class Fleet:
+    """The fleet's processes: started, waited for, stopped, their counts summed."""
+
+    def __init__(self, cluster: zres.LocalCluster, n: int, procs: int, answer: str,
+                 threads: int) -> None:
+        self.procs = []
+        per = -(-n // procs)
+        for first in range(0, n, per):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--serve", cluster.address, str(cluster.keys),
+                 str(first), str(min(per, n - first)), answer, str(threads),
+                 str(cluster._env["ZRES_AGENT__HEARTBEAT_INTERVAL"])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for proc in self.procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"a fleet process did not start (said {line!r})")
+
+    def stop(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for proc in self.procs:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write("stop\n")
+            proc.stdin.flush()
+            for name, count in json.loads(proc.stdout.readline()).items():
+                total[name] = total.get(name, 0) + count
+            proc.wait(30)
+        return total
+
+
+def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int) -> dict[str, Any]:
+    with zres.LocalCluster(agents=[], http="127.0.0.1:0") as cluster:
+        assert cluster.broker is not None and cluster.dashboard is not None
+        pid, url = cluster.broker.pid, cluster.dashboard
+        started = time.perf_counter()
+        fleet = Fleet(cluster, n_agents, procs, answer, threads)
+        cluster.wait_for_agents(n_agents, timeout=300)
+        joined = time.perf_counter() - started
+        fewest = [n_agents]
+        done = threading.Event()
+
+        def watch() -> None:  # the agents the broker lists, every few seconds
+            while not done.wait(3.0):
+                try:
+                    fewest[0] = min(fewest[0], len(cluster.status(timeout=60)["agents"]))
+                except Exception:  # (a slow answer is not a lost agent)
+                    pass
+
+        with zres.Client(cluster.address) as client:
+            zres.wait(client.map(noop, range(1000)))  # (the function shipped, sockets warm)
+            cpu0, m0 = cpu_seconds(pid), metrics(url)
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            start = time.perf_counter()
+            futures = client.map(noop, range(n_tasks))
+            zres.wait(futures)
+            elapsed = time.perf_counter() - start
+            cpu1, m1 = cpu_seconds(pid), metrics(url)
+            done.set()
+            watcher.join()
+            assert all(f.done() and f.exception() is None for f in futures)
+            del futures
+            status = cluster.status(timeout=60)
+        counts = fleet.stop()
+    cpu, messages = cpu1 - cpu0, (m1["in"] - m0["in"]) + (m1["out"] - m0["out"])
+    passes = m1["passes"] - m0["passes"]
+    sched = m1["sched_s"] - m0["sched_s"]
+    return {"agents": n_agents, "tasks": n_tasks, "answer": answer,
+            "joined_s": round(joined, 1), "seconds": round(elapsed, 2),
+            "lost": counts.get("lost", 0), "fewest_listed": min(fewest[0],
+                                                                len(status["agents"])),
+            "broker_cpu_s": round(cpu, 2), "cpu_us_per_task": round(cpu / n_tasks * 1e6, 1),
+            "messages": int(messages), "messages_per_task": round(messages / n_tasks, 2),
+            "cpu_us_per_message": round(cpu / messages * 1e6, 1),
+            "sched_us_per_decision": round(sched / n_tasks * 1e6, 1),
+            "passes": int(passes), "sched_us_per_pass": round(sched / max(passes, 1) * 1e6, 1),
+            "longest_turn_ms": round(status["loop"]["longest_turn"] * 1e3, 1),
+            "fleet": counts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", default="1,100,1000", help="fleet sizes, comma-separated")
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--answer", choices=["acked", "once"], default="acked")
+    parser.add_argument("--procs", type=int, default=1, help="fleet processes")
+    parser.add_argument("--threads", type=int, default=2, help="CPUs each agent offers")
+    parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)  # (a fleet process)
+    args = parser.parse_args()
+    if args.serve:
+        from fleet_agents import serve  # (bench/, beside this file)
+        serve(*args.serve)
+        return
+    rows = []
+    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'seconds':>8} {'cpu us/task':>11} "
+          f"{'msgs/task':>9} {'cpu us/msg':>10} {'sched us/dec':>12} {'us/pass':>8} "
+          f"{'longest turn ms':>15}", flush=True)
+    for n in [int(s) for s in args.agents.split(",") if s]:
+        row = run(n, args.tasks, args.procs, args.answer, args.threads)
+        rows.append(row)
+        print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} {row['seconds']:>8} "
+              f"{row['cpu_us_per_task']:>11} {row['messages_per_task']:>9} "
+              f"{row['cpu_us_per_message']:>10} {row['sched_us_per_decision']:>12} "
+              f"{row['sched_us_per_pass']:>8} {row['longest_turn_ms']:>15}", flush=True)
+    print(f"({args.tasks:,} no-op tasks per size, answered '{args.answer}', fleet in "
+          f"{args.procs} process(es), {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                       "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Fake agents for bench/fleet.py: many sessions in one process, speaking the real protocol.
+
+Run by fleet.py (``--serve``); prints ``ready`` once every agent is welcomed, and its counts
+as one JSON line when ``stop`` comes on its standard input. One epoll over every socket's
+ZMQ_FD, each socket drained when it is signalled (and after each send, which may take the
+signal), keeps the fleet's own CPU per message small: the broker is what is measured.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import selectors
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from zres.core import keys, versions
+from zres.core import protocol as P
+from zres.core.resources import UNIT
+from zres.core.serialize import dumps
+
+
+class FakeAgent:
+    """One agent: its connection, its heartbeat thread's socket, its session and reports."""
+
+    def __init__(self, fleet: Fleet, name: str) -> None:
+        self.fleet = fleet
+        self.name = name
+        self.sock = fleet.socket()
+        self.side = fleet.socket()
+        self.new_session()
+
+    def new_session(self) -> None:
+        self.session = random.getrandbits(62)
+        self.registered = False
+        self.seq = 0
+        self.unacked: collections.deque[tuple[int, list[int]]] = collections.deque()
+        self.held: list[int] = []     # the next report's
+        self.ended: list[int] = []    # started and ended: the next report's
+
+    def register(self) -> None:
+        self.send(P.encode(P.REGISTER, {
+            "name": self.name, "session": self.session, "host": "fleet", "pid": os.getpid(),
+            "t": time.monotonic(), "versions": versions.mine(),
+            "slots": [{"units": {"CPU": self.fleet.threads * UNIT}, "gpus": [],
+                       "gpu_memory": []}]}))
+
+    def send(self, frames: list[Any]) -> None:
+        P.send(self.sock, frames)
+        self.fleet.sent += 1
+
+    def beat(self, now: float) -> None:
+        if not self.registered:
+            return
+        self.send(P.encode(P.HEARTBEAT, {"t": now, "session": self.session}))
+        P.send_now(self.side, P.encode(P.HEARTBEAT, {"t": now, "session": self.session,
+                                                      "side": True}))
+        self.fleet.sent += 1
+        self.fleet.drain(self.side, self)
+
+    def report(self) -> None:
+        """Send what happened since the last report, if anything did."""
+        if not (self.held or self.ended):
+            return
+        self.seq += 1
+        body: dict[str, Any] = {"seq": self.seq, "session": self.session}
+        if self.held:
+            body["held"] = self.held
+        frames: list[Any] = []
+        if self.ended:
+            body["started"] = self.ended
+            body["results"] = [[i, P.OK, len(self.fleet.result), {}] for i in self.ended]
+            frames = self.fleet.result * len(self.ended)
+            self.fleet.done += len(self.ended)
+        self.unacked.append((self.seq, self.held if self.fleet.answer == "acked" else []))
+        self.held, self.ended = [], []
+        self.send(P.encode(P.REPORT, body, frames))
+
+    def acked(self, ack: Any) -> None:
+        """The broker has our reports up to ACK: what they said was held may start (and,
+        for no-ops, end at once)."""
+        if type(ack) is not int:
+            return
+        while self.unacked and self.unacked[0][0] <= ack:
+            self.ended.extend(self.unacked.popleft()[1])
+            self.fleet.touched.add(self)
+
+    def take(self, frames: list[Any], side: bool) -> None:
+        self.fleet.received += 1
+        msg = P.decode(frames)
+        if side:
+            return  # (a side beat's echo: the lease, which no fake agent keeps)
+        if msg.body.get("session") not in (None, self.session):
+            return
+        if msg.kind == P.WELCOME:
+            if not self.registered:
+                self.registered = True
+                self.fleet.welcomed += 1
+            self.acked(msg.body.get("ack"))
+        elif msg.kind in (P.HEARTBEAT, P.ACK):
+            self.acked(msg.body.get("ack"))
+        elif msg.kind == P.ASSIGN:
+            self.acked(msg.body.get("ack"))
+            ids = [item[0] for item in msg.body["tasks"]]
+            self.fleet.granted += len(ids)
+            self.held.extend(ids)
+            self.fleet.touched.add(self)
+            if self.fleet.answer == "once":
+                self.ended.extend(ids)
+        elif msg.kind == P.UNKNOWN:
+            # Declared lost (or forgotten): a real agent stops that session's work and
+            # registers anew.
+            self.fleet.lost += 1
+            self.new_session()
+            self.register()
+
+
+class Fleet:
+    def __init__(self, address: str, keys_dir: str, first: int, count: int, answer: str,
+                 threads: int, interval: float) -> None:
+        self.ctx = zmq.Context(io_threads=1)
+        self.ctx.max_sockets = 2 * count + 64
+        self.key = keys.peer_key(keys_dir, ("agent",))
+        self.address = address
+        self.answer = answer
+        self.threads = threads
+        self.interval = interval
+        self.result = dumps(None)
+        self.selector = selectors.EpollSelector()
+        self.sent = self.received = self.welcomed = self.lost = self.granted = self.done = 0
+        self.touched: set[FakeAgent] = set()
+        self.agents = [FakeAgent(self, f"fleet-{first + i:05d}") for i in range(count)]
+        self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, None)
+
+    def socket(self) -> zmq.Socket[Any]:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        keys.secure(sock, self.key)
+        sock.connect(self.address)
+        return sock
+
+    def drain(self, sock: zmq.Socket[Any], agent: FakeAgent) -> None:
+        side = sock is agent.side
+        while True:
+            try:
+                frames = P.recv(sock)
+            except zmq.Again:
+                return
+            agent.take(frames, side)
+
+    def serve(self) -> None:
+        for agent in self.agents:
+            for sock in (agent.sock, agent.side):
+                self.selector.register(sock.getsockopt(zmq.FD), selectors.EVENT_READ,
+                                       (sock, agent))
+            agent.register()
+        # Beats spread over the interval, as agents started at different times beat.
+        now = time.monotonic()
+        due = collections.deque((now + self.interval * i / len(self.agents), agent)
+                                for i, agent in enumerate(self.agents))
+        ready = False
+        last_sweep = now
+        while True:
+            wait = max(0.0, min(due[0][0] - time.monotonic(), 0.05)) if due else 0.05
+            for key, _ in self.selector.select(wait):
+                if key.data is None:
+                    if sys.stdin.readline().strip() in ("stop", ""):
+                        self.close()
+                        return
+                    continue
+                sock, agent = key.data
+                self.drain(sock, agent)
+            now = time.monotonic()
+            while due and due[0][0] <= now:
+                at, agent = due.popleft()
+                agent.beat(now)
+                due.append((at + self.interval, agent))
+            if now - last_sweep > 0.2:  # (a signal missed is a message late, not lost)
+                last_sweep = now
+                for agent in self.agents:
+                    self.drain(agent.sock, agent)
+                    self.drain(agent.side, agent)
+            while self.touched:
+                touched, self.touched = self.touched, set()
+                for agent in touched:
+                    agent.report()
+                    self.drain(agent.sock, agent)  # (a send may take the socket's signal)
+            if not ready and self.welcomed >= len(self.agents):
+                ready = True
+                print("ready", flush=True)
+
+    def close(self) -> None:
+        print(json.dumps({"sent": self.sent, "received": self.received, "lost": self.lost,
+                          "granted": self.granted, "done": self.done}), flush=True)
+        for agent in self.agents:
+            P.send_now(agent.sock, P.encode(P.BYE, {"session": agent.session}))
+        self.ctx.destroy(linger=0)
+
+
+def serve(address: str, keys_dir: str, first: str, count: str, answer: str, threads: str,
+          interval: str) -> None:
+    Fleet(address, keys_dir, int(first), int(count), answer, int(threads),
+          float(interval)).serve()
