@@ -30,14 +30,12 @@ _BIG_REPORT = 1 << 20  # a report carrying this many bytes is acknowledged at on
 class AgentLink:
     """Handle what agents send. WELCOME() gives the fields every welcome carries; FD()
     the connection the message being handled came over; ADOPT(agent, registration,
-    frames) takes back the jobs a new session offers, returning those to stop; COMMIT()
-    writes the state kept on disk, if any changed."""
+    frames) takes back the jobs a new session offers, returning those to stop."""
 
     def __init__(self, send: Send, agents: AgentRegistry, dispatch: Dispatcher,
                  limits: Limits, welcome: Callable[[], dict[str, Any]],
                  fd: Callable[[], int],
                  adopt: Callable[[AgentRecord, dict[str, Any], list[Any]], list[int]],
-                 commit: Callable[[], bool],
                  key: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
                  keys: Callable[[], frozenset[str]] = frozenset) -> None:
         self._send = send
@@ -46,7 +44,6 @@ class AgentLink:
         self._key = key
         self._keys = keys
         self._adopt = adopt
-        self._commit = commit
         self._agents = agents
         self._dispatch = dispatch
         self._limits = limits
@@ -55,7 +52,9 @@ class AgentLink:
         self.to_ack: set[bytes] = set()    # agents whose big reports need an ack now
 
     def flush_acks(self) -> None:
-        """Acknowledge the reports that need it now (unless an assign carried it)."""
+        """Acknowledge the reports that need it now (unless an assign carried it), those
+        the state store has (``AgentRegistry.written``): the rest wait for a later
+        commit, and are acknowledged by the heartbeats' answers."""
         for ident in self.to_ack:
             agent = self._agents.get(ident)
             if agent is not None and agent.acked < agent.kept:
@@ -104,7 +103,8 @@ class AgentLink:
                 self._dispatch.lose_agent(record, "replaced by a new agent of the same name",
                                          recheck=False)
         record = self._agents.add(ident, reg, now)
-        record.fd, record.key, record.public = self._fd(), key, public
+        record.key, record.public = key, public
+        self._agents.heard(record, self._fd())
         # Jobs it kept running while a previous broker of this cluster went: taken back
         # before anything else can be granted their resources, or stopped.
         stop = self._adopt(record, msg.body, msg.frames)
@@ -152,7 +152,7 @@ class AgentLink:
         role, name, _ = self._key()
         if agent.key != (f"{role}:{name}" if role else ""):
             return False
-        agent.last_seen = now
+        self._agents.alive(agent, now)
         sent = msg.body.get("t")
         if isinstance(sent, float):
             agent.echo = sent
@@ -193,16 +193,14 @@ class AgentLink:
                 isinstance(i, list) and len(i) == 4 for i in results):
             raise ProtocolError("report: each result must be a 4-item array")
         payloads = P.split_frames(msg.frames, [i[2] for i in results])
-        agent.seq = seq
+        self._agents.took(agent, seq)
         self._dispatch.report(agent, msg.body, payloads, now)
-        if msg.body.get("held"):
-            # Its hand-offs wait for this: at once, not at the end of the loop turn; but
-            # after the state is kept (a job it may now start is recorded as held there).
-            if self._commit():  # (if it cannot be written, it waits for a later commit)
-                agent.kept = agent.acked = seq
-                self._send(ident, P.ACK, {"ack": seq})
-        elif sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
-            self.to_ack.add(ident)  # it keeps what it sent until acknowledged
+        if msg.body.get("held") or sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
+            # Its hand-offs wait for this (held), or it keeps what it sent until
+            # acknowledged (big): acknowledged once the state is kept (a job it may now
+            # start is recorded as held there), by the commit that ends this turn's
+            # messages, one for all the agents' reports (one each cost 100 us a report).
+            self.to_ack.add(ident)
 
     def on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self._session_agent(ident, msg, now)

@@ -90,6 +90,13 @@ class Broker(Intake):
         self.lease = max(heartbeat_timeout - 2 * heartbeat_interval, heartbeat_timeout / 2)
         self._last_beat = 0.0
         self._last_turn = time.monotonic()
+        # When the socket last had nothing left to read: what any agent sent before then
+        # has been read, so its silence is judged as of then, never across messages that
+        # wait unread behind a busy loop (see _heartbeats).
+        self._drained_at = self._last_turn
+        # Agents whose heartbeats came this turn: answered once its commit is done (with
+        # the acknowledgement it makes), one message each, not every agent at every tick.
+        self._beats: dict[bytes, None] = {}
         self._fd = -1                       # the connection of the message being handled
         self._stopping = False
         self._collector = Collector()
@@ -157,8 +164,7 @@ class Broker(Intake):
                                   "lease": self.lease, "starve": self.sched.starvation_after},
                               fd=lambda: self._fd, key=lambda: self.ids.conn,
                               keys=self.gate.names,
-                              adopt=lambda *a: self.adoption.offered(*a),
-                              commit=lambda: store is None or store.commit())
+                              adopt=lambda *a: self.adoption.offered(*a))
         # What the HTTP thread serves (zres.broker.http): a snapshot made on demand, and
         # counters the loop bumps; neither can change anything here.
         self.snapshots = Snapshots()
@@ -233,11 +239,14 @@ class Broker(Intake):
             self._on_connection_events()
         if self.snapshots.wake in events:
             self.snapshots.drain()
-        if self.sock in events:
+        if self.sock not in events:
+            self._drained_at = busy_from  # (nothing was waiting when the poll returned)
+        else:
             for _ in range(_BATCH):
                 try:
                     frames = P.recv(self.sock)
                 except zmq.Again:
+                    self._drained_at = time.monotonic()
                     break
                 self._traffic.messages_in += 1
                 self._traffic.bytes_in += sum(map(len, frames))
@@ -251,10 +260,13 @@ class Broker(Intake):
             self.agents.forgive(now - start)
             self.clients.forgive(now - start)
             log.warning("broker_stalled", seconds=round(now - start, 1))
+        self.dispatch.settle()  # (feasibility judged again once, however many agents went)
         # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job only
         # once the broker has kept that it may, and drops a result once it is kept.
         if self.store is None or self._commit():
             self.agents.written()
+        self.link.flush_acks()  # (hand-offs wait for these: before the scheduling pass)
+        self._answer_beats()
         if self.sched.needs_pass():
             try:
                 began = time.perf_counter()
@@ -354,13 +366,13 @@ class Broker(Intake):
         if read != self._keys_read:
             self._keys_read = read
             self._revoke()
-        for agent in self.agents.silent(now):
-            self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
+        # Silent as of when everything sent had been read: a loop behind its messages (long
+        # turns, a flood of reports) loses nobody whose heartbeats wait unread.
+        heard_all = min(now, self._drained_at)
+        for agent in self.agents.silent(heard_all):
+            self.dispatch.lose_agent(agent, f"silent for {heard_all - agent.last_seen:.1f}s")
+        self.dispatch.settle()
         self.clients.expire(now)
-        for agent in self.agents.by_ident.values():
-            agent.acked = agent.kept
-            self._send(agent.ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
-                                                  "ack": agent.kept})
         beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
         size = sum(map(len, beat))
         for ident in self.clients.idents(present=True):
@@ -368,12 +380,24 @@ class Broker(Intake):
             self._traffic.bytes_out += len(ident) + size
             P.send(self.sock, [ident, *beat])
 
+    def _answer_beats(self) -> None:
+        """Answer the agents' heartbeats of this turn: the lease's echo, and every report
+        kept so far acknowledged."""
+        beats, self._beats = self._beats, {}
+        for ident in beats:
+            agent = self.agents.get(ident)
+            if agent is not None:
+                agent.acked = agent.kept
+                self._send(ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
+                                                "ack": agent.kept})
+
     def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self.link.agent(ident, now, quiet=True)
         if agent is not None:
             sent = msg.body.get("t")
             if isinstance(sent, float):
                 agent.echo = sent
+            self._beats[ident] = None
         elif msg.body.get("side") is True:  # an agent's heartbeat thread
             self.link.on_side_beat(ident, msg, now)
         elif self.clients.seen(ident, now) is None:
