@@ -1,14 +1,15 @@
 """A fleet of simulated agents against a real broker: what a thousand agents cost it (issue 28).
 
     python bench/fleet.py [--agents 1,100,1000] [--tasks 100000] [--answer acked|once]
-                          [--procs 1] [--json PATH]
+                          [--procs 1] [--threads 2] [--churn] [--json PATH]
 
 Each size starts a fresh ``zres.LocalCluster(agents=[])`` (a broker with keys and a state
 directory, as a user runs it, and its HTTP port for /metrics), then a fleet of fake agents
 in ``--procs`` processes of this script. Each fake agent is a DEALER socket of its own with
 the agents' key (CURVE), speaking the real protocol: it registers a session (one slot of
-``--threads`` CPUs), beats every heartbeat interval on its connection and on a second
-socket of its own as a real agent's heartbeat thread does (``side``), and answers each
+``--threads`` CPUs), beats every heartbeat interval on its connection and, while the
+broker's echoes of those are late, on a second socket of its own, as a real agent's
+heartbeat thread does (``side``; counted in ``fleet.side_beats``), and answers each
 grant at once with a no-op's result. ``--answer acked`` (the default) answers as a real
 agent does: a report saying the grants are held, then, once the broker has acknowledged
 it, one saying they started and ended; ``once`` says all of it in one report. The fake
@@ -18,6 +19,8 @@ A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, p
 
 - agents lost: every ``unknown{ended}`` the broker sent a fake agent (each re-registers as a
   real agent would), and the fewest agents the broker's status listed while the tasks ran;
+- the broker's CPU while the agents only beat (per cent of one core, over five seconds
+  before the tasks are submitted);
 - the time for all (submit to the last result);
 - the broker process's CPU (all its threads, from /proc/PID/stat) per task and per message
   (messages in and out of its socket, from /metrics);
@@ -25,6 +28,12 @@ A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, p
   pass;
 - the loop's longest turn (``status()["loop"]["longest_turn"]``: what any message may have
   waited behind).
+
+``--churn`` then runs, per size, a fleet that keeps its grants unanswered (its slots full,
+the rest of the tasks queued at the broker), leaves at once (every agent says goodbye, as a
+fleet being restarted does) and comes back: how long until the broker has let every agent
+go (each one's grants requeued), its CPU meanwhile, and how long until everything has run
+once the agents are back.
 """
 
 from __future__ import annotations
@@ -85,20 +94,32 @@ class Fleet:
                  str(first), str(min(per, n - first)), answer, str(threads),
                  str(cluster._env["ZRES_AGENT__HEARTBEAT_INTERVAL"])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-        for proc in self.procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if line.strip() != "ready":
-                raise RuntimeError(f"a fleet process did not start (said {line!r})")
+        self.ask(None, "ready")
 
-    def stop(self) -> dict[str, int]:
-        total: dict[str, int] = {}
+    def ask(self, command: str | None, answer: str | None) -> list[str]:
+        """Send COMMAND to every fleet process; return the line each answers (ANSWER, if
+        given, or fail)."""
+        lines = []
         for proc in self.procs:
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write("stop\n")
-            proc.stdin.flush()
-            for name, count in json.loads(proc.stdout.readline()).items():
+            if command is not None:
+                proc.stdin.write(command + "\n")
+                proc.stdin.flush()
+            lines.append(proc.stdout.readline().strip())
+            if answer is not None and lines[-1] != answer:
+                raise RuntimeError(f"a fleet process said {lines[-1]!r}, not {answer!r}")
+        return lines
+
+    def counts(self, command: str = "counts") -> dict[str, int]:
+        total: dict[str, int] = {}
+        for line in self.ask(command, None):
+            for name, count in json.loads(line).items():
                 total[name] = total.get(name, 0) + count
+        return total
+
+    def stop(self) -> dict[str, int]:
+        total = self.counts("stop")
+        for proc in self.procs:
             proc.wait(30)
         return total
 
@@ -123,6 +144,9 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int) -> d
 
         with zres.Client(cluster.address) as client:
             zres.wait(client.map(noop, range(1000)))  # (the function shipped, sockets warm)
+            cpu0, idle0 = cpu_seconds(pid), time.perf_counter()
+            time.sleep(5.0)  # (what the agents' heartbeats alone cost it)
+            idle = (cpu_seconds(pid) - cpu0) / (time.perf_counter() - idle0)
             cpu0, m0 = cpu_seconds(pid), metrics(url)
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
@@ -141,7 +165,8 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int) -> d
     passes = m1["passes"] - m0["passes"]
     sched = m1["sched_s"] - m0["sched_s"]
     return {"agents": n_agents, "tasks": n_tasks, "answer": answer,
-            "joined_s": round(joined, 1), "seconds": round(elapsed, 2),
+            "joined_s": round(joined, 1), "idle_cpu_pct": round(idle * 100, 1),
+            "seconds": round(elapsed, 2),
             "lost": counts.get("lost", 0), "fewest_listed": min(fewest[0],
                                                                 len(status["agents"])),
             "broker_cpu_s": round(cpu, 2), "cpu_us_per_task": round(cpu / n_tasks * 1e6, 1),
@@ -153,6 +178,41 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int) -> d
             "fleet": counts}
 
 
+def churn(n_agents: int, n_tasks: int, procs: int, threads: int) -> dict[str, Any]:
+    """The agents' slots full and the rest of N_TASKS queued, every agent leaves at once
+    (as a fleet restarting) and comes back: how long the broker takes to let them go (each
+    one's grants requeued), and to run everything once they are back."""
+    with zres.LocalCluster(agents=[], http="127.0.0.1:0") as cluster:
+        assert cluster.broker is not None
+        fleet = Fleet(cluster, n_agents, procs, "hold", threads)
+        cluster.wait_for_agents(n_agents, timeout=300)
+        with zres.Client(cluster.address) as client:
+            futures = client.map(noop, range(n_tasks))
+            granted, still = -1, 0.0
+            while still < 1.0:  # (until the slots are full: no grant for a second)
+                time.sleep(0.25)
+                now = fleet.counts()["granted"]
+                still = still + 0.25 if now == granted else 0.0
+                granted = now
+            cpu0, start = cpu_seconds(cluster.broker.pid), time.perf_counter()
+            fleet.ask("leave", "left")
+            while cluster.status(timeout=60)["agents"]:
+                time.sleep(0.05)
+            left, cpu = time.perf_counter() - start, cpu_seconds(cluster.broker.pid) - cpu0
+            start = time.perf_counter()
+            fleet.ask("join acked", "ready")
+            zres.wait(futures)
+            back = time.perf_counter() - start
+            assert all(f.done() and f.exception() is None for f in futures)
+            del futures
+            status = cluster.status(timeout=60)
+        counts = fleet.stop()
+    return {"agents": n_agents, "tasks": n_tasks, "granted_before": granted,
+            "leave_s": round(left, 2), "leave_cpu_s": round(cpu, 2),
+            "back_s": round(back, 1), "lost": counts.get("lost", 0),
+            "longest_turn_ms": round(status["loop"]["longest_turn"] * 1e3, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", default="1,100,1000", help="fleet sizes, comma-separated")
@@ -160,6 +220,8 @@ def main() -> None:
     parser.add_argument("--answer", choices=["acked", "once"], default="acked")
     parser.add_argument("--procs", type=int, default=1, help="fleet processes")
     parser.add_argument("--threads", type=int, default=2, help="CPUs each agent offers")
+    parser.add_argument("--churn", action="store_true",
+                        help="also: every agent leaves and comes back with the tasks queued")
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)  # (a fleet process)
     args = parser.parse_args()
@@ -168,23 +230,35 @@ def main() -> None:
         serve(*args.serve)
         return
     rows = []
-    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'seconds':>8} {'cpu us/task':>11} "
+    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'idle cpu%':>9} {'seconds':>8} "
+          f"{'cpu us/task':>11} "
           f"{'msgs/task':>9} {'cpu us/msg':>10} {'sched us/dec':>12} {'us/pass':>8} "
           f"{'longest turn ms':>15}", flush=True)
     for n in [int(s) for s in args.agents.split(",") if s]:
         row = run(n, args.tasks, args.procs, args.answer, args.threads)
         rows.append(row)
-        print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} {row['seconds']:>8} "
+        print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} {row['idle_cpu_pct']:>9} "
+              f"{row['seconds']:>8} "
               f"{row['cpu_us_per_task']:>11} {row['messages_per_task']:>9} "
               f"{row['cpu_us_per_message']:>10} {row['sched_us_per_decision']:>12} "
               f"{row['sched_us_per_pass']:>8} {row['longest_turn_ms']:>15}", flush=True)
     print(f"({args.tasks:,} no-op tasks per size, answered '{args.answer}', fleet in "
           f"{args.procs} process(es), {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()})")
+          f"{platform.python_version()})", flush=True)
+    churns = []
+    if args.churn:
+        print(f"\nchurn: {'agents':>6} {'granted':>8} {'all gone s':>10} {'broker cpu s':>12} "
+              f"{'all run s':>9} {'lost':>4} {'longest turn ms':>15}", flush=True)
+        for n in [int(s) for s in args.agents.split(",") if s]:
+            row = churn(n, args.tasks, args.procs, args.threads)
+            churns.append(row)
+            print(f"       {n:>6} {row['granted_before']:>8} {row['leave_s']:>10} "
+                  f"{row['leave_cpu_s']:>12} {row['back_s']:>9} {row['lost']:>4} "
+                  f"{row['longest_turn_ms']:>15}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                       "rows": rows}, fh, indent=1)
+                       "rows": rows, "churn": churns}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """Fake agents for bench/fleet.py: many sessions in one process, speaking the real protocol.
 
-Run by fleet.py (``--serve``); prints ``ready`` once every agent is welcomed, and its counts
-as one JSON line when ``stop`` comes on its standard input. One epoll over every socket's
+Run by fleet.py (``--serve``); prints ``ready`` once every agent is welcomed. Commands on its
+standard input: ``counts`` (prints its counts as one JSON line), ``leave`` (every agent says
+goodbye, as agents stopping do; prints ``left``), ``join MODE`` (every agent registers a new
+session and answers grants as MODE says; prints ``ready`` once all are welcomed), ``stop``
+(prints its counts and ends). Answer modes: ``acked``, ``once`` (see fleet.py) and ``hold``:
+grants are kept and never answered (the agents' slots stay full). One epoll over every socket's
 ZMQ_FD, each socket drained when it is signalled (and after each send, which may take the
 signal), keeps the fleet's own CPU per message small: the broker is what is measured.
 """
@@ -38,12 +42,15 @@ class FakeAgent:
     def new_session(self) -> None:
         self.session = random.getrandbits(62)
         self.registered = False
+        self.echoed = 0.0   # the latest heartbeat of ours the broker echoed (sent then)
+        self.lease = 0.0
         self.seq = 0
         self.unacked: collections.deque[tuple[int, list[int]]] = collections.deque()
         self.held: list[int] = []     # the next report's
         self.ended: list[int] = []    # started and ended: the next report's
 
     def register(self) -> None:
+        self.echoed = time.monotonic()
         self.send(P.encode(P.REGISTER, {
             "name": self.name, "session": self.session, "host": "fleet", "pid": os.getpid(),
             "t": time.monotonic(), "versions": versions.mine(),
@@ -58,10 +65,14 @@ class FakeAgent:
         if not self.registered:
             return
         self.send(P.encode(P.HEARTBEAT, {"t": now, "session": self.session}))
-        P.send_now(self.side, P.encode(P.HEARTBEAT, {"t": now, "session": self.session,
-                                                      "side": True}))
-        self.fleet.sent += 1
-        self.fleet.drain(self.side, self)
+        # A real agent's heartbeat thread beats only while the loop's beats go unechoed
+        # (zres.agent.heartbeat).
+        if now - self.echoed > min(2 * self.fleet.interval, self.lease / 2):
+            P.send_now(self.side, P.encode(P.HEARTBEAT, {"t": now, "session": self.session,
+                                                          "side": True}))
+            self.fleet.sent += 1
+            self.fleet.side_beats += 1
+            self.fleet.drain(self.side, self)
 
     def report(self) -> None:
         """Send what happened since the last report, if anything did."""
@@ -93,13 +104,16 @@ class FakeAgent:
     def take(self, frames: list[Any], side: bool) -> None:
         self.fleet.received += 1
         msg = P.decode(frames)
-        if side:
-            return  # (a side beat's echo: the lease, which no fake agent keeps)
         if msg.body.get("session") not in (None, self.session):
+            return
+        if msg.kind == P.HEARTBEAT and isinstance(msg.body.get("echo"), float):
+            self.echoed = max(self.echoed, msg.body["echo"])
+        if side:
             return
         if msg.kind == P.WELCOME:
             if not self.registered:
                 self.registered = True
+                self.lease = float(msg.body.get("lease", 0.0))
                 self.fleet.welcomed += 1
             self.acked(msg.body.get("ack"))
         elif msg.kind in (P.HEARTBEAT, P.ACK):
@@ -108,6 +122,8 @@ class FakeAgent:
             self.acked(msg.body.get("ack"))
             ids = [item[0] for item in msg.body["tasks"]]
             self.fleet.granted += len(ids)
+            if self.fleet.answer == "hold":
+                return
             self.held.extend(ids)
             self.fleet.touched.add(self)
             if self.fleet.answer == "once":
@@ -133,6 +149,7 @@ class Fleet:
         self.result = dumps(None)
         self.selector = selectors.EpollSelector()
         self.sent = self.received = self.welcomed = self.lost = self.granted = self.done = 0
+        self.side_beats = 0
         self.touched: set[FakeAgent] = set()
         self.agents = [FakeAgent(self, f"fleet-{first + i:05d}") for i in range(count)]
         self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, None)
@@ -165,13 +182,13 @@ class Fleet:
         now = time.monotonic()
         due = collections.deque((now + self.interval * i / len(self.agents), agent)
                                 for i, agent in enumerate(self.agents))
-        ready = False
+        self.joining = True
         last_sweep = now
         while True:
             wait = max(0.0, min(due[0][0] - time.monotonic(), 0.05)) if due else 0.05
             for key, _ in self.selector.select(wait):
                 if key.data is None:
-                    if sys.stdin.readline().strip() in ("stop", ""):
+                    if not self.command(sys.stdin.readline().split()):
                         self.close()
                         return
                     continue
@@ -192,13 +209,35 @@ class Fleet:
                 for agent in touched:
                     agent.report()
                     self.drain(agent.sock, agent)  # (a send may take the socket's signal)
-            if not ready and self.welcomed >= len(self.agents):
-                ready = True
+            if self.joining and self.welcomed >= len(self.agents):
+                self.joining = False
                 print("ready", flush=True)
 
-    def close(self) -> None:
+    def command(self, words: list[str]) -> bool:
+        """Do what fleet.py asks; False: stop."""
+        if not words or words[0] == "stop":
+            return False
+        if words[0] == "counts":
+            self.counts()
+        elif words[0] == "leave":
+            for agent in self.agents:
+                if agent.registered:
+                    agent.send(P.encode(P.BYE, {"session": agent.session}))
+                agent.new_session()  # (not registered: it neither beats nor answers)
+            print("left", flush=True)
+        elif words[0] == "join":
+            self.answer, self.welcomed, self.joining = words[1], 0, True
+            for agent in self.agents:
+                agent.register()
+        return True
+
+    def counts(self) -> None:
         print(json.dumps({"sent": self.sent, "received": self.received, "lost": self.lost,
-                          "granted": self.granted, "done": self.done}), flush=True)
+                          "granted": self.granted, "done": self.done,
+                          "side_beats": self.side_beats}), flush=True)
+
+    def close(self) -> None:
+        self.counts()
         for agent in self.agents:
             P.send_now(agent.sock, P.encode(P.BYE, {"session": agent.session}))
         self.ctx.destroy(linger=0)
