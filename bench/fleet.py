@@ -1,7 +1,8 @@
 """A fleet of simulated agents against a real broker: what a thousand agents cost it (issue 28).
 
     python bench/fleet.py [--agents 1,100,1000] [--tasks 100000] [--answer acked|once]
-                          [--procs 1] [--threads 2] [--churn] [--json PATH]
+                          [--procs 1] [--threads 2] [--side late|always] [--churn]
+                          [--json PATH]
 
 Each size starts a fresh ``zres.LocalCluster(agents=[])`` (a broker with keys and a state
 directory, as a user runs it, and its HTTP port for /metrics), then a fleet of fake agents
@@ -85,13 +86,13 @@ class Fleet:
     """The fleet's processes: started, waited for, stopped, their counts summed."""
 
     def __init__(self, cluster: zres.LocalCluster, n: int, procs: int, answer: str,
-                 threads: int) -> None:
+                 threads: int, side: str) -> None:
         self.procs = []
         per = -(-n // procs)
         for first in range(0, n, per):
             self.procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--serve", cluster.address, str(cluster.keys),
-                 str(first), str(min(per, n - first)), answer, str(threads),
+                 str(first), str(min(per, n - first)), answer, str(threads), side,
                  str(cluster._env["ZRES_AGENT__HEARTBEAT_INTERVAL"])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         self.ask(None, "ready")
@@ -124,12 +125,13 @@ class Fleet:
         return total
 
 
-def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int) -> dict[str, Any]:
+def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int,
+        side: str) -> dict[str, Any]:
     with zres.LocalCluster(agents=[], http="127.0.0.1:0") as cluster:
         assert cluster.broker is not None and cluster.dashboard is not None
         pid, url = cluster.broker.pid, cluster.dashboard
         started = time.perf_counter()
-        fleet = Fleet(cluster, n_agents, procs, answer, threads)
+        fleet = Fleet(cluster, n_agents, procs, answer, threads, side)
         cluster.wait_for_agents(n_agents, timeout=300)
         joined = time.perf_counter() - started
         fewest = [n_agents]
@@ -178,13 +180,13 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int) -> d
             "fleet": counts}
 
 
-def churn(n_agents: int, n_tasks: int, procs: int, threads: int) -> dict[str, Any]:
+def churn(n_agents: int, n_tasks: int, procs: int, threads: int, side: str) -> dict[str, Any]:
     """The agents' slots full and the rest of N_TASKS queued, every agent leaves at once
     (as a fleet restarting) and comes back: how long the broker takes to let them go (each
     one's grants requeued), and to run everything once they are back."""
     with zres.LocalCluster(agents=[], http="127.0.0.1:0") as cluster:
         assert cluster.broker is not None
-        fleet = Fleet(cluster, n_agents, procs, "hold", threads)
+        fleet = Fleet(cluster, n_agents, procs, "hold", threads, side)
         cluster.wait_for_agents(n_agents, timeout=300)
         with zres.Client(cluster.address) as client:
             futures = client.map(noop, range(n_tasks))
@@ -223,7 +225,10 @@ def main() -> None:
     parser.add_argument("--churn", action="store_true",
                         help="also: every agent leaves and comes back with the tasks queued")
     parser.add_argument("--json", help="write the figures here too")
-    parser.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)  # (a fleet process)
+    parser.add_argument("--side", choices=["late", "always"], default="late",
+                        help="side heartbeats: while the loop's beats go unechoed, as agents "
+                             "send them, or every interval, as agents before 2026-11-26 did")
+    parser.add_argument("--serve", nargs=8, help=argparse.SUPPRESS)  # (a fleet process)
     args = parser.parse_args()
     if args.serve:
         from fleet_agents import serve  # (bench/, beside this file)
@@ -235,14 +240,15 @@ def main() -> None:
           f"{'msgs/task':>9} {'cpu us/msg':>10} {'sched us/dec':>12} {'us/pass':>8} "
           f"{'longest turn ms':>15}", flush=True)
     for n in [int(s) for s in args.agents.split(",") if s]:
-        row = run(n, args.tasks, args.procs, args.answer, args.threads)
+        row = run(n, args.tasks, args.procs, args.answer, args.threads, args.side)
         rows.append(row)
         print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} {row['idle_cpu_pct']:>9} "
               f"{row['seconds']:>8} "
               f"{row['cpu_us_per_task']:>11} {row['messages_per_task']:>9} "
               f"{row['cpu_us_per_message']:>10} {row['sched_us_per_decision']:>12} "
               f"{row['sched_us_per_pass']:>8} {row['longest_turn_ms']:>15}", flush=True)
-    print(f"({args.tasks:,} no-op tasks per size, answered '{args.answer}', fleet in "
+    print(f"({args.tasks:,} no-op tasks per size, answered '{args.answer}', side beats "
+          f"'{args.side}', fleet in "
           f"{args.procs} process(es), {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()})", flush=True)
     churns = []
@@ -250,7 +256,7 @@ def main() -> None:
         print(f"\nchurn: {'agents':>6} {'granted':>8} {'all gone s':>10} {'broker cpu s':>12} "
               f"{'all run s':>9} {'lost':>4} {'longest turn ms':>15}", flush=True)
         for n in [int(s) for s in args.agents.split(",") if s]:
-            row = churn(n, args.tasks, args.procs, args.threads)
+            row = churn(n, args.tasks, args.procs, args.threads, args.side)
             churns.append(row)
             print(f"       {n:>6} {row['granted_before']:>8} {row['leave_s']:>10} "
                   f"{row['leave_cpu_s']:>12} {row['back_s']:>9} {row['lost']:>4} "

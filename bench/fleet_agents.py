@@ -67,7 +67,8 @@ class FakeAgent:
         self.send(P.encode(P.HEARTBEAT, {"t": now, "session": self.session}))
         # A real agent's heartbeat thread beats only while the loop's beats go unechoed
         # (zres.agent.heartbeat).
-        if now - self.echoed > min(2 * self.fleet.interval, self.lease / 2):
+        if self.fleet.side == "always" or \
+                now - self.echoed > min(2 * self.fleet.interval, self.lease / 2):
             P.send_now(self.side, P.encode(P.HEARTBEAT, {"t": now, "session": self.session,
                                                           "side": True}))
             self.fleet.sent += 1
@@ -138,7 +139,7 @@ class FakeAgent:
 
 class Fleet:
     def __init__(self, address: str, keys_dir: str, first: int, count: int, answer: str,
-                 threads: int, interval: float) -> None:
+                 threads: int, side: str, interval: float) -> None:
         self.ctx = zmq.Context(io_threads=1)
         self.ctx.max_sockets = 2 * count + 64
         self.key = keys.peer_key(keys_dir, ("agent",))
@@ -146,6 +147,7 @@ class Fleet:
         self.answer = answer
         self.threads = threads
         self.interval = interval
+        self.side = side
         self.result = dumps(None)
         self.selector = selectors.EpollSelector()
         self.sent = self.received = self.welcomed = self.lost = self.granted = self.done = 0
@@ -244,6 +246,6 @@ class Fleet:
 
 
 def serve(address: str, keys_dir: str, first: str, count: str, answer: str, threads: str,
-          interval: str) -> None:
+          side: str, interval: str) -> None:
     Fleet(address, keys_dir, int(first), int(count), answer, int(threads),
-          float(interval)).serve()
+          side, float(interval)).serve()

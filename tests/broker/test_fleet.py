@@ -14,6 +14,7 @@ import zmq
 
 from zres.broker import server
 from zres.broker.server import Broker
+from zres.broker.store import Store
 from zres.core import protocol as P
 from zres.core import versions
 from zres.core.resources import UNIT
@@ -27,12 +28,12 @@ TIMEOUT, BEAT = 1.5, 0.25  # the broker's heartbeat timeout and interval, and th
 class Fleet:
     """AGENTS agents' connections, registered at BROKER."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, agents: int = AGENTS) -> None:
         self.broker = broker
         self.ctx: zmq.Context[Any] = zmq.Context()
-        self.ctx.max_sockets = AGENTS + 64
+        self.ctx.max_sockets = agents + 64
         self.socks, self.sessions = [], []
-        for i in range(AGENTS):
+        for i in range(agents):
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(broker.address)
@@ -44,7 +45,7 @@ class Fleet:
             self.socks.append(sock)
             self.sessions.append(session)
         self.quiet: set[int] = set()   # agents that no longer beat (stopped, say)
-        self.until(lambda: len(broker.agents) == AGENTS, "every agent to register")
+        self.until(lambda: len(broker.agents) == agents, "every agent to register")
 
     def beat(self) -> None:
         """Every agent not quiet beats, on its connection."""
@@ -130,3 +131,33 @@ def test_a_thousand_agents_behind_long_turns_are_not_lost(fleet, monkeypatch):
     fleet.until(lambda: fleet.lost(), "the agent that stopped beating to be found silent")
     assert len(fleet.lost()) == 1 and "silent" in fleet.lost()[0]
     assert broker.agents.named("node-7") is None and len(broker.agents) == AGENTS - 1
+
+
+def test_lost_agents_and_name_bindings_are_kept_across_a_restart_in_either_form(tmp_path):
+    """What a broker keeps of the agents it declared lost (so that a restarted one does not
+    take their work back) and of which key each agent name is bound to: written as the
+    registry's own maps at the next commit however many changed, and read back; a list
+    of [id, why] pairs, as earlier versions kept lost agents, is read too."""
+    store = Store(str(tmp_path))
+    store.set_meta("ended_agents", [[b"old-agent", "silent for 3.1s"]])
+    store.commit()
+    broker = Broker("tcp://127.0.0.1:0", heartbeat_interval=BEAT, heartbeat_timeout=TIMEOUT,
+                    store=store)
+    assert broker.agents.ended == {b"old-agent": "silent for 3.1s"}
+    fleet = Fleet(broker, 3)
+    try:
+        fleet.quiet.update(range(3))
+        fleet.until(lambda: len(fleet.lost()) == 4, "the three agents to be found silent")
+        broker.agents.bind("node-0", "agent:agent")
+        assert store.commit()
+    finally:
+        fleet.close()
+        broker.close()
+    store = Store(str(tmp_path))
+    broker = Broker("tcp://127.0.0.1:0", store=store)
+    try:
+        assert list(broker.agents.ended)[0] == b"old-agent" and len(broker.agents.ended) == 4
+        assert all("silent" in why for why in broker.agents.ended.values())
+        assert broker.agents.name_keys == {"node-0": "agent:agent"}
+    finally:
+        broker.close()
