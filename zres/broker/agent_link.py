@@ -112,7 +112,9 @@ class AgentLink:
         if stop:
             self._send(ident, P.CANCEL, {"ids": stop})
         # With no agent, nothing was infeasible; the first one to join decides what is.
-        if displaced or len(self._agents) == 1:
+        # (What the records it displaced offered is judged once the turn's messages are
+        # handled, with every other agent lost meanwhile: ``Broker.settle``.)
+        if len(self._agents) == 1:
             self._dispatch.recheck_feasibility()
 
     def _bind(self, name: str, key: str) -> None:

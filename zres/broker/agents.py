@@ -138,6 +138,7 @@ class AgentRegistry:
         self._by_fd: dict[int, dict[bytes, None]] = {}
         # Agents with reports taken in and not yet kept on disk (``took``, ``written``).
         self._unkept: dict[bytes, AgentRecord] = {}
+        self.removed = 0  # agents removed so far: what may have made tasks infeasible
         # Lost agents' ids: why. Kept across the broker's restarts (KEEP_ENDED(mapping)
         # writes them): an agent declared lost before a restart must not have its work
         # taken back after it, for its resources went elsewhere. (Kept as a map; a list of
@@ -260,6 +261,7 @@ class AgentRegistry:
         self._unlink_fd(agent)
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
+        self.removed += 1
         self.ended[agent.ident] = why
         while len(self.ended) > _ENDED_KEPT:
             self.ended.popitem(last=False)

@@ -64,7 +64,6 @@ class Dispatcher:
         self._actors = actors
         self._jobs = jobs
         self._assigns = Batches(send, P.ASSIGN, "tasks")
-        self._recheck = False  # feasibility to judge again (``settle``)
 
     # -- queueing ---------------------------------------------------------------------
     def make_ready(self, task: Task) -> None:
@@ -98,17 +97,7 @@ class Dispatcher:
         self._send(task.client, P.WARN, {"id": task.local_id, "reason": reason})
 
     def recheck_feasibility(self) -> None:
-        """Judge every queued task again against the agents there now, once the loop's
-        turn is done with its messages (``settle``): a thousand agents lost or joining at
-        once walk the queue once, not a thousand times."""
-        self._recheck = True
-
-    def settle(self) -> None:
-        """Do what the messages handled so far left for the end of them: judge every
-        queued task's feasibility again, if agents came or went."""
-        if not self._recheck:
-            return
-        self._recheck = False
+        """Judge every queued task again against the agents there now."""
         for task_id in list(self._sched.waiting):
             task = self._graph.get(task_id)
             if task is None:
