@@ -24,7 +24,9 @@ A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, p
   before the tasks are submitted);
 - the time for all (submit to the last result);
 - the broker process's CPU (all its threads, from /proc/PID/stat) per task and per message
-  (messages in and out of its socket, from /metrics);
+  (messages in and out of its socket, from /metrics), and per task net of what the
+  heartbeats cost it meanwhile (the idle rate times the time for all: a slower run on a
+  busy machine pays more heartbeats per task);
 - scheduling time per decision (``zres_scheduling_seconds``'s sum over the grants) and per
   pass;
 - the loop's longest turn (``status()["loop"]["longest_turn"]``: what any message may have
@@ -173,6 +175,7 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int,
             "lost": counts.get("lost", 0), "fewest_listed": min(fewest[0],
                                                                 len(status["agents"])),
             "broker_cpu_s": round(cpu, 2), "cpu_us_per_task": round(cpu / n_tasks * 1e6, 1),
+            "net_us_per_task": round((cpu - idle * elapsed) / n_tasks * 1e6, 1),
             "messages": int(messages), "messages_per_task": round(messages / n_tasks, 2),
             "cpu_us_per_message": round(cpu / messages * 1e6, 1),
             "sched_us_per_decision": round(sched / n_tasks * 1e6, 1),
@@ -257,7 +260,7 @@ def main() -> None:
         return
     rows = []
     print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'idle cpu%':>9} {'seconds':>8} "
-          f"{'cpu us/task':>11} "
+          f"{'cpu us/task':>11} {'net':>6} "
           f"{'msgs/task':>9} {'cpu us/msg':>10} {'sched us/dec':>12} {'us/pass':>8} "
           f"{'longest turn ms':>15}", flush=True)
     for n in [int(s) for s in args.agents.split(",") if s]:
@@ -265,7 +268,8 @@ def main() -> None:
         rows.append(row)
         print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} {row['idle_cpu_pct']:>9} "
               f"{row['seconds']:>8} "
-              f"{row['cpu_us_per_task']:>11} {row['messages_per_task']:>9} "
+              f"{row['cpu_us_per_task']:>11} {row['net_us_per_task']:>6} "
+              f"{row['messages_per_task']:>9} "
               f"{row['cpu_us_per_message']:>10} {row['sched_us_per_decision']:>12} "
               f"{row['sched_us_per_pass']:>8} {row['longest_turn_ms']:>15}"
               f"{'  failed: ' + str(row['failed']) if row['failed'] else ''}", flush=True)
