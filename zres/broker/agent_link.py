@@ -201,7 +201,8 @@ class AgentLink:
             # Its hand-offs wait for this (held), or it keeps what it sent until
             # acknowledged (big): acknowledged once the state is kept (a job it may now
             # start is recorded as held there), by the commit that ends this turn's
-            # messages, one for all the agents' reports (one each cost 100 us a report).
+            # messages: one for all the agents' reports (a commit each took a fifth of
+            # the loop's time at 1,000 agents).
             self.to_ack.add(ident)
 
     def on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:

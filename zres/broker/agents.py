@@ -201,7 +201,8 @@ class AgentRegistry:
         if agent.fd != fd:
             self._unlink_fd(agent)
             agent.fd = fd
-            self._by_fd.setdefault(fd, {})[agent.ident] = None
+            if fd >= 0:
+                self._by_fd.setdefault(fd, {})[agent.ident] = None
         if not agent.away:
             return False
         agent.away = False
@@ -282,7 +283,9 @@ class AgentRegistry:
 
     def silent(self, now: float) -> list[AgentRecord]:
         """The agents not heard from for longer than the heartbeat timeout (those heard
-        from since are not looked at)."""
+        from since are not looked at). (Right after a stall is forgiven, an agent heard
+        since may wait behind some forgiven into the future: it is found once they are
+        heard again, within an interval.)"""
         found = []
         for agent in self._by_seen.values():
             if now - agent.last_seen <= self.timeout:

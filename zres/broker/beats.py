@@ -6,7 +6,7 @@ go unechoed: ``agent_link.on_side_beat``); each beat is answered once the turn i
 has kept what came with it: the lease's echo and the reports kept acknowledged. Nothing here
 walks every agent per beat or per turn: a broker has thousands. An agent is silent when
 nothing came from it for the timeout before the last moment the loop had read everything
-that had arrived (``drained``): beats waiting unread behind a long turn or a flood of
+that had arrived (``drained_at``): beats waiting unread behind a long turn or a flood of
 reports are not silence.
 """
 
