@@ -20,6 +20,8 @@ A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, p
 
 - agents lost: every ``unknown{ended}`` the broker sent a fake agent (each re-registers as a
   real agent would), and the fewest agents the broker's status listed while the tasks ran;
+  and how long the broker took to find silent the one agent that goes silent two seconds
+  into the run (it finishes what it may start, then neither beats nor takes anything);
 - the broker's CPU while the agents only beat (per cent of one core, over five seconds
   before the tasks are submitted);
 - the time for all (submit to the last result);
@@ -114,11 +116,20 @@ class Fleet:
                 raise RuntimeError(f"a fleet process said {lines[-1]!r}, not {answer!r}")
         return lines
 
+    def mute(self) -> None:
+        """The first fleet process's first agent goes silent."""
+        proc = self.procs[0]
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("mute\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "muted"
+
     def counts(self, command: str = "counts") -> dict[str, int]:
         total: dict[str, int] = {}
         for line in self.ask(command, None):
             for name, count in json.loads(line).items():
-                total[name] = total.get(name, 0) + count
+                total[name] = max(total.get(name, count), count) if name == "found_s" \
+                    else total.get(name, 0) + count
         return total
 
     def stop(self) -> dict[str, int]:
@@ -157,6 +168,8 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int,
             watcher.start()
             start = time.perf_counter()
             futures = client.map(noop, range(n_tasks))
+            time.sleep(2.0)
+            fleet.mute()
             zres.wait(futures)
             elapsed = time.perf_counter() - start
             cpu1, m1 = cpu_seconds(pid), metrics(url)
@@ -174,6 +187,7 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int,
             "seconds": round(elapsed, 2),
             "lost": counts.get("lost", 0), "fewest_listed": min(fewest[0],
                                                                 len(status["agents"])),
+            "silent_found_s": counts.get("found_s", -1),
             "broker_cpu_s": round(cpu, 2), "cpu_us_per_task": round(cpu / n_tasks * 1e6, 1),
             "net_us_per_task": round((cpu - idle * elapsed) / n_tasks * 1e6, 1),
             "messages": int(messages), "messages_per_task": round(messages / n_tasks, 2),
@@ -259,14 +273,16 @@ def main() -> None:
         serve(*args.serve)
         return
     rows = []
-    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'idle cpu%':>9} {'seconds':>8} "
+    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'found s':>7} {'idle cpu%':>9} "
+          f"{'seconds':>8} "
           f"{'cpu us/task':>11} {'net':>6} "
           f"{'msgs/task':>9} {'cpu us/msg':>10} {'sched us/dec':>12} {'us/pass':>8} "
           f"{'longest turn ms':>15}", flush=True)
     for n in [int(s) for s in args.agents.split(",") if s]:
         row = run(n, args.tasks, args.procs, args.answer, args.threads, args.side)
         rows.append(row)
-        print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} {row['idle_cpu_pct']:>9} "
+        print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} "
+              f"{row['silent_found_s']:>7} {row['idle_cpu_pct']:>9} "
               f"{row['seconds']:>8} "
               f"{row['cpu_us_per_task']:>11} {row['net_us_per_task']:>6} "
               f"{row['messages_per_task']:>9} "

@@ -1,7 +1,10 @@
 """Fake agents for bench/fleet.py: many sessions in one process, speaking the real protocol.
 
 Run by fleet.py (``--serve``); prints ``ready`` once every agent is welcomed. Commands on its
-standard input: ``counts`` (prints its counts as one JSON line), ``leave`` (every agent says
+standard input: ``counts`` (prints its counts as one JSON line), ``mute`` (its first agent
+goes silent: it finishes what it was told it may start, then neither beats nor takes
+anything; once the broker declares it lost it registers anew, and ``found_s`` says how long
+that took), ``leave`` (every agent says
 goodbye, as agents stopping do; prints ``left``), ``join MODE`` (every agent registers a new
 session and answers grants as MODE says; prints ``ready`` once all are welcomed), ``stop``
 (prints its counts and ends). Answer modes: ``acked``, ``once`` (see fleet.py) and ``hold``:
@@ -42,6 +45,7 @@ class FakeAgent:
     def new_session(self) -> None:
         self.session = random.getrandbits(62)
         self.registered = False
+        self.muted: float | None = None  # when it went silent (``mute``)
         self.echoed = 0.0   # the latest heartbeat of ours the broker echoed (sent then)
         self.lease = 0.0
         self.seq = 0
@@ -62,7 +66,7 @@ class FakeAgent:
         self.fleet.sent += 1
 
     def beat(self, now: float) -> None:
-        if not self.registered:
+        if not self.registered or self.muted is not None:
             return
         self.send(P.encode(P.HEARTBEAT, {"t": now, "session": self.session}))
         # A real agent's heartbeat thread beats only while the loop's beats go unechoed
@@ -123,8 +127,8 @@ class FakeAgent:
             self.acked(msg.body.get("ack"))
             ids = [item[0] for item in msg.body["tasks"]]
             self.fleet.granted += len(ids)
-            if self.fleet.answer == "hold":
-                return
+            if self.fleet.answer == "hold" or self.muted is not None:
+                return  # (never held here: the broker grants them again, uncharged)
             self.held.extend(ids)
             self.fleet.touched.add(self)
             if self.fleet.answer == "once":
@@ -132,7 +136,10 @@ class FakeAgent:
         elif msg.kind == P.UNKNOWN:
             # Declared lost (or forgotten): a real agent stops that session's work and
             # registers anew.
-            self.fleet.lost += 1
+            if self.muted is not None:
+                self.fleet.found_s = round(time.monotonic() - self.muted, 2)
+            else:
+                self.fleet.lost += 1
             self.new_session()
             self.register()
 
@@ -152,6 +159,7 @@ class Fleet:
         self.selector = selectors.EpollSelector()
         self.sent = self.received = self.welcomed = self.lost = self.granted = self.done = 0
         self.side_beats = 0
+        self.found_s = -1.0  # how long the broker took to find the muted agent silent
         self.touched: set[FakeAgent] = set()
         self.agents = [FakeAgent(self, f"fleet-{first + i:05d}") for i in range(count)]
         self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, None)
@@ -221,6 +229,9 @@ class Fleet:
             return False
         if words[0] == "counts":
             self.counts()
+        elif words[0] == "mute":
+            self.agents[0].muted = time.monotonic()
+            print("muted", flush=True)
         elif words[0] == "leave":
             for agent in self.agents:
                 if agent.registered:
@@ -236,7 +247,8 @@ class Fleet:
     def counts(self) -> None:
         print(json.dumps({"sent": self.sent, "received": self.received, "lost": self.lost,
                           "granted": self.granted, "done": self.done,
-                          "side_beats": self.side_beats}), flush=True)
+                          "side_beats": self.side_beats, "found_s": self.found_s}),
+              flush=True)
 
     def close(self) -> None:
         self.counts()
