@@ -247,15 +247,13 @@ class Broker(Intake):
                 self._dispatch(frames, now)
                 if now - busy_from > _TURN_BUDGET:
                     break  # the rest next turn, after heartbeats and scheduling
+        if self.link.to_ack:  # (hand-offs wait for these: not behind large submits' work)
+            self._keep()
         self.backlog.run(_BACKLOG_BUDGET)  # (what large submits left: see backlog)
         now = time.monotonic()
         self.beats.stalled(now - start)  # (one message held us that long?)
         self.settle()
-        # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job only
-        # once the broker has kept that it may, and drops a result once it is kept.
-        if self.store is None or self._commit():
-            self.agents.written()
-        self.link.flush_acks()  # (hand-offs wait for these: before the scheduling pass)
+        self._keep()
         self.beats.answer()
         if self.sched.needs_pass():
             try:
@@ -299,6 +297,15 @@ class Broker(Intake):
         if self.agents.removed != self._judged:
             self._judged = self.agents.removed
             self.dispatch.recheck_feasibility()
+
+    def _keep(self) -> None:
+        """Commit what the turn's messages changed, then acknowledge the agents' reports
+        that wait for it. Before any ack goes out (in assigns, heartbeats, acks): an agent
+        starts a job only once the broker has kept that it may, and drops a result once it
+        is kept."""
+        if self.store is None or self._commit():
+            self.agents.written()
+        self.link.flush_acks()
 
     def _commit(self) -> bool:
         """Commit the state store, timing the commits that write something."""
