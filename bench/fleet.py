@@ -20,8 +20,10 @@ A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, p
 
 - agents lost: every ``unknown{ended}`` the broker sent a fake agent (each re-registers as a
   real agent would), and the fewest agents the broker's status listed while the tasks ran;
-  and how long the broker took to find silent the one agent that goes silent two seconds
-  into the run (it finishes what it may start, then neither beats nor takes anything);
+  how long the broker took to find silent the one agent that goes silent two seconds into
+  the run (it finishes what it may start, then neither beats nor takes anything: the
+  heartbeat timeout is 3 s; a broker behind its messages finds it later, never falsely);
+  and the slowest heartbeat round trip a fake agent saw (how far the loop fell behind);
 - the broker's CPU while the agents only beat (per cent of one core, over five seconds
   before the tasks are submitted);
 - the time for all (submit to the last result);
@@ -124,15 +126,19 @@ class Fleet:
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "muted"
 
-    def counts(self, command: str = "counts") -> dict[str, int]:
-        total: dict[str, int] = {}
+    def counts(self, command: str = "counts") -> dict[str, Any]:
+        total: dict[str, Any] = {}
         for line in self.ask(command, None):
             for name, count in json.loads(line).items():
-                total[name] = max(total.get(name, count), count) if name == "found_s" \
-                    else total.get(name, 0) + count
+                if isinstance(count, str):
+                    total[name] = total.get(name) or count
+                elif name in ("found_s", "slowest_echo_s"):
+                    total[name] = max(total.get(name, count), count)
+                else:
+                    total[name] = total.get(name, 0) + count
         return total
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> dict[str, Any]:
         total = self.counts("stop")
         for proc in self.procs:
             proc.wait(30)
@@ -188,6 +194,7 @@ def run(n_agents: int, n_tasks: int, procs: int, answer: str, threads: int,
             "lost": counts.get("lost", 0), "fewest_listed": min(fewest[0],
                                                                 len(status["agents"])),
             "silent_found_s": counts.get("found_s", -1),
+            "slowest_echo_s": counts.get("slowest_echo_s", 0),
             "broker_cpu_s": round(cpu, 2), "cpu_us_per_task": round(cpu / n_tasks * 1e6, 1),
             "net_us_per_task": round((cpu - idle * elapsed) / n_tasks * 1e6, 1),
             "messages": int(messages), "messages_per_task": round(messages / n_tasks, 2),
@@ -273,7 +280,8 @@ def main() -> None:
         serve(*args.serve)
         return
     rows = []
-    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'found s':>7} {'idle cpu%':>9} "
+    print(f"{'agents':>6} {'lost':>4} {'listed':>6} {'found s':>7} {'echo s':>6} "
+          f"{'idle cpu%':>9} "
           f"{'seconds':>8} "
           f"{'cpu us/task':>11} {'net':>6} "
           f"{'msgs/task':>9} {'cpu us/msg':>10} {'sched us/dec':>12} {'us/pass':>8} "
@@ -282,7 +290,8 @@ def main() -> None:
         row = run(n, args.tasks, args.procs, args.answer, args.threads, args.side)
         rows.append(row)
         print(f"{n:>6} {row['lost']:>4} {row['fewest_listed']:>6} "
-              f"{row['silent_found_s']:>7} {row['idle_cpu_pct']:>9} "
+              f"{row['silent_found_s']:>7} {row['slowest_echo_s']:>6} "
+              f"{row['idle_cpu_pct']:>9} "
               f"{row['seconds']:>8} "
               f"{row['cpu_us_per_task']:>11} {row['net_us_per_task']:>6} "
               f"{row['messages_per_task']:>9} "

@@ -113,6 +113,9 @@ class FakeAgent:
             return
         if msg.kind == P.HEARTBEAT and isinstance(msg.body.get("echo"), float):
             self.echoed = max(self.echoed, msg.body["echo"])
+            # (the beat's round trip: the broker's loop behind its messages shows here)
+            self.fleet.slowest_echo = max(self.fleet.slowest_echo,
+                                          time.monotonic() - msg.body["echo"])
         if side:
             return
         if msg.kind == P.WELCOME:
@@ -138,6 +141,7 @@ class FakeAgent:
             # registers anew.
             if self.muted is not None:
                 self.fleet.found_s = round(time.monotonic() - self.muted, 2)
+                self.fleet.found_why = str(msg.body.get("ended"))
             else:
                 self.fleet.lost += 1
             self.new_session()
@@ -160,6 +164,8 @@ class Fleet:
         self.sent = self.received = self.welcomed = self.lost = self.granted = self.done = 0
         self.side_beats = 0
         self.found_s = -1.0  # how long the broker took to find the muted agent silent
+        self.found_why = ""
+        self.slowest_echo = 0.0  # the slowest heartbeat round trip (seconds)
         self.touched: set[FakeAgent] = set()
         self.agents = [FakeAgent(self, f"fleet-{first + i:05d}") for i in range(count)]
         self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, None)
@@ -247,7 +253,9 @@ class Fleet:
     def counts(self) -> None:
         print(json.dumps({"sent": self.sent, "received": self.received, "lost": self.lost,
                           "granted": self.granted, "done": self.done,
-                          "side_beats": self.side_beats, "found_s": self.found_s}),
+                          "side_beats": self.side_beats, "found_s": self.found_s,
+                          "found_why": self.found_why,
+                          "slowest_echo_s": round(self.slowest_echo, 2)}),
               flush=True)
 
     def close(self) -> None:
