@@ -1,16 +1,18 @@
 """Fake agents for bench/fleet.py: many sessions in one process, speaking the real protocol.
 
 Run by fleet.py (``--serve``); prints ``ready`` once every agent is welcomed. Commands on its
-standard input: ``counts`` (prints its counts as one JSON line), ``mute`` (its first agent
+standard input: ``counts`` (prints its counts as one JSON line); ``mute`` (its first agent
 goes silent: it finishes what it was told it may start, then neither beats nor takes
 anything; once the broker declares it lost it registers anew, and ``found_s`` says how long
-that took), ``leave`` (every agent says
-goodbye, as agents stopping do; prints ``left``), ``join MODE`` (every agent registers a new
-session and answers grants as MODE says; prints ``ready`` once all are welcomed), ``stop``
-(prints its counts and ends). Answer modes: ``acked``, ``once`` (see fleet.py) and ``hold``:
-grants are kept and never answered (the agents' slots stay full). One epoll over every socket's
-ZMQ_FD, each socket drained when it is signalled (and after each send, which may take the
-signal), keeps the fleet's own CPU per message small: the broker is what is measured.
+that took); ``leave`` (every agent says goodbye, as agents stopping do; prints ``left``);
+``join MODE`` (every agent registers a new session and answers grants as MODE says; prints
+``ready`` once all are welcomed); ``stop`` (prints its counts and ends). Answer modes:
+``acked``, ``once`` (see fleet.py) and ``hold``: grants are kept and never answered (the
+agents' slots stay full).
+
+One epoll over every socket's ZMQ_FD, each socket drained when it is signalled (and after
+each send, which may take the signal), keeps the fleet's own CPU per message small: the
+broker is what is measured.
 """
 
 from __future__ import annotations
