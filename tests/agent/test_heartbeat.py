@@ -109,3 +109,25 @@ def test_an_ack_that_comes_after_the_lease_lapsed_starts_nothing(stepped, tmp_pa
         "jobs started on an ack that came after the lease lapsed"
     # Once the broker echoes a heartbeat again, the lease holds and they all start.
     pair.until(lambda: len(list(marks.iterdir())) == 200, "the jobs to start")
+
+
+def test_the_heartbeat_thread_beats_only_while_the_loops_beats_go_unechoed(stepped,
+                                                                           monkeypatch):
+    """While the agent's loop beats and the broker echoes it, its heartbeat thread sends
+    nothing (each of its beats costs the broker two messages); once the loop stops turning,
+    it beats (and the agent is kept, as above)."""
+    pair = stepped
+    pair.until(lambda: pair.agent.session.registered, "registration")
+    sides: list[float] = []
+    side_beat = pair.broker.link.on_side_beat
+    monkeypatch.setattr(pair.broker.link, "on_side_beat",
+                        lambda *a: sides.append(time.monotonic()) or side_beat(*a))
+    pair.agent.heartbeat.start()
+    until = time.monotonic() + 20 * 0.2  # (twenty of its intervals)
+    while time.monotonic() < until:
+        pair.step()
+    assert len(sides) <= 5, f"{len(sides)} side beats in twenty intervals"
+    busy_until = time.monotonic() + 1.0
+    while time.monotonic() < busy_until:
+        pair.step(agent=False)
+    assert len(sides) >= 2 and pair.registered()

@@ -53,6 +53,11 @@ class Session:
             self.until = max(self.until, anchor + self.lease_len)
             self._lease.set(self.until)
 
+    def renewed_since(self, sent: float) -> bool:
+        """Whether the lease runs from a heartbeat sent at SENT or later (the broker has
+        echoed one that recent)."""
+        return self.until - self.lease_len >= sent
+
     def welcomed(self, epoch: int | None, lease_len: float) -> bool:
         """The broker welcomed this session; return whether for the first time."""
         with self._lock:

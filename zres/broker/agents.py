@@ -115,11 +115,17 @@ def _int_list(value: Any, what: str) -> list[int]:
 
 
 class AgentRegistry:
-    """Registered agents by routing id, and which agent owns each scheduler slot."""
+    """Registered agents by routing id, and which agent owns each scheduler slot.
+
+    Nothing done per message or per loop turn walks every agent (a broker has thousands):
+    agents are also indexed by name, by connection, by when they were last heard (the
+    silent ones first) and by whether they have reports to acknowledge; what is kept on
+    disk (lost agents, name bindings) is handed to the store as the live mapping, written
+    once per commit however many changed."""
 
     def __init__(self, sched: Scheduler, timeout: float,
-                 ended: list[list[Any]] | None = None,
-                 keep_ended: Callable[[list[list[Any]]], None] = lambda ended: None,
+                 ended: list[list[Any]] | dict[bytes, str] | None = None,
+                 keep_ended: Callable[[OrderedDict[bytes, str]], None] = lambda ended: None,
                  bindings: dict[str, str] | None = None,
                  keep_bindings: Callable[[dict[str, str]], None] = lambda keys: None) -> None:
         self.sched = sched
@@ -130,11 +136,21 @@ class AgentRegistry:
         # their own (its heartbeat thread), which names the session it beats for.
         self.by_session: dict[int, AgentRecord] = {}
         self.slot_owner: dict[int, AgentRecord] = {}
-        # Lost agents' ids: why. Kept across the broker's restarts (KEEP_ENDED writes
-        # them): an agent declared lost before a restart must not have its work taken
-        # back after it, for its resources went elsewhere.
+        # Routing ids by when they were last heard, the longest silent first (``alive``
+        # moves one to the end): the silent are found without walking the others.
+        self._by_seen: OrderedDict[bytes, AgentRecord] = OrderedDict()
+        # Routing ids by the connection they were last heard over.
+        self._by_fd: dict[int, dict[bytes, None]] = {}
+        # Agents with reports taken in and not yet kept on disk (``took``, ``written``).
+        self._unkept: dict[bytes, AgentRecord] = {}
+        self.removed = 0  # agents removed so far: what may have made tasks infeasible
+        # Lost agents' ids: why. Kept across the broker's restarts (KEEP_ENDED(mapping)
+        # writes them): an agent declared lost before a restart must not have its work
+        # taken back after it, for its resources went elsewhere. (Kept as a map; a list of
+        # [id, why] pairs is what earlier versions kept.)
+        pairs = ended.items() if isinstance(ended, dict) else ended or []
         self.ended: OrderedDict[bytes, str] = OrderedDict(
-            (bytes(i), str(why)) for i, why in ended or [])
+            (bytes(i), str(why)) for i, why in pairs)
         self._keep_ended = keep_ended
         self._next_slot = 0
         # With keys: each agent name's key ("role:name"), bound by its first registration,
@@ -155,7 +171,7 @@ class AgentRegistry:
         while len(self.name_keys) > _BINDINGS_KEPT:
             del self.name_keys[next(iter(self.name_keys))]
         if changed:
-            self._keep_bindings(dict(self.name_keys))
+            self._keep_bindings(self.name_keys)  # (written at the next commit)
 
     def get(self, ident: bytes) -> AgentRecord | None:
         return self.by_ident.get(ident)
@@ -167,8 +183,18 @@ class AgentRegistry:
         """Return the agent IDENT and note it is alive, or None if it is unknown."""
         agent = self.by_ident.get(ident)
         if agent is not None:
-            agent.last_seen = now
+            self.alive(agent, now)
         return agent
+
+    def alive(self, agent: AgentRecord, now: float) -> None:
+        """AGENT was heard from at NOW (its connection, or its heartbeat thread's)."""
+        agent.last_seen = now
+        self._by_seen.move_to_end(agent.ident)
+
+    def took(self, agent: AgentRecord, seq: int) -> None:
+        """AGENT's report SEQ is taken in: acknowledged once the store has it."""
+        agent.seq = seq
+        self._unkept[agent.ident] = agent
 
     def is_repeat(self, ident: bytes, reg: Registration) -> bool:
         """Whether REG repeats IDENT's registration (it crossed our welcome)."""
@@ -177,7 +203,11 @@ class AgentRegistry:
 
     def heard(self, agent: AgentRecord, fd: int) -> bool:
         """AGENT spoke over connection FD; return whether it was away (it is back)."""
-        agent.fd = fd
+        if agent.fd != fd:
+            self._unlink_fd(agent)
+            agent.fd = fd
+            if fd >= 0:
+                self._by_fd.setdefault(fd, {})[agent.ident] = None
         if not agent.away:
             return False
         agent.away = False
@@ -186,7 +216,9 @@ class AgentRegistry:
     def disconnected(self, fd: int) -> list[AgentRecord]:
         """Connection FD closed: the agents last heard over it are away (if one has since
         reconnected over a reused descriptor, its next message brings it back)."""
-        away = [a for a in self.by_ident.values() if a.fd == fd and not a.away]
+        idents = self._by_fd.pop(fd, {})
+        away = [a for a in map(self.by_ident.get, idents)
+                if a is not None and a.fd == fd and not a.away]
         for agent in away:
             agent.away = True
         return away
@@ -197,7 +229,8 @@ class AgentRegistry:
     def displaced_by(self, ident: bytes, name: str) -> list[AgentRecord]:
         """The records a registration of NAME from IDENT replaces: IDENT's own, and any
         other agent's of the same name."""
-        return [r for r in self.by_ident.values() if r.ident == ident or r.name == name]
+        own, named = self.by_ident.get(ident), self.by_name.get(name)
+        return [r for r in (own, named if named is not own else None) if r is not None]
 
     def add(self, ident: bytes, reg: Registration, now: float) -> AgentRecord:
         """Record the agent and give each of its slots to the scheduler."""
@@ -211,10 +244,11 @@ class AgentRegistry:
         record = AgentRecord(ident, reg.name, reg.host, reg.pid, now, slot_ids, reg.gpus,
                              reg.spec(), reg.session, echo=reg.sent_at)
         if self.ended.pop(ident, None) is not None:
-            self._keep_ended([[i, why] for i, why in self.ended.items()])
+            self._keep_ended(self.ended)
         self.by_ident[ident] = record
         self.by_name[record.name] = record
         self.by_session[record.session] = record
+        self._by_seen[ident] = record
         for slot_id in slot_ids:
             self.slot_owner[slot_id] = record
         log.info("agent_joined", agent=reg.name, slots=[format_units(u) for u in reg.units])
@@ -228,12 +262,23 @@ class AgentRegistry:
             del self.by_name[agent.name]
         if self.by_session.get(agent.session) is agent:
             del self.by_session[agent.session]
+        del self._by_seen[agent.ident]
+        self._unkept.pop(agent.ident, None)
+        self._unlink_fd(agent)
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
+        self.removed += 1
         self.ended[agent.ident] = why
         while len(self.ended) > _ENDED_KEPT:
             self.ended.popitem(last=False)
-        self._keep_ended([[i, why] for i, why in self.ended.items()])
+        self._keep_ended(self.ended)
+
+    def _unlink_fd(self, agent: AgentRecord) -> None:
+        idents = self._by_fd.get(agent.fd)
+        if idents is not None:
+            idents.pop(agent.ident, None)
+            if not idents:
+                del self._by_fd[agent.fd]
 
     def forgive(self, gap: float) -> None:
         """The broker itself did not listen for GAP seconds (stopped, or stalled): nobody
@@ -242,8 +287,16 @@ class AgentRegistry:
             agent.last_seen += gap
 
     def silent(self, now: float) -> list[AgentRecord]:
-        """The agents not heard from for longer than the heartbeat timeout."""
-        return [a for a in self.by_ident.values() if now - a.last_seen > self.timeout]
+        """The agents not heard from for longer than the heartbeat timeout (those heard
+        from since are not looked at). (Right after a stall is forgiven, an agent heard
+        since may wait behind some forgiven into the future: it is found once they are
+        heard again, within an interval.)"""
+        found = []
+        for agent in self._by_seen.values():
+            if now - agent.last_seen <= self.timeout:
+                break
+            found.append(agent)
+        return found
 
     def set_capacity(self, agent: AgentRecord, changes: Units) -> None:
         """Set the amounts named in CHANGES on every slot of AGENT (0 removes a name);
@@ -263,5 +316,6 @@ class AgentRegistry:
 
     def written(self) -> None:
         """The state store has everything taken in so far: it may all be acknowledged."""
-        for agent in self.by_ident.values():
+        for agent in self._unkept.values():
             agent.kept = agent.seq
+        self._unkept.clear()

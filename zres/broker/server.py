@@ -32,6 +32,7 @@ from .agent_link import AgentLink
 from .agents import AgentRegistry
 from .auth import Gate
 from .backlog import Backlog
+from .beats import Heartbeats
 from .cancels import CancelAnswers
 from .client_link import ClientLink
 from .clients import ClientRegistry
@@ -96,6 +97,7 @@ class Broker(Intake):
         self.lease = max(heartbeat_timeout - 2 * heartbeat_interval, heartbeat_timeout / 2)
         self._last_beat = 0.0
         self._last_turn = time.monotonic()
+        self._judged = 0  # agents removed when feasibility was last judged (``settle``)
         self._fd = -1                       # the connection of the message being handled
         self._stopping = False
         self._collector = Collector()
@@ -188,8 +190,9 @@ class Broker(Intake):
                               fd=lambda: self._fd, key=lambda: self.ids.conn,
                               keys=self.gate.names,
                               adopt=lambda *a: self.adoption.offered(*a),
-                              relay=self.relay.route if self.relay else None, peer=self.peer,
-                              commit=lambda: store is None or store.commit())
+                              relay=self.relay.route if self.relay else None, peer=self.peer)
+        self.beats = Heartbeats(self._send, self._send_raw, self.agents, self.clients,
+                                self.link, self.dispatch, self.epoch, heartbeat_interval)
         # What the HTTP thread serves (zres.broker.http): a snapshot made on demand, and
         # counters the loop bumps; neither can change anything here.
         self.snapshots = Snapshots()
@@ -210,7 +213,7 @@ class Broker(Intake):
             P.STATUS: self._on_status,
             P.REGISTER: self.link.on_register, P.REPORT: self.link.on_report,
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
-            P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
+            P.HEARTBEAT: self.beats.on_heartbeat, P.BYE: self._on_bye,
             P.RESOURCES: self.link.on_resources, P.KILL: self.actors.on_kill,
             P.LOOKUP: self.actors.on_lookup,
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
@@ -253,13 +256,9 @@ class Broker(Intake):
         """Handle what has arrived (for a bounded time), run the scheduler, send batches,
         check heartbeats."""
         start = time.monotonic()
-        gap = start - self._last_turn
-        if gap > max(2 * self.hb_interval, 1.0):
-            # This loop did not run for GAP (the broker was stopped, or stalled): peers
-            # were not silent, we were not listening.
-            self.agents.forgive(gap)
-            self.clients.forgive(gap)
-            log.warning("broker_stalled", seconds=round(gap, 1))
+        # (The loop did not run for that long, stopped or stalled: peers were not silent,
+        # we were not listening.)
+        self.beats.stalled(start - self._last_turn)
         events = dict(self.poller.poll(int(timeout * 1000)))
         busy_from = time.monotonic()  # (a turn's length leaves out its wait for messages)
         if self.gate.zap is not None and self.gate.zap in events:
@@ -268,11 +267,14 @@ class Broker(Intake):
             self._on_connection_events()
         if self.snapshots.wake in events:
             self.snapshots.drain()
-        if self.sock in events:
+        if self.sock not in events:
+            self.beats.drained_at = busy_from  # (nothing waited when the poll returned)
+        else:
             for _ in range(_BATCH):
                 try:
                     frames = P.recv(self.sock)
                 except zmq.Again:
+                    self.beats.drained_at = time.monotonic()
                     break
                 self._traffic.messages_in += 1
                 self._traffic.bytes_in += sum(map(len, frames))
@@ -280,16 +282,14 @@ class Broker(Intake):
                 self._dispatch(frames, now)
                 if now - busy_from > _TURN_BUDGET:
                     break  # the rest next turn, after heartbeats and scheduling
+        if self.link.to_ack:  # (hand-offs wait for these: not behind large submits' work)
+            self._keep()
         self.backlog.run(_BACKLOG_BUDGET)  # (what large submits left: see backlog)
         now = time.monotonic()
-        if now - start > max(2 * self.hb_interval, 1.0):  # one message held us that long
-            self.agents.forgive(now - start)
-            self.clients.forgive(now - start)
-            log.warning("broker_stalled", seconds=round(now - start, 1))
-        # Before any ack goes out (in assigns, heartbeats, acks): an agent starts a job only
-        # once the broker has kept that it may, and drops a result once it is kept.
-        if self.store is None or self._commit():
-            self.agents.written()
+        self.beats.stalled(now - start)  # (one message held us that long?)
+        self.settle()
+        self._keep()
+        self.beats.answer()
         if self.sched.needs_pass():
             try:
                 began = time.perf_counter()
@@ -301,7 +301,13 @@ class Broker(Intake):
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
             try:
-                self._heartbeats(now)
+                read = self.gate.refresh()  # (a key removed is refused within a heartbeat)
+                if read != self._keys_read:
+                    self._keys_read = read
+                    self.ids.revoke(self._send, self.agents, lambda agent, why:
+                                    self.dispatch.lose_agent(agent, why, recheck=False))
+                self.beats.tick(now)
+                self.settle()
                 self.adoption.expire(now)
                 for agent, gone in self.objects.expire(now, self.adoption.grace):
                     self.dispatch.lineage.lost(gone, f"agent {agent} (it did not come back "
@@ -323,6 +329,23 @@ class Broker(Intake):
                 log.exception("snapshot_failed")
         self._last_turn = self.snapshots.last_turn = time.monotonic()
         self._traffic.turned(self._last_turn - busy_from)
+
+    def settle(self) -> None:
+        """Judge every queued task's feasibility again if agents were lost since it was
+        last judged: once a turn, however many went (each judging walks every queued task:
+        a thousand agents lost with 100,000 tasks queued held the loop for a minute)."""
+        if self.agents.removed != self._judged:
+            self._judged = self.agents.removed
+            self.dispatch.recheck_feasibility()
+
+    def _keep(self) -> None:
+        """Commit what the turn's messages changed, then acknowledge the agents' reports
+        that wait for it. Before any ack goes out (in assigns, heartbeats, acks): an agent
+        starts a job only once the broker has kept that it may, and drops a result once it
+        is kept."""
+        if self.store is None or self._commit():
+            self.agents.written()
+        self.link.flush_acks()
 
     def _commit(self) -> bool:
         """Commit the state store, timing the commits that write something."""
@@ -374,50 +397,18 @@ class Broker(Intake):
             # (grants, acks, cancels) must never reach the session after it. (A reply
             # about another session names that one.)
             body = {"session": agent.session, **(body or {})}
-        message = [ident, *P.encode(kind, body, frames)]
+        self._send_raw(ident, P.encode(kind, body, frames))
+
+    def _send_raw(self, ident: bytes, frames: list[Any]) -> None:
+        """Send the encoded message FRAMES to IDENT as it is, counted."""
         self._traffic.messages_out += 1
-        self._traffic.bytes_out += sum(map(len, message))
-        P.send(self.sock, message)
-
-    def _heartbeats(self, now: float) -> None:
-        read = self.gate.refresh()  # (a key removed is refused within a heartbeat)
-        if read != self._keys_read:
-            self._keys_read = read
-            self.ids.revoke(self._send, self.agents, self.dispatch.lose_agent)
-        for agent in self.agents.silent(now):
-            self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
-        self.clients.expire(now)
-        for agent in self.agents.by_ident.values():
-            agent.acked = agent.kept
-            self._send(agent.ident, P.HEARTBEAT, {"epoch": self.epoch, "echo": agent.echo,
-                                                  "ack": agent.kept})
-        beat = P.encode(P.HEARTBEAT, {"epoch": self.epoch})
-        size = sum(map(len, beat))
-        for ident in self.clients.idents(present=True):
-            self._traffic.messages_out += 1
-            self._traffic.bytes_out += len(ident) + size
-            P.send(self.sock, [ident, *beat])
-
-    def _on_heartbeat(self, ident: bytes, msg: P.Message, now: float) -> None:
-        agent = self.link.agent(ident, now, quiet=True)
-        if agent is not None:
-            sent = msg.body.get("t")
-            if isinstance(sent, float):
-                agent.echo = sent
-            store = msg.body.get("store")
-            if isinstance(store, dict):  # (what its object store holds: for status)
-                agent.store = {k: v for k, v in store.items()
-                               if isinstance(k, str) and type(v) is int}
-        elif msg.body.get("side") is True:  # an agent's heartbeat thread
-            self.link.on_side_beat(ident, msg, now)
-        elif self.clients.seen(ident, now) is None:
-            self._send(ident, P.UNKNOWN,
-                       self.link.unknown_body(ident, msg.body.get("session")))
+        self._traffic.bytes_out += len(ident) + sum(map(len, frames))
+        P.send(self.sock, [ident, *frames])
 
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self.agents.get(ident)
         if agent is not None:
-            self.dispatch.lose_agent(agent, "it shut down", left=True)
+            self.dispatch.lose_agent(agent, "it shut down", recheck=False, left=True)
         else:
             self.clients.leave(ident)
 

@@ -201,18 +201,19 @@ broker -> agent
     logs       {token, job, offset}             read a job's log file
     cancel     {ids: [id...], force?: bool}     force: stop them even if they started
     resources  {slots: [units...]}              the new capacity, for re-registering
-    heartbeat  {epoch, echo?: t, ack?}          echo: the agent's latest heartbeat's t
+    heartbeat  {epoch, echo?: t, ack?}          the answer to each heartbeat of the agent's
+                                                (once the broker's turn has kept what came
+                                                with it); echo: its latest heartbeat's t
     ack        {ack}                            reports received up to this seq
     unknown    {ended?: why, session?, replaced?, refused?: why}
                ended: the session is over (lost): stop its work, register anew;
                refused: its key was revoked: stop (exit status 1)
 any peer -> broker
     heartbeat  {t?, session?, side?: true, store?}  side: from an agent's heartbeat
-                                                thread (a socket of its own, its agent's
-                                                key): SESSION is alive; answered heartbeat
-                                                {epoch, echo: t, session} to that socket;
-                                                store (an agent's): what its store holds
-                                                ({objects, memory, spilled, budget})
+                                                thread (own socket, agent's key) while its
+                                                loop's echoes are late: SESSION is alive;
+                                                answered {epoch, echo: t, session}. store:
+                                                {objects, memory, spilled, budget}
 
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}
