@@ -4,8 +4,10 @@ stopped and restarted at random instants; then every promise is checked.
     python bench/chaos.py [--rounds N] [--seed S] [--tasks N] [--json out.json]
 
 Each round starts a cluster (two CPU agents offering slot=2, one agent with two fake GPUs),
-submits tasks with dependencies and retries, pipelined short tasks, GPU tasks, calls to
-actors that restart, and command jobs, and meanwhile SIGKILLs agents (restarting them),
+submits tasks with dependencies and retries (some returning results over 64 KiB, kept on
+the agent that made them, that later tasks take as inputs: the data plane), pipelined
+short tasks, GPU tasks, calls to actors that restart, and command jobs, and meanwhile
+SIGKILLs agents (restarting them),
 SIGSTOPs them for up to twice the heartbeat timeout, SIGKILLs worker processes and
 SIGTERMs agents (which drain); it also cancels tasks as they go (some with force). With
 --broker-kills it also SIGKILLs the broker and restarts it on its state.
@@ -17,7 +19,12 @@ ends, so a lock found taken means two bodies ran at once on one unit: an over-gr
 Checked per round, and printed as a table:
 - every future resolved, with the right value or a zres error that tells the truth
   ("while running" only if the body began);
-- no retries=0 body began twice, and no retries=N body more than N+1 times;
+- no retries=0 body began twice, and no retries=N body more than N+1 times (counted
+  apart: "twice0", bodies of retries=0 tasks that began twice, which must be 0);
+- results lost with their agent (an agent killed, or a broker restarted without it) are
+  made again only where their task may run again: "recomputed" counts the bodies that
+  began again after they had ended; a future or dependent of a lost result that may not
+  be made again fails with ResultLostError (a truthful error);
 - a task whose cancel() said True never began, and ended cancelled; nothing ended
   cancelled that was not cancelled (with force or not), or waited on one that was;
 - no unit of a resource over-granted at any instant;
@@ -47,7 +54,9 @@ import zres  # noqa: E402
 
 FAKE_GPUS = json.dumps([{"name": "Fake GPU", "memory": 16e9}] * 2)
 HEARTBEAT, TIMEOUT = 0.2, 2.0
-TRUTHFUL = (zres.AgentLostError, zres.WorkerLostError, zres.ActorDiedError)
+TRUTHFUL = (zres.AgentLostError, zres.WorkerLostError, zres.ActorDiedError,
+            zres.ResultLostError)
+BIG = 70_000  # bytes a "big" task adds to its result: over 64 KiB, kept on its agent
 
 # A command job's body: the same protocol as `body`, in its own process.
 JOB = """
@@ -113,7 +122,13 @@ def body(ledger: str, lockdir: str, key: str, seconds: float, value: int,
         if held is not None:
             held.close()
     _note(ledger, "end", key)
-    return value + sum(inputs)
+    return value + sum(i[0] if isinstance(i, tuple) else i for i in inputs)
+
+
+def big_body(ledger: str, lockdir: str, key: str, seconds: float, value: int,
+             *inputs: Any) -> tuple[int, bytes]:
+    """As body, with BIG bytes more in its result (kept on its agent, not sent inline)."""
+    return body(ledger, lockdir, key, seconds, value, *inputs), bytes(BIG)
 
 
 class Tally:
@@ -194,18 +209,20 @@ class Round:
         done: list[str] = []
         for i in range(self.tasks):
             kind = rng.choices(["plain", "short", "gpu", "call", "job"], [4, 6, 2, 2, 1])[0]
+            if kind == "plain" and rng.random() < 0.4:
+                kind = "big"  # (a plain task whose result is kept on its agent)
             key = f"{kind[0]}{i}"
             value = rng.randint(0, 1000)
             retries = rng.choice([0, 0, 1, 2])
-            if kind == "plain":
+            if kind in ("plain", "big"):
                 inputs = [k for k in rng.sample(done, min(len(done), rng.randint(0, 2)))
-                          if k[0] in "ps"]
+                          if k[0] in "psb"]
                 self.expected[key] = value + sum(self.expected[k] for k in inputs)
                 self.inputs[key] = inputs
                 self.futures[key] = client.submit(
-                    body, *common, key, rng.uniform(0.005, 0.05), value,
-                    *[self.futures[k] for k in inputs], resources={"slot": 1},
-                    retries=retries, key=key)
+                    big_body if kind == "big" else body, *common, key,
+                    rng.uniform(0.005, 0.05), value, *[self.futures[k] for k in inputs],
+                    resources={"slot": 1}, retries=retries, key=key)
             elif kind == "short":
                 retries = 0
                 self.expected[key] = value
@@ -287,10 +304,16 @@ class Round:
 
     def _check(self) -> dict[str, Any]:
         starts: Counter[str] = Counter()
+        ended: set[str] = set()
+        recomputed: Counter[str] = Counter()  # began again after it had ended
         for line in open(self.ledger):
             what, key, *_ = line.split()
             if what == "start":
                 starts[key] += 1
+                if key in ended:
+                    recomputed[key] += 1
+            elif what == "end":
+                ended.add(key)
         outcomes: Counter[str] = Counter()
         problems: list[str] = []
         for key, future in self.futures.items():
@@ -310,9 +333,15 @@ class Round:
                 continue
             error = future.exception()
             if error is None:
+                try:  # (a result kept on an agent is fetched now: it may be lost)
+                    result = future.result(60)
+                except Exception as exc:
+                    error = exc
+            if error is None:
                 outcomes["ok"] += 1
-                result = future.result()
                 expected = self.expected.get(key)
+                if key[0] == "b" and result[1] == bytes(BIG):
+                    result = result[0]
                 if expected is not None and result != expected:
                     problems.append(f"{key}: returned {result!r}, expected {expected}")
             elif isinstance(error, TRUTHFUL) or isinstance(error, zres.CommandFailed):
@@ -332,6 +361,10 @@ class Round:
         return {"round": self.number, "tasks": len(self.futures), "outcomes": dict(outcomes),
                 "twice": sum(1 for k, n in starts.items() if k in self.retries
                              and n > self.retries[k] + 1),
+                "twice0": sum(1 for k, n in starts.items() if n > 1
+                              and self.retries.get(k) == 0),
+                "recomputed": sum(recomputed.values()),
+                "big": sum(1 for k in self.futures if k[0] == "b"),
                 "overgrants": len(overgrants), "faults": dict(self.faults),
                 "problems": problems + [f"over-grant: {o}" for o in overgrants]}
 
@@ -399,6 +432,7 @@ def _row(r: dict[str, Any]) -> str:
     faults = " ".join(f"{k}={v}" for k, v in sorted(r["faults"].items()))
     status = "ok" if not r["problems"] and not r["left_behind"] else "FAILED"
     return (f"round {r['round']:>3}  {status:<6}  tasks={r['tasks']:<4} {outcomes:<58} "
+            f"big={r['big']} recomputed={r['recomputed']} twice0={r['twice0']} "
             f"twice={r['twice']} overgrants={r['overgrants']} left={r['left_behind']}  "
             f"faults: {faults}  {r['seconds']}s")
 
@@ -424,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(reports)} rounds, {sum(r['tasks'] for r in reports)} tasks: "
           + " ".join(f"{k}={v}" for k, v in sorted(totals.items()))
           + "; faults: " + " ".join(f"{k}={v}" for k, v in sorted(faults.items()))
+          + f"; big results: {sum(r['big'] for r in reports)}"
+          + f", recomputed: {sum(r['recomputed'] for r in reports)}"
+          + f"; retries=0 bodies begun twice: {sum(r['twice0'] for r in reports)}"
           + f"; ran twice: {sum(r['twice'] for r in reports)}"
           + f"; over-grants: {sum(r['overgrants'] for r in reports)}"
           + f"; left behind: {sum(r['left_behind'] for r in reports)}")

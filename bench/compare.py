@@ -45,7 +45,9 @@ Workloads, per system (quick mode's sizes in brackets):
    agent, worker), so zres's figures can be read against the floor of its own topology; and
    the direct bandwidth once more with each message kept as ``bytes`` to the end, as a
    gather of ``bytes`` results must (a copy into new memory that stays held): the most any
-   system could gather them at here, with no task, no scheduler and one link.
+   system could gather them at here, with no task, no scheduler and one link; and one link
+   with CURVE (a fresh key pair), plain and kept as bytes: with keys (the default) a zres
+   result crosses one such link, from the agent holding it to whoever reads it.
 
 Each system runs in a subprocess of its own (new session, killed whole afterwards), one
 after another, never two at once, on one cluster after the start-up figures and an untimed
@@ -529,24 +531,35 @@ def run_system(name: str, sizes: Sizes, out: str) -> None:
 
 # -- the floor: bare pyzmq between two processes ------------------------------------------
 def echo_server() -> None:
-    """ROUTER on a random loopback port: echo messages; on b"stream" send N 10 MB ones."""
+    """ROUTERs on random loopback ports, one plain and one with CURVE (its public key
+    printed after the ports): echo messages; on b"stream" send N 10 MB ones."""
     import zmq
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    print(port, flush=True)
+    curve = ctx.socket(zmq.ROUTER)
+    public, secret = zmq.curve_keypair()
+    curve.curve_server = True
+    curve.curve_publickey, curve.curve_secretkey = public, secret
+    curve_port = curve.bind_to_random_port("tcp://127.0.0.1")
+    print(port, curve_port, public.decode(), flush=True)
     payload = random.Random(0).randbytes(BLOB_SIZE)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(curve, zmq.POLLIN)
     while True:
-        ident, *frames = sock.recv_multipart()
-        if frames[0] == b"stream":
-            for _ in range(int(frames[1])):
-                sock.send_multipart([ident, payload], copy=False)
-        elif frames[0] == b"stop":
-            break
-        else:
-            sock.send_multipart([ident, *frames])
-    sock.close()
-    ctx.term()
+        for ready, _ in poller.poll():
+            ident, *frames = ready.recv_multipart()
+            if frames[0] == b"stream":
+                for _ in range(int(frames[1])):
+                    ready.send_multipart([ident, payload], copy=False)
+            elif frames[0] == b"stop":
+                sock.close()
+                curve.close()
+                ctx.term()
+                return
+            else:
+                ready.send_multipart([ident, *frames])
 
 
 def forwarder(upstream: int) -> None:
@@ -571,25 +584,32 @@ def forwarder(upstream: int) -> None:
             down.send_multipart([peer, *up.recv_multipart(copy=False)], copy=False)
 
 
-def _start(*args: str) -> tuple[subprocess.Popen[bytes], int]:
-    """Start this file with ARGS; return the process and the port it prints."""
+def _start(*args: str) -> tuple[subprocess.Popen[bytes], int, list[str]]:
+    """Start this file with ARGS; return the process, the port it prints and what else it
+    prints on that line."""
     proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     assert proc.stdout is not None
-    return proc, int(proc.stdout.readline())
+    port, *rest = proc.stdout.readline().decode().split()
+    return proc, int(port), rest
 
 
 def run_floor(sizes: Sizes, out: str) -> None:
     import zmq
     rec = Recorder(out)
     rec.data["version"] = importlib.metadata.version("pyzmq")
-    server, port = _start("--_echo-server")
+    server, port, (curve_port, server_key) = _start("--_echo-server")
     # The chain: this process -> forwarder -> forwarder -> the echo server.
-    inner, inner_port = _start("--_forward", str(port))
-    outer, outer_port = _start("--_forward", str(inner_port))
+    inner, inner_port, _ = _start("--_forward", str(port))
+    outer, outer_port, _ = _start("--_forward", str(inner_port))
     ctx = zmq.Context()
     direct = ctx.socket(zmq.DEALER)
     direct.connect(f"tcp://127.0.0.1:{port}")
+    # One link with CURVE, as zres's data ports have with keys (the default).
+    curve = ctx.socket(zmq.DEALER)
+    curve.curve_serverkey = server_key.encode()
+    curve.curve_publickey, curve.curve_secretkey = zmq.curve_keypair()
+    curve.connect(f"tcp://127.0.0.1:{curve_port}")
     chained = ctx.socket(zmq.DEALER)
     chained.connect(f"tcp://127.0.0.1:{outer_port}")
     try:
@@ -626,10 +646,18 @@ def run_floor(sizes: Sizes, out: str) -> None:
                     *best_of(cheap, functools.partial(round_trips, sock), min))
             rec.put(prefix + "bandwidth", *best_of(cheap, functools.partial(bandwidth, sock), max))
         rec.put("kept_bandwidth", *best_of(cheap, functools.partial(bandwidth, direct, True), max))
+        for _ in range(20):
+            curve.send(b"x")
+            curve.recv()
+        bandwidth(curve)
+        rec.put("curve_bandwidth", *best_of(cheap, functools.partial(bandwidth, curve), max))
+        rec.put("curve_kept_bandwidth",
+                *best_of(cheap, functools.partial(bandwidth, curve, True), max))
         direct.send(b"stop")
         server.wait(timeout=10)
     finally:
         direct.close(linger=0)
+        curve.close(linger=0)
         chained.close(linger=0)
         ctx.term()
         for proc in (server, inner, outer):
@@ -725,6 +753,12 @@ def build_report(mode: str, sizes: Sizes, systems: list[str],
             gathered / kept if numbers(gathered, kept) else None)
         over_floor[name]["arrays_over_socket"] = (
             arrays / socket if numbers(arrays, socket) else None)
+        # Issue 29's targets with keys: gather and dependents against one CURVE link.
+        curve = floor["values"].get("curve_bandwidth")
+        for key in ("gather", "dependents"):
+            value = results[name]["values"].get(key)
+            over_floor[name][f"{key}_over_curve"] = (
+                value / curve if numbers(value, curve) else None)
     return {"mode": mode, "sizes": dataclasses.asdict(sizes),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "platform": platform.platform()},
@@ -781,6 +815,8 @@ def print_report(report: dict[str, Any], systems: list[str]) -> None:
           f"us, 10 MB messages {cell(chain_bandwidth)} MB/s")
     print(f"  one link, each message kept as bytes (a gather of bytes results, at best): "
           f"{cell(floor['values'].get('kept_bandwidth'))} MB/s")
+    print(f"  one link with CURVE: 10 MB messages {cell(floor['values'].get('curve_bandwidth'))}"
+          f" MB/s, kept as bytes {cell(floor['values'].get('curve_kept_bandwidth'))} MB/s")
     for name in systems:
         over = report["over_floor"][name]
         print(f"  {name}: latency / echo {times(over['latency_over_echo'])} "
@@ -788,7 +824,9 @@ def print_report(report: dict[str, Any], systems: list[str]) -> None:
               f"bandwidth {times(over['gather_over_socket'])} "
               f"({times(over['gather_over_socket_chain'])} of the chain's, "
               f"{times(over['gather_over_kept'])} of one link kept as bytes), as arrays "
-              f"{times(over['arrays_over_socket'])}")
+              f"{times(over['arrays_over_socket'])}; gather / CURVE link "
+              f"{times(over.get('gather_over_curve'))}, dependents / CURVE link "
+              f"{times(over.get('dependents_over_curve'))}")
     print("'zres vs X': how many times better or worse zres is than X on that figure "
           "(more tasks/s and MB/s win; fewer ms, s and MiB win).")
     print("Each workload: best of up to {repeats} runs (fewer where one run is long); "

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 
 from tests.conftest import wait_until
 from zres.agent.data.server import DataServer
 from zres.agent.data.store import MIN_BUDGET, ObjectStore
 from zres.core import keys as K
 from zres.core import objects as O
+from zres.core import protocol as P
 from zres.core import transfer as T
 from zres.core.serialize import dumps, loads
 
@@ -80,6 +85,49 @@ def test_objects_are_fetched_in_chunks_with_their_token_only(served):
     replica = str(Path(store.memory_dir).parent / "replica")
     transfers.fetch_to(ref(server, 1, sizes[1]), replica)
     assert loads(O.read_object(replica)) == big
+
+
+def test_a_fetch_keeps_at_most_a_window_of_requests_in_flight_to_a_holder():
+    """A fetch asked for every chunk of every object at once; a holder's port (a ROUTER)
+    drops its answers to a reader past zmq's high-water mark (1,000 messages), so a
+    gather of 1,500 results of 70 KB from one agent, its reader slowed (a loaded machine),
+    lost answers, waited 5 s and failed. Now WINDOW requests at most go to one holder
+    before it answers; and a holder answering slowly but steadily is not given up on."""
+    ctx = zmq.Context()
+    holder = ctx.socket(zmq.ROUTER)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    objects = {i: b"".join(bytes(p) for p in O.parts(dumps(i * 7))) for i in range(1, 101)}
+    refs = [T.Ref(i, len(data), b"t", (T.Holder("a", f"tcp://127.0.0.1:{port}"),))
+            for i, data in objects.items()]
+    transfers = T.Transfers(timeout=1.5)  # (the whole takes longer: 100 answers, 30 ms apart)
+    fetched: list[Any] = []
+    reader = threading.Thread(target=lambda: fetched.extend(transfers.fetch(refs)))
+    reader.start()
+
+    def answer(ident: bytes, header: bytes) -> None:
+        get = P.decode([header]).body
+        data = objects[get["id"]]
+        holder.send_multipart([ident, *P.encode(P.CHUNK, {
+            "req": get["req"], "id": get["id"], "offset": 0, "size": len(data)}, [data])])
+    try:
+        asked = []
+        while len(asked) < len(refs):
+            assert holder.poll(2000), f"the reader asked for {len(asked)} chunks, then no more"
+            asked.append(holder.recv_multipart())
+            if len(asked) == T.WINDOW:  # (what it asks before any answer: no more)
+                assert not holder.poll(300), "more than WINDOW requests before an answer"
+            if len(asked) >= T.WINDOW:
+                time.sleep(0.03)  # (a holder slow but steady, not gone)
+                answer(*asked[len(asked) - T.WINDOW])
+        for request in asked[len(asked) - T.WINDOW + 1:]:
+            answer(*request)
+        reader.join(10)
+        assert [loads(f) for f in fetched] == [i * 7 for i in objects]
+    finally:
+        reader.join(10)
+        transfers.close()
+        holder.close(0)
+        ctx.term()
 
 
 def test_an_upload_with_its_token_is_kept_and_said(served):

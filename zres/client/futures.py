@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import _base
@@ -257,7 +259,9 @@ def gather(futures: Any, timeout: float | None = None) -> Any:
 
 
 def _fetch_all(futures: Any, timeout: float | None) -> None:
-    """Fetch every result kept on agents among FUTURES at once (not one by one)."""
+    """Fetch every result kept on agents among FUTURES, many at once (not one by one): as
+    they finish, each batch that finished while the last was fetched, together (from
+    their several holders at once), until all have finished or TIMEOUT passes."""
     found: list[Future[Any]] = []
     work = [futures]
     while work:
@@ -268,12 +272,32 @@ def _fetch_all(futures: Any, timeout: float | None) -> None:
             work.extend(item)
         elif isinstance(item, Mapping):
             work.extend(item.values())
-    by_client: dict[int, list[Future[Any]]] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
     for future in found:
-        if future.done() and not future.cancelled() and type(future._result) is Remote:
-            by_client.setdefault(id(future.client), []).append(future)
-    for group in by_client.values():
-        group[0].client._fetch(group, timeout)
+        future.add_done_callback(finished.put)  # (at once for one finished already)
+    left = len(found)
+    while left:
+        try:
+            batch = [finished.get(timeout=None if deadline is None
+                                  else max(0.0, deadline - time.monotonic()))]
+        except queue.Empty:
+            return  # (_results raises TimeoutError for what has not finished)
+        while True:
+            try:
+                batch.append(finished.get_nowait())
+            except queue.Empty:
+                break
+        left -= len(batch)
+        by_client: dict[int, list[Future[Any]]] = {}
+        for future in batch:
+            if future.cancelled() or future._exception is not None:
+                left = 0  # (_results raises in order, as soon as it meets it)
+            elif type(future._result) is Remote:
+                by_client.setdefault(id(future.client), []).append(future)
+        for group in by_client.values():
+            group[0].client._fetch(group, None if deadline is None
+                                   else max(0.0, deadline - time.monotonic()))
 
 
 def _results(futures: Any, timeout: float | None) -> Any:

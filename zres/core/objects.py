@@ -7,7 +7,7 @@ value's) pickled frames in one file, written once and never changed, read with `
     then        each frame, from a multiple of 64 bytes (zeros between)
 
 The file's bytes are also what travels on the data ports (a fetch asks for a range of
-them), so a reader rebuilds the frames from a copy in memory the same way. A frame is 64-
+them); a reader puts them straight where its frames will live (``ObjectBuffer``). A frame is 64-
 byte aligned so that a NumPy array unpickled from it (pickle protocol 5, out of band)
 keeps its alignment. Readers map a file privately (copy on write): the buffers handed to
 ``loads`` are writable, and a task that writes to its input array changes nobody else's.
@@ -15,6 +15,7 @@ keeps its alignment. Readers map a file privately (copy on write): the buffers h
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
@@ -66,20 +67,28 @@ def parts(frames: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _lengths(view: memoryview, size: int) -> list[int]:
+    """The frame lengths in the header at the start of VIEW, of an object of SIZE bytes;
+    ObjectError if it is not one (or VIEW is too short to hold its header)."""
+    if view.nbytes < 16 or bytes(view[:8]) != MAGIC:
+        raise ObjectError("not a zres object")
+    count = _U64.unpack_from(view, 8)[0]
+    if count > (min(size, view.nbytes) - 16) // 8:
+        raise ObjectError("a zres object's header is cut short")
+    lengths = [_U64.unpack_from(view, 16 + 8 * i)[0] for i in range(count)]
+    end = _layout(lengths)[0]
+    if end > size:
+        raise ObjectError(f"a zres object of {end} bytes has only {size}")
+    return lengths
+
+
 def frames_of(data: Any) -> list[memoryview]:
     """The frames of the object whose bytes are DATA (a buffer: an mmap, a bytearray),
     as views into it, no copy; ObjectError if it is not a whole object."""
     view = memoryview(data).cast("B")
-    if view.nbytes < 16 or bytes(view[:8]) != MAGIC:
-        raise ObjectError("not a zres object")
-    count = _U64.unpack_from(view, 8)[0]
-    if count > (view.nbytes - 16) // 8:
-        raise ObjectError("a zres object's header is cut short")
-    lengths = [_U64.unpack_from(view, 16 + 8 * i)[0] for i in range(count)]
-    end, offsets = _layout(lengths)
-    if end > view.nbytes:
-        raise ObjectError(f"a zres object of {end} bytes has only {view.nbytes}")
-    return [view[offset:offset + length] for offset, length in zip(offsets, lengths)]
+    lengths = _lengths(view, view.nbytes)
+    return [view[offset:offset + length]
+            for offset, length in zip(_layout(lengths)[1], lengths)]
 
 
 def write_object(path: str, frames: Sequence[Any]) -> int:
@@ -177,3 +186,119 @@ class ObjectWriter:
             os.unlink(self._tmp)
         except FileNotFoundError:
             pass
+
+
+class ObjectBuffer:
+    """An object fetched into memory a range at a time (chunks of a transfer, in any
+    order), each byte copied once, straight to where its value will live: an object that
+    is one ``bytes`` value (``serialize.dumps`` makes it an empty frame, then the bytes)
+    into a new bytes object, any other into one buffer whose frames are views (writable,
+    64-byte aligned: NumPy arrays are made on them without a copy).
+
+    Neither is zeroed first: on the client, a fetch spent most of its time in the kernel
+    zeroing fresh pages (a bytearray's allocation writes zeros, then a bytes value was
+    copied out of it into memory fresh again), more than decrypting (measured with perf).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._early: list[tuple[int, memoryview]] = []  # ranges come before the header
+        self._into: list[tuple[int, int, memoryview]] | None = None  # [start, end): where
+        self._frames: list[Any] = []
+        self._filled = 0
+
+    def write(self, offset: int, data: Any) -> None:
+        """Put DATA (a buffer) at OFFSET (each range once); ObjectError if the first bytes
+        are not an object's header."""
+        view = memoryview(data).cast("B")
+        if offset < 0 or offset + view.nbytes > self.size:
+            raise ObjectError(f"bytes {offset}..{offset + view.nbytes} are outside an "
+                              f"object of {self.size}")
+        self._filled += view.nbytes
+        if self._into is None:
+            if offset:
+                self._early.append((offset, view))  # (the view keeps its chunk alive)
+                return
+            self._lay_out(view)
+            for early in self._early:
+                self._copy(*early)
+            self._early = []
+        self._copy(offset, view)
+
+    def _lay_out(self, first: memoryview) -> None:
+        """Where each byte goes, from the header at the start of FIRST."""
+        try:
+            lengths = _lengths(first, self.size)
+        except ObjectError:
+            if first.nbytes >= self.size or first.nbytes < 16 or bytes(first[:8]) != MAGIC:
+                raise
+            lengths = None  # (a header longer than the first chunk: read at the end)
+        if lengths is not None and len(lengths) == 2 and not lengths[0] and lengths[1] \
+                and _BYTES_DATA:
+            value, where = _new_bytes(lengths[1])
+            start = _layout(lengths)[1][1]
+            self._into, self._frames = [(start, start + lengths[1], where)], [b"", value]
+            return
+        whole = _aligned(self.size)
+        self._into = [(0, self.size, whole)]
+        if lengths is not None:
+            self._frames = [whole[offset:offset + length]
+                            for offset, length in zip(_layout(lengths)[1], lengths)]
+        else:
+            self._frames = [whole.obj, whole]  # (split by frames())
+
+    def _copy(self, offset: int, view: memoryview) -> None:
+        assert self._into is not None
+        for start, end, where in self._into:
+            low, high = max(start, offset), min(end, offset + view.nbytes)
+            if low < high:
+                where[low - start:high - start] = view[low - offset:high - offset]
+
+    def frames(self) -> list[Any]:
+        """The object's frames (views, or a bytes value); ObjectError if some bytes never
+        came."""
+        if self._filled < self.size or self._into is None:
+            raise ObjectError(f"{self._filled} bytes of an object of {self.size} came")
+        if len(self._frames) == 2 and isinstance(self._frames[0], bytearray):
+            self._frames = frames_of(self._frames[1])
+        return self._frames
+
+
+def _c_api() -> tuple[Any, Any, int]:
+    """CPython's constructors of a bytes and a bytearray object left unfilled, and where a
+    bytes object's data starts in its memory; (None, None, 0) if this is not CPython, or
+    not as expected (values are then made by a copy, and bytearrays zeroed)."""
+    try:
+        new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+        new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+        for function in (new_bytes, new_bytearray):
+            function.restype = ctypes.py_object
+            function.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+        probe = b"zres-probe-" + os.urandom(8)
+        offset = bytes.__basicsize__ - 1  # (PyBytesObject's ob_sval: its last member)
+        if ctypes.string_at(id(probe) + offset, len(probe)) == probe:
+            return new_bytes, new_bytearray, offset
+    except (AttributeError, OSError, ValueError):
+        pass
+    return None, None, 0
+
+
+_PyBytes_New, _PyByteArray_New, _BYTES_DATA = _c_api()
+
+
+def _new_bytes(size: int) -> tuple[bytes, memoryview]:
+    """A new bytes object of SIZE bytes, not yet filled (CPython's own way to build one:
+    ``PyBytes_FromStringAndSize(NULL, size)``), and a writable view of its bytes, to fill
+    it before anyone else sees it."""
+    value = _PyBytes_New(None, size)
+    where = (ctypes.c_char * size).from_address(id(value) + _BYTES_DATA)
+    return value, memoryview(where).cast("B")
+
+
+def _aligned(size: int) -> memoryview:
+    """A writable view of SIZE bytes starting at a multiple of 64, in a bytearray not
+    zeroed first (its bytes are all written after)."""
+    whole = bytearray(size + _ALIGN) if _PyByteArray_New is None \
+        else _PyByteArray_New(None, size + _ALIGN)
+    skip = -ctypes.addressof(ctypes.c_char.from_buffer(whole)) % _ALIGN
+    return memoryview(whole)[skip:skip + size]

@@ -185,6 +185,8 @@ def loads(frames: Sequence[Frame]) -> Any:
     """Rebuild a result pickled by dumps."""
     head = buffer(frames[0])
     if not len(head) and len(frames) == 2:
+        if type(frames[1]) is bytes:  # (made for it: objects.ObjectBuffer)
+            return frames[1]
         return bytes(buffer(frames[1]))
     return pickle.loads(head, buffers=[memoryview(f) for f in frames[1:]])
 

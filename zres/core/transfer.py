@@ -7,8 +7,11 @@ from every control connection, so a gigabyte moving never delays a heartbeat or 
 Anyone may connect (with CURVE when the cluster has keys: the bytes are encrypted), and
 nothing is served without a token the broker made: a client gets tokens only for the
 objects it owns, agents for the inputs of the tasks they run. A transfer moves an object's
-bytes (``objects``) in chunks of ``CHUNK``, ``WINDOW`` of them in flight per object, from
-several holders at once.
+bytes (``objects``) in chunks of ``CHUNK``, from several holders at once, at most
+``WINDOW`` requests in flight to each: a holder's port (a ROUTER) drops what it cannot
+queue for a reader (past zmq's high-water mark, 1,000 messages), so a fetch of thousands
+of objects asked all at once lost answers. Each chunk is copied once, from the message
+that brings it to where the value will live (``objects.ObjectBuffer``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import hmac
 import itertools
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -29,8 +33,8 @@ from . import protocol as P
 from .errors import ZresError
 
 CHUNK = 4 << 20       # bytes a request asks for at most
-WINDOW = 8            # requests in flight per object
-TIMEOUT = 5.0         # seconds without a chunk before a holder counts as gone
+WINDOW = 8            # requests in flight to one holder (over all its objects)
+TIMEOUT = 5.0         # seconds a holder asked for chunks sends none before it counts as gone
 
 
 class TransferError(ZresError):
@@ -100,12 +104,28 @@ def allowed(secret: bytes, given: Any, verb: str, object_id: int, size: int = 0)
 @dataclass(slots=True)
 class _Fetch:
     ref: Ref
-    buffer: bytearray | objects.ObjectWriter
+    buffer: objects.ObjectBuffer | objects.ObjectWriter
     holder: int = 0           # which of its holders is being asked
     asked: int = 0            # bytes asked for so far
     got: int = 0              # bytes come
-    inflight: int = 0
-    heard: float = 0.0
+
+    @property
+    def at(self) -> tuple[str, str]:
+        """Its current holder's data port (address and key)."""
+        holder = self.ref.holders[self.holder]
+        return holder.address, holder.key
+
+
+@dataclass(slots=True)
+class _Flight:
+    """What one call's fetches have under way: requests waiting for their chunk, and per
+    holder how many (at most WINDOW), when it last answered and the fetches waiting to
+    ask it (in turn: the first ones finish first)."""
+
+    waiting: dict[int, tuple[_Fetch, int, int]] = field(default_factory=dict)  # req ->
+    busy: Counter[tuple[str, str]] = field(default_factory=Counter)   # (fetch, offset, length)
+    heard: dict[tuple[str, str], float] = field(default_factory=dict)
+    queued: dict[tuple[str, str], deque[_Fetch]] = field(default_factory=dict)
 
 
 class Transfers:
@@ -139,10 +159,11 @@ class Transfers:
 
     def fetch(self, refs: Sequence[Ref]) -> list[list[memoryview]]:
         """The frames of each of REFS, fetched at once from their holders (each into
-        memory of its own); TransferError naming the object if one cannot be."""
-        fetches = [_Fetch(self._route(ref), bytearray(ref.size)) for ref in refs]
+        memory of its own: ``objects.ObjectBuffer``); TransferError naming the object if
+        one cannot be."""
+        fetches = [_Fetch(self._route(ref), objects.ObjectBuffer(ref.size)) for ref in refs]
         self._run(fetches)
-        return [objects.frames_of(f.buffer) for f in fetches]  # type: ignore[arg-type]
+        return [f.buffer.frames() for f in fetches]  # type: ignore[union-attr]
 
     def fetch_to(self, ref: Ref, path: str) -> None:
         """Fetch REF into a file at PATH (an agent's copy of another's object)."""
@@ -159,11 +180,11 @@ class Transfers:
 
     def _run(self, fetches: list[_Fetch]) -> None:
         with self._lock:
-            waiting: dict[int, tuple[_Fetch, int, int]] = {}  # req -> fetch, offset, length
-            now = time.monotonic()
+            flight = _Flight()
             for fetch in fetches:
-                fetch.heard = now
-                self._ask(fetch, waiting)
+                flight.queued.setdefault(fetch.at, deque()).append(fetch)
+            for at in list(flight.queued):
+                self._ask(at, flight)
             poller = zmq.Poller()
             for sock in {id(s): s for s in self._socks.values()}.values():
                 poller.register(sock, zmq.POLLIN)
@@ -176,65 +197,78 @@ class Transfers:
                             frames = P.recv(sock)
                         except zmq.Again:
                             break
-                        left -= self._take(frames, waiting)
+                        left -= self._take(frames, flight)
                 now = time.monotonic()
-                for fetch in fetches:
-                    if fetch.got < fetch.ref.size and now - fetch.heard > self._timeout:
-                        self._next_holder(fetch, waiting, "did not answer within "
-                                          f"{self._timeout:g}s", silent=True)
+                for at, busy in list(flight.busy.items()):
+                    if busy and now - flight.heard[at] > self._timeout:
+                        for fetch in fetches:  # (each of them, whether it asked yet or not)
+                            if fetch.at == at and fetch.got < fetch.ref.size:
+                                self._next_holder(fetch, flight, "did not answer within "
+                                                  f"{self._timeout:g}s", silent=True)
                 poller = _poller(self._socks.values(), poller)
 
-    def _ask(self, fetch: _Fetch, waiting: dict[int, tuple[_Fetch, int, int]]) -> None:
-        """Keep WINDOW requests of FETCH in flight, to its current holder."""
-        holder = fetch.ref.holders[fetch.holder]
-        sock = self._sock(holder)
-        while fetch.inflight < WINDOW and fetch.asked < fetch.ref.size:
+    def _ask(self, at: tuple[str, str], flight: _Flight) -> None:
+        """Keep WINDOW requests in flight to the holder AT, for the fetches queued there
+        (the first in the queue asks for all its bytes before the next asks)."""
+        queue = flight.queued.get(at)
+        while queue and flight.busy[at] < WINDOW:
+            fetch = queue[0]
+            if fetch.asked >= fetch.ref.size:
+                queue.popleft()
+                continue
             length = min(CHUNK, fetch.ref.size - fetch.asked)
             req = next(self._reqs)
-            waiting[req] = (fetch, fetch.asked, length)
-            P.send(sock, P.encode(P.GET, {"id": fetch.ref.id, "offset": fetch.asked,
-                                          "length": length, "token": fetch.ref.token,
-                                          "req": req, **self._fields(holder)}))
+            flight.waiting[req] = (fetch, fetch.asked, length)
+            if not flight.busy[at]:
+                flight.heard[at] = time.monotonic()  # (silent from now on: gone)
+            holder = fetch.ref.holders[fetch.holder]
+            P.send(self._sock(holder), P.encode(
+                P.GET, {"id": fetch.ref.id, "offset": fetch.asked, "length": length,
+                        "token": fetch.ref.token, "req": req, **self._fields(holder)}))
             fetch.asked += length
-            fetch.inflight += 1
+            flight.busy[at] += 1
 
-    def _take(self, frames: list[Any], waiting: dict[int, tuple[_Fetch, int, int]]) -> int:
+    def _take(self, frames: list[Any], flight: _Flight) -> int:
         """Take in one reply; return 1 if it completed its object."""
         try:
             msg = P.decode(frames)
         except ZresError:
             return 0
-        entry = waiting.pop(msg.body.get("req", -1), None)
+        entry = flight.waiting.pop(msg.body.get("req", -1), None)
         if entry is None or msg.kind != P.CHUNK:
             return 0  # (an answer to a request given up on)
         fetch, offset, length = entry
-        fetch.inflight -= 1
-        fetch.heard = time.monotonic()
+        at = fetch.at
+        flight.busy[at] -= 1
+        flight.heard[at] = time.monotonic()
         data = P.buffer(msg.frames[0]) if msg.frames else b""
-        if "error" in msg.body or len(data) != length:
-            self._next_holder(fetch, waiting, str(msg.body.get("error", "a short chunk")))
-            return 0
-        if isinstance(fetch.buffer, bytearray):
-            fetch.buffer[offset:offset + length] = data
-        else:
-            fetch.buffer.write(offset, data)
-        fetch.got += length
-        if fetch.got >= fetch.ref.size:
-            return 1
-        self._ask(fetch, waiting)
-        return 0
+        why = msg.body.get("error", "a short chunk" if len(data) != length else None)
+        if why is None:
+            try:
+                fetch.buffer.write(offset, data)
+                fetch.got += length
+            except objects.ObjectError as exc:
+                why = f"sent what is not an object ({exc})"
+        if why is not None:
+            self._next_holder(fetch, flight, str(why))
+        self._ask(at, flight)
+        return 1 if why is None and fetch.got >= fetch.ref.size else 0
 
     def _fields(self, holder: Holder) -> dict[str, Any]:
         """What a request to HOLDER says besides the object's (through the relay: whom
         for, and from whom)."""
         return self.routes.fields(holder) if holder.relay and self.routes else {}
 
-    def _next_holder(self, fetch: _Fetch, waiting: dict[int, tuple[_Fetch, int, int]],
-                     why: str, silent: bool = False) -> None:
+    def _next_holder(self, fetch: _Fetch, flight: _Flight, why: str,
+                     silent: bool = False) -> None:
         """FETCH's holder failed it (WHY; SILENT: it did not answer): start again from its
         next holder, or give up."""
-        for req in [r for r, (f, _, _) in waiting.items() if f is fetch]:
-            del waiting[req]
+        at = fetch.at
+        for req in [r for r, (f, _, _) in flight.waiting.items() if f is fetch]:
+            del flight.waiting[req]
+            flight.busy[at] -= 1
+        if fetch in flight.queued[at]:
+            flight.queued[at].remove(fetch)
         failed = fetch.ref.holders[fetch.holder]
         if silent and self.routes is not None:
             self.routes.failed(failed)  # (to be reached through the relay for a while)
@@ -242,9 +276,12 @@ class Transfers:
         if fetch.holder >= len(fetch.ref.holders):
             raise TransferError(f"object {fetch.ref.id} ({fetch.ref.size} bytes) could not "
                                 f"be fetched: agent {failed.agent} at {_where(failed)} {why}")
-        fetch.asked = fetch.got = fetch.inflight = 0
-        fetch.heard = time.monotonic()
-        self._ask(fetch, waiting)
+        fetch.asked = fetch.got = 0
+        if isinstance(fetch.buffer, objects.ObjectBuffer):
+            fetch.buffer = objects.ObjectBuffer(fetch.ref.size)  # (from the start again)
+        flight.queued.setdefault(fetch.at, deque()).append(fetch)
+        self._ask(fetch.at, flight)
+        self._ask(at, flight)
 
     def upload(self, holder: Holder, object_id: int, put_token: bytes,
                frames: Sequence[Any]) -> int:
@@ -291,11 +328,6 @@ class Transfers:
         self._ctx.term()
 
 
-def _where(holder: Holder) -> str:
-    return f"{holder.address} (through the broker's relay)" if holder.relay \
-        else holder.address
-
-
 class _Stream:
     """Buffers read in chunks across their boundaries (an object's parts, to upload)."""
 
@@ -324,3 +356,8 @@ def _poller(socks: Any, current: zmq.Poller) -> zmq.Poller:
     for sock in socks:
         poller.register(sock, zmq.POLLIN)
     return poller
+
+
+def _where(holder: Holder) -> str:
+    return f"{holder.address} (through the broker's relay)" if holder.relay \
+        else holder.address
