@@ -129,7 +129,8 @@ def test_a_gone_clients_work_is_stopped_and_detached_work_kept(make_cluster, mak
     detaching = make_client(cluster.address, keys=alice_keys, detach=True)
     marker = tmp_path / "detached"
     kept = detaching.submit(hold, never, str(marker), resources={"token": 1}, key="kept")
-    wait_until(lambda: marker.exists() and kept.id is not None, message="it to start")
+    wait_until(lambda: marker.exists() and kept.running() and kept.id is not None,
+               message="it to start, and its client to hear so")
     task_id = kept.id
     assert repr(kept) == f"<zres.Future kept id={task_id} running>"
     detaching.close()

@@ -275,8 +275,12 @@ def test_a_queued_grant_that_fits_is_not_held_back_by_one_that_does_not(
     p, q = submit("rP", "P", 1), submit("rQ", "Q", 1)
     assert wait_until(lambda: os.path.exists(path["P"]) and os.path.exists(path["Q"]))
     y, b = submit("rY", "Y", 2), submit("rB", "b", 1)
-    assert wait_until(lambda: all("queued on" in client.why(f) for f in (y, b)),
-                      message="Y and b queued")
+    said: dict[str, str] = {}
+
+    def queued() -> bool:
+        said.update(Y=client.why(y), b=client.why(b))
+        return all("queued on" in reason for reason in said.values())
+    assert wait_until(queued, timeout=40, message="Y and b queued"), said
     Path(path["rP"]).touch()
     assert wait_until(lambda: os.path.exists(path["b"]), message="b to start beside Q")
     assert not os.path.exists(path["Y"])
