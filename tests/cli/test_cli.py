@@ -191,6 +191,16 @@ def test_agent_with_bad_numeric_flag_is_a_usage_error(tmp_path):
     assert "--nworkers" in result.stderr
 
 
+def test_agent_refuses_a_device_count_past_the_limit_at_once(tmp_path):
+    # (GPU=1e9 once built a billion device ids, 3.7 GB, and never registered; 1e6 here
+    # keeps the old code's failure affordable: it hangs, connecting, past the timeout)
+    result = zres_cli("agent", NOWHERE, "--resources", "GPU=1e6", "--no-detect", cwd=tmp_path,
+                      timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert "'GPU=1000000': more than 4096 devices" in line
+
+
 def test_agent_with_zero_workers_is_rejected(tmp_path):
     result = zres_cli("agent", NOWHERE, "--nworkers", "0", "--no-detect", cwd=tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr)

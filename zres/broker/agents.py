@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
-from ..core.limits import Limits, check_count, check_name, check_units
+from ..core.limits import MAX_DEVICES, Limits, check_count, check_name, check_units
 from ..core.resources import GPU, UNIT, Units, format_units
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
@@ -100,7 +100,7 @@ def parse_registration(msg: P.Message, limits: Limits) -> Registration:
     for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):
         usable = slot_units.get(GPU, 0)
         # GPU is how many devices may take work; gpus lists every device the agent has.
-        if usable % UNIT or usable // UNIT > len(slot_gpus) or len(slot_gpus) > 4096 \
+        if usable % UNIT or usable // UNIT > len(slot_gpus) or len(slot_gpus) > MAX_DEVICES \
                 or len(slot_memory) not in (0, len(slot_gpus)):
             raise ProtocolError("register: GPU amount, device ids and device memory "
                                 "do not agree")
