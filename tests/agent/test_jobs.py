@@ -77,8 +77,10 @@ def test_starting_the_nth_job_reads_and_writes_nothing_of_the_others(tmp_path):
             "starting a job rewrote the others' records"
         assert len(before) == 30 and len(after) == 31  # one record per running job
         others = {str(i) for i in range(1, 31)} | {f"{i}.log" for i in range(1, 31)}
+        # (and the new job's own oom_score_adj: the kernel picks it before the agent)
+        oom = f"/proc/{jobs.jobs[31].proc.pid}/oom_score_adj"
         assert {"31", "31.log"} <= {name for _, name in seen} <= \
-            {"31", "31.log", "c0ffee", os.devnull}, seen
+            {"31", "31.log", "c0ffee", os.devnull, oom}, seen
         assert not {name for _, name in seen} & others
         assert not any("running" in name or event in ("os.listdir", "os.scandir", "os.rename")
                        for event, name in seen), seen

@@ -33,6 +33,7 @@ class FakeWorker:
         self.ready, self.backlog, self.running = True, [], set()
         self.ident = b"w"
         self.stopped_for = 0
+        self.task, self.retired = 0, False  # (a pooled process: no task of its own)
 
 
 class FakePool:
@@ -62,6 +63,9 @@ class FakePool:
 
     def started_by(self, worker: FakeWorker) -> set[int]:
         return self.start_log
+
+    def task_workers(self) -> list[FakeWorker]:
+        return list(self.by_slot.values())
 
     def forget(self, worker: FakeWorker) -> None:
         self.by_slot = {k: w for k, w in self.by_slot.items() if w is not worker}

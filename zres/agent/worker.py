@@ -105,6 +105,7 @@ class WorkerProcess:
         self.loader = CallLoader()
         self.objects = WorkerObjects()  # (the agent's store: big results, inputs by reference)
         self.stopper = CallStopper()
+        self._stop_errors: dict[int, dict[str, Any]] = {}  # stopped, failing so, not cancelled
         self.lease = Lease(lease)
         self.starts = StartLog(starts)
         # The slot's accounting, for queued grants (see the module's docstring). Task
@@ -154,7 +155,10 @@ class WorkerProcess:
                 self._cancel(msg.body.get("ids", []))
                 if msg.body.get("force"):
                     for task_id in msg.body.get("ids", []):
-                        self.stopper.stop(task_id)
+                        if isinstance(msg.body.get("error"), dict):  # (node out of memory)
+                            self._stop_errors[task_id] = msg.body["error"]
+                        if not self.stopper.stop(task_id):
+                            self._stop_errors.pop(task_id, None)
                 continue
             if msg.kind != P.RUN:
                 continue
@@ -269,7 +273,7 @@ class WorkerProcess:
             return self._run_call(task_id, payload, deps, context)
         except Stopped:  # a forced cancel that landed on the way out of the call
             self.stopper.leave(task_id)
-            return task_id, P.FAILED, [], _STOPPED
+            return task_id, P.FAILED, [], self._stop_errors.pop(task_id, _STOPPED)
 
     def _run_call(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:

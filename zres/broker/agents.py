@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import protocol as P
@@ -74,6 +74,11 @@ class AgentRecord:
     data_address: str = ""
     data_key: str = ""
     store: dict[str, int] | None = None
+    # Its memory, as its heartbeat says (issue 30): how limits are enforced there, what its
+    # node has available, its reserve, whether it is low; and by id, the current and peak
+    # bytes of what runs there in a process of its own (tasks, jobs, actors' placements).
+    memory: dict[str, Any] | None = None
+    tasks_memory: dict[int, tuple[int, int]] = field(default_factory=dict)
     # The key it registered with ("role:name", and its public key; "" without keys): its
     # session ends when that key is revoked.
     key: str = ""

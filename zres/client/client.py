@@ -328,8 +328,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
 
     def why(self, future: Future, timeout: float = 10.0) -> str:
         """Ask the broker why FUTURE's task is not running yet."""
-        if future.done():
-            return future.status  # (finished, error or cancelled)
+        if future.done():  # (finished, error or cancelled; where, what memory it used)
+            return future._ended_words()
         return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
