@@ -28,6 +28,7 @@ from ..logs import get_logger
 from .actors import ActorSupervisor
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
+from .cpus import CoreBinder
 from .data.node import NodeData
 from .deferred import DeferredGrants
 from .draining import Draining
@@ -79,13 +80,14 @@ class Agent(Draining, Fencing):
                              self.reports)
         self.pool.objects = self.data.env
         self._reach = ReachWarning(broker)
+        cpus = CoreBinder(len(slots)) if bind_cpus else None  # (cores of their own)
         self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid,
-                                 memory=self.memory)
+                                 memory=self.memory, cpus=cpus)
         self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
                                       self.reports.exited, self.memory)
         self.jobs = JobRunner(self.logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
-                              unwatch=self.poller.unregister, memory=self.memory)
+                              unwatch=self.poller.unregister, memory=self.memory, cpus=cpus)
         self.guard = Guard(self.memory, self.name, self.runner, self.actors, self.jobs,
                            self.pool, resume=self._lease_came_back)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)

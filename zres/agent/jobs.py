@@ -12,6 +12,7 @@ behind in its group when its leader exits are stopped the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,9 +24,10 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import CommandFailed
-from ..core.resources import MEMORY, UNIT
+from ..core.resources import CPU, MEMORY, UNIT
 from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
+from .cpus import CoreBinder
 from .files import JobLogs
 from .memory.monitor import Monitor, memory_error
 
@@ -74,9 +76,10 @@ class JobRunner:
     def __init__(self, logs: JobLogs, agent: str, report: Report, grace: float = GRACE,
                  watch: Callable[[int], None] | None = None,
                  unwatch: Callable[[int], None] | None = None,
-                 memory: Monitor | None = None) -> None:
+                 memory: Monitor | None = None, cpus: CoreBinder | None = None) -> None:
         self.logs = logs
         self.memory = memory or Monitor(None, False, 0)
+        self.cpus = cpus  # (binds each job to cores of its own: see cpus)
         self.cluster = "unknown"   # the broker's cluster id, once it has welcomed us
         self.agent = agent
         self.grace = grace
@@ -163,6 +166,10 @@ class JobRunner:
         # (moved into its cgroup as it starts: what it allocates before is the node's)
         self.memory.watch(task_id, proc.pid, job.taken[MEMORY] // UNIT
                           if job.taken.get(MEMORY) else None)
+        cores = self.cpus.take(job.slot, task_id, job.taken.get(CPU, 0)) if self.cpus else []
+        if cores:  # (what it starts from now inherits them: `nproc` there says how many)
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(proc.pid, cores)
         self._note(job)
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
@@ -227,6 +234,8 @@ class JobRunner:
         log.info("job_ended", job=job.task, exit_code=code, cancelled=job.cancelled)
         info: dict[str, Any] = {"exit_code": code, "log": job.log}
         unit = self.memory.forget(job.task)
+        if self.cpus is not None:
+            self.cpus.give(job.task)
         if unit is not None:
             info["peak_memory"] = unit.peak
         if unit is not None and unit.killed:
@@ -278,6 +287,8 @@ class JobRunner:
             except subprocess.TimeoutExpired:
                 pass
             self.memory.forget(job.task)
+            if self.cpus is not None:
+                self.cpus.give(job.task)
             self._forget(job.task)
             self._unnote(job.task)
         self.jobs.clear()

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
-from ..core.resources import Units
+from ..core.resources import CPU, Units
 from ..logs import get_logger
 from . import solo
+from .cpus import CoreBinder
 from .grants import Events, Grant, SlotState, add_units
 from .handback import HandingBack
 from .memory.monitor import Monitor
@@ -49,12 +50,13 @@ class TaskRunner(HandingBack):
     EVENTS collects what the broker must hear; LEASE_VALID() says whether the broker still
     counts on this agent (nothing starts otherwise); STARVE is how long a queued grant may
     be passed over. MEMORY watches (and limits) the processes of tasks that asked for
-    MEMORY (``solo``).
+    MEMORY (``solo``); CPUS, if given, binds each task to cores of its own (``cpus``).
     """
 
     def __init__(self, specs: list[SlotSpec], pool: WorkerPool, events: Events,
                  lease_valid: Callable[[], bool], starve: float = 5.0,
-                 memory: Monitor | None = None) -> None:
+                 memory: Monitor | None = None, cpus: CoreBinder | None = None) -> None:
+        self.cpus = cpus
         self.slots = [SlotState(spec) for spec in specs]
         self._pool = pool
         self.memory = memory or Monitor(None, False, 0)
@@ -84,6 +86,10 @@ class TaskRunner(HandingBack):
         state = self.slots[grant.slot]
         add_units(state.used, grant.taken, -1)
         grant.running = False
+        if self.cpus is not None:
+            self.cpus.give(grant.task)
+        if grant.worker is not None and grant.worker.task:  # (its own process: done too)
+            solo.retire(self.memory, grant.worker)
         key = id(grant.worker)
         state.runners[key] -= 1
         if not state.runners[key]:
@@ -156,7 +162,8 @@ class TaskRunner(HandingBack):
                 break  # it has waited long enough: nothing behind it overtakes
             index += 1
         # The delegate is topped up in batches, when half is used: one message, several.
-        if not state.waiting or len(state.delegated) > DELEGATE // 2:
+        # (None with cores to bind: the agent binds each task as it hands it over.)
+        if not state.waiting or len(state.delegated) > DELEGATE // 2 or self.cpus:
             return
         worker = self._delegate_to(slot, state.waiting[0].devices)
         if worker is None:
@@ -181,7 +188,9 @@ class TaskRunner(HandingBack):
         grant.run = next(self._runs)
         self._run(grant, worker)
         self._events.held(grant.task)
-        self._send(worker, grant, {})
+        cores = self.cpus.take(grant.slot, grant.task, grant.taken.get(CPU, 0)) \
+            if self.cpus is not None else []
+        self._send(worker, grant, {"cpus": cores} if cores else {})
 
     def _send(self, worker: Worker, grant: Grant, extra: dict[str, Any]) -> None:
         """Send GRANT to WORKER once the broker has heard it is held (see reports)."""

@@ -29,13 +29,21 @@ def start(pool: WorkerPool, memory: Monitor, grant: Grant, nthreads: int) -> Wor
 
 def ended(memory: Monitor, worker: Worker, item: list[Any]) -> list[Any]:
     """The result ITEM ([id, outcome, nframes, info]) of WORKER's task, with its peak
-    memory; its process, done, is stopped (reaped later: ``retired``)."""
+    memory; its process, done, is stopped (``retire``)."""
     unit = memory.forget(worker.task)
-    worker.retired = True
-    worker.proc.kill()
+    retire(memory, worker)
     if unit is None:
         return item
     return [*item[:3], {**item[3], "peak_memory": unit.peak}]
+
+
+def retire(memory: Monitor, worker: Worker) -> None:
+    """Stop WORKER, a solo process whose task has ended (or never will start there: it was
+    cancelled before it was handed over); it is reaped later, quietly."""
+    if not worker.retired:
+        memory.forget(worker.task)
+        worker.retired = True
+        worker.proc.kill()
 
 
 def lost(unit: Watched | None, grant: Grant, cause: str,

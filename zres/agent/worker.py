@@ -106,6 +106,7 @@ class WorkerProcess:
         self.objects = WorkerObjects()  # (the agent's store: big results, inputs by reference)
         self.stopper = CallStopper()
         self._stop_errors: dict[int, dict[str, Any]] = {}  # stopped, failing so, not cancelled
+        self._cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         self.lease = Lease(lease)
         self.starts = StartLog(starts)
         # The slot's accounting, for queued grants (see the module's docstring). Task
@@ -279,7 +280,8 @@ class WorkerProcess:
                   context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
         token = str(context.get("token", ""))
         task = TaskContext(task_id, context["agent"], context["resources"],
-                           list(context["gpus"]), context.get("attempt", 0), token=token)
+                           list(context["gpus"]), context.get("attempt", 0), token=token,
+                           cpus=list(context.get("cpus", ())))
         set_task_context(task)
         if self.actor is not None and token:
             # This process serves one actor: a client made anywhere in it (a thread of its
@@ -294,6 +296,8 @@ class WorkerProcess:
             self.output.end(task_id)
             return task_id, P.FAILED, [], {"type": "InputLostError", "message": str(lost),
                                            "input": lost.object_id}
+        if task.cpus:  # (this thread, and what it starts: given back as it ends)
+            os.sched_setaffinity(0, task.cpus)
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
             self.stopper.enter(task_id)
@@ -316,6 +320,8 @@ class WorkerProcess:
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
+            if task.cpus:
+                os.sched_setaffinity(0, self._cores)
             self.output.end(task_id)  # before its result is put: see _send_results
         return task_id, outcome, frames, task.report
 

@@ -137,7 +137,9 @@ class AgentReports:
                 continue
             if task.begun and outcome != P.FAILED:
                 self._sched.finished(task.kind, now - task.started_at)
-            if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
+            if outcome == P.FAILED and task.retries and (
+                    info.get("type") == "WorkerLostError" or info.get("type")
+                    == "MemoryLimitError" and task.retry_oom):  # (opted in: else it fails)
                 self._retry(task, info.get("message", "worker lost"))
             elif outcome == P.FAILED and info.get("type") == "InputLostError":
                 self.lineage.input_lost(task, info, self._requeue)  # (it ran nothing)

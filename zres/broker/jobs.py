@@ -193,7 +193,7 @@ class JobTable:
             job.error = str(info.get("message", ""))
         job.reason = ended_reason(outcome, job.state, code, job.error)
         if info.get("type") == "MemoryLimitError":  # (its agent's words: nothing of its own)
-            job.reason = f"out of memory: {job.error}"
+            job.error = job.reason = f"out of memory: {job.error}"
         self.done[job.id] = job
         self._keep(job)
         while len(self.done) > _FINISHED_KEPT:

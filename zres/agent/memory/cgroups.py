@@ -55,6 +55,10 @@ class Cgroups:
         if os.path.isdir(path):
             self.kill(path)
             self.remove(path)
+        if not os.path.isdir(self.base):  # (swept by another agent while it held nothing)
+            os.mkdir(self.base)
+            if self.version == 2:
+                _write(os.path.join(self.base, "cgroup.subtree_control"), "+memory")
         os.mkdir(path)
         if limit is not None:
             _write(self._file(path, "limit"), str(limit))
@@ -119,6 +123,26 @@ class Cgroups:
                     if e.startswith("t-") and os.path.isdir(os.path.join(self.base, e))]
         except OSError:
             return []
+
+    def sweep(self) -> int:
+        """Remove what other agents killed outright left beside this one's directory and
+        no process uses any more (an agent whose name is never started again, as a test's,
+        would leave them for ever); return how many cgroups went. (One that a live agent
+        has just made and not yet entered may go too: that agent then watches its work
+        itself, as it does where it cannot make a cgroup.)"""
+        removed = 0
+        parent = os.path.dirname(self.base)
+        try:
+            others = [os.path.join(parent, e) for e in os.listdir(parent)
+                      if e.startswith("zres-") and e != "zres-agent"
+                      and os.path.join(parent, e) != self.base]
+        except OSError:
+            return 0
+        for other in others:
+            for path in Cgroups(self.version, other).leftovers():
+                removed += not self.pids(path) and self.remove(path)
+            removed += self.remove(other)
+        return removed
 
     def close(self) -> None:
         """Remove the agent's directory (its task cgroups gone already, or going)."""

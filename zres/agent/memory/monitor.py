@@ -78,7 +78,7 @@ class Monitor:
         self.mode = cgroups.mode if cgroups is not None else \
             "watcher" if self.enforce else "off"
         self.reserve = reserve
-        self.slack = max(reserve // 4, 64 << 20)
+        self.slack = max(64 << 20, min(reserve // 4, 256 << 20))  # (well again past it)
         self.available: int | None = None
         self.low = False
         self._available = available
@@ -109,6 +109,7 @@ class Monitor:
             for path in self.cgroups.leftovers():
                 self.cgroups.kill(path)
                 self._removing.append(path)
+            self.cgroups.sweep()
         self._thread.start()
 
     def close(self) -> None:
