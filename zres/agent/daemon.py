@@ -183,9 +183,10 @@ class Agent(Draining, Fencing):
         self.pool.flush()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            P.send(self.broker, P.encode(P.HEARTBEAT, {  # (with its store's and its memory
+            # (with what its store holds, and its memory: limits, the node, each figure)
+            P.send(self.broker, P.encode(P.HEARTBEAT, {
                 "t": now, "session": self.session.id, "store": self.data.store.stats(),
-                "memory": {**self.memory.describe(), "tasks": self.memory.figures()}}))  # figures)
+                "memory": {**self.memory.describe(), "tasks": self.memory.figures()}}))
             silent = self.session.registered and now - self._last_heard > self.hb_timeout
             if silent and not self._silent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))

@@ -311,6 +311,7 @@ class TaskRunner(HandingBack):
                 grant = self.grants.get(task_id)
                 if grant is None or grant.worker is None:
                     del state.stopping[task_id]  # it ended
+                    state.stop_errors.pop(task_id, None)
                 elif now >= deadline and grant.worker.proc.returncode is None:
                     log.warning("worker_stopped", pid=grant.worker.proc.pid,
                                 why=f"task {task_id}, cancelled with force, did not end "
@@ -358,8 +359,10 @@ class TaskRunner(HandingBack):
                 self._pool.forget(worker)
                 continue
             unit = self.memory.forget(worker.task) if worker.task else None
+            why = "stopped as its node ran low on memory" if worker.stopped_for in \
+                self.slots[worker.slot].stop_errors else "cancelled with force"
             cause = exit_cause(code) if not worker.stopped_for else (
-                f"was killed to stop task {worker.stopped_for}, cancelled with force")
+                f"was killed to stop task {worker.stopped_for}, {why}")
             started = self._pool.started_by(worker)
             mine = sorted((g for g in self.grants.values() if g.worker is worker),
                           key=lambda g: g.key)
