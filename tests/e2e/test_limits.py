@@ -25,7 +25,9 @@ import zres
 from tests.conftest import wait_until
 from tests.tasks import starts, wait_for_file
 from zres.agent.memory import cgroups, node, procs
+from zres.cli.jobs import render_jobs
 from zres.cli.status_text import render_status
+from zres.core.resources import format_bytes
 
 pytestmark = pytest.mark.timeout(120)
 LIMIT = 200_000_000   # what the hogs ask for, in bytes
@@ -169,6 +171,8 @@ def test_a_job_and_an_actor_past_their_limits(limited):
         assert record["state"] == "failed"
         assert record["reason"].startswith(f"out of memory: job {job.id} exceeded its memory")
         assert record["peak_memory"] >= 0.5 * LIMIT
+        row = render_jobs([record]).splitlines()[1]  # (zres jobs: its PEAK, then REASON)
+        assert f" {format_bytes(record['peak_memory'])}  out of memory: job " in row, row
         actor = client.actor(Hoarder, resources={"MEMORY": LIMIT + 100e6})
         assert actor.grow(32).result(60) == 32
         with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit"):
