@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import json
 import os
 import re
 import signal
@@ -182,6 +183,34 @@ def test_an_agent_pointed_at_a_wrong_address_says_so_within_seconds(spawn, tmp_p
                    "--no-detect"], cwd=tmp_path, stderr=subprocess.PIPE)
     line = _says_unreachable(agent, f"tcp://{address}")
     assert "connection refused" in line
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_logs_how_it_limits_memory_at_start(spawn, tmp_path):
+    agent = spawn([sys.executable, "-m", "zres", "agent", f"127.0.0.1:{free_port()}",
+                   "--resources", "foo=1", "--no-detect", "--memory-limits", "watcher",
+                   "--memory-reserve", "64MiB", "--log-format", "json"],
+                  cwd=tmp_path, stderr=subprocess.PIPE)
+    assert agent.stderr is not None
+    said = next((json.loads(line) for line in agent.stderr if "memory_limits" in line), None)
+    assert said is not None, f"the agent ended without saying so (exit {agent.wait()})"
+    assert (said["mode"], said["reserve"], said["not_cgroup"]) == ("watcher", "64 MiB",
+                                                                   "asked for"), said
+
+
+def test_agent_with_a_bad_memory_reserve_or_mode_is_a_usage_error(tmp_path):
+    result = zres_cli("agent", NOWHERE, "--memory-reserve", "lots", "--no-detect", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "memory_reserve 'lots': give a number of bytes" in assert_one_line_error(result)
+    result = zres_cli("agent", NOWHERE, "--memory-limits", "cgroups", "--no-detect",
+                      cwd=tmp_path)
+    assert result.returncode == 2 and "--memory-limits" in result.stderr
+    config = tmp_path / "zres.toml"
+    config.write_text('[agent]\nmemory_limits = "cgroups"\n')
+    result = zres_cli("agent", NOWHERE, "--config", str(config), "--no-detect", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "memory_limits 'cgroups': give one of auto, cgroup, watcher, off" in \
+        assert_one_line_error(result)
 
 
 def test_agent_with_bad_numeric_flag_is_a_usage_error(tmp_path):

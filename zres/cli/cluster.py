@@ -234,6 +234,7 @@ def keygen(args: argparse.Namespace) -> int:
 
 def agent(args: argparse.Namespace) -> int:
     from ..agent.daemon import Agent
+    from ..agent.memory.monitor import MODES
     from ..agent.slots import plan_slots
     settings = config.load("agent", {"broker": args.address, "resources": args.resources,
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
@@ -246,6 +247,12 @@ def agent(args: argparse.Namespace) -> int:
                                      "memory_reserve": args.memory_reserve,
                                      "bind_cpus": args.bind_cpus},
                            path=args.config)
+    # (bad input is refused before anything is detected, logged or made)
+    store_memory = _bytes(settings["store_memory"], "store_memory")
+    reserve = _bytes(settings["memory_reserve"], "memory_reserve")
+    limits = str(settings["memory_limits"])
+    if limits not in MODES:
+        raise UsageError(f"memory_limits {limits!r}: give one of {', '.join(MODES)}")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
@@ -259,10 +266,7 @@ def agent(args: argparse.Namespace) -> int:
                       settings["heartbeat_interval"], settings["heartbeat_timeout"],
                       settings["job_logs"], settings["job_grace"], settings["drain_grace"],
                       key, settings["state"], settings["data_listen"],
-                      _bytes(settings["store_memory"], "store_memory"),
-                      str(settings["memory_limits"]),
-                      _bytes(settings["memory_reserve"], "memory_reserve"),
-                      bind_cpus=bool(settings["bind_cpus"]))
+                      store_memory, limits, reserve, bind_cpus=bool(settings["bind_cpus"]))
         _exit_with(args, agent.stop)
         agent.run()
         # A broker starting on this machine makes this user's keys before it listens: an
