@@ -119,7 +119,14 @@ def test_a_task_past_its_memory_limit_is_stopped_alone(limited, tmp_path):
         pooled = client.submit(hold_pid, str(release), str(tmp_path / "pooled"), key="pooled")
         own = client.submit(hold_pid, str(release), str(tmp_path / "own"), key="own",
                             resources={"MEMORY": 300e6})
-        wait_until(lambda: (tmp_path / "pooled").exists() and (tmp_path / "own").exists())
+        wait_until(lambda: all((tmp_path / n).exists() and (tmp_path / n).read_text()
+                               for n in ("pooled", "own")))
+        # Should the node run out before the agent has stopped anything, the kernel kills
+        # task processes, pooled or not, before their agent.
+        adj = {name: int(Path(f"/proc/{pid}/oom_score_adj").read_text()) for name, pid in (
+            ("agent", cluster.agents["agent-0"].pid),
+            *((n, int((tmp_path / n).read_text())) for n in ("pooled", "own")))}
+        assert adj["pooled"] > adj["agent"] and adj["own"] > adj["agent"], adj
         ledger = str(tmp_path / "ledger")
         hogged = client.submit(hog, 800, ledger, resources={"MEMORY": LIMIT}, retries=2)
         with pytest.raises(zres.MemoryLimitError) as raised:

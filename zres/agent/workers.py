@@ -26,6 +26,7 @@ from ..core.context import TOKEN_ENV
 from ..logs import get_logger
 from .data.worker_side import ENV as OBJECTS_ENV
 from .files import AgentFiles
+from .memory import procs
 from .shared import Lease, StartLog
 from .slots import SlotSpec
 
@@ -131,6 +132,9 @@ class WorkerPool:
              str(nthreads), str(os.getpid()), self.lease.path, starts.path,
              *(["actor"] if actor else [])], env=env, stdin=subprocess.DEVNULL,
             start_new_session=actor or bool(solo))
+        # (a pooled process has no limit of its own: should the node run out before the
+        # agent has stopped anything, the kernel takes it, never the agent)
+        procs.kill_first(proc.pid)
         worker = Worker(ident, slot, devices, proc, starts, task=solo)
         self.by_ident[ident] = worker
         if solo:
