@@ -272,7 +272,8 @@ def test_a_node_low_on_memory_stops_the_newest_task_of_the_lowest_priority(clust
 def test_bind_cpus_gives_a_task_cores_of_its_own(clusters, tmp_path):
     cluster = clusters("watcher")
     cores = sorted(os.sched_getaffinity(0))
-    cluster.add_agent({"CPU": len(cores)}, name="bound", extra_args=["--bind-cpus"])
+    cluster.add_agent({"CPU": len(cores), "bound": 1}, name="bound",
+                      extra_args=["--bind-cpus"])
     with zres.Client(cluster.address) as client:
         def bound(release: str, marker: str) -> tuple[list[int], list[int]]:
             Path(marker).touch()
@@ -293,6 +294,11 @@ def test_bind_cpus_gives_a_task_cores_of_its_own(clusters, tmp_path):
                                         resources={"CPU": len(cores)},
                                         workers="bound").result(30)
         assert whole == affinity == cores
+        # A command job's processes too: `nproc` there counts the cores it was given.
+        counted = tmp_path / "nproc"
+        client.submit_command(["sh", "-c", f"nproc > {counted}"],
+                              resources={"CPU": 1, "bound": 1}).result(30)
+        assert counted.read_text().strip() == "1"
     cluster.agents["bound"].terminate()
 
 
