@@ -14,8 +14,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import process_gone, wait_until
+from zres.agent.cpus import CoreBinder
 from zres.agent.files import JobLogs
 from zres.agent.jobs import JobRunner
+from zres.agent.memory.monitor import Monitor
+from zres.core.resources import UNIT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,3 +128,36 @@ def test_records_are_private_and_a_killed_agents_jobs_are_stopped_by_the_next(tm
         assert list(record_dir.iterdir()) == []
     finally:
         second.logs.close()
+
+
+class WatchedLate(Monitor):
+    """The agent's memory monitor, watching a job only once the job has written WRITTEN:
+    whatever the agent does to it after its start comes after what it started at once."""
+
+    def __init__(self, written: Path) -> None:
+        super().__init__(None, False, 0)
+        self.written = written
+
+    def watch(self, unit_id: int, pid: int, limit: int | None) -> None:
+        wait_until(self.written.exists, message="the job to write")
+        super().watch(unit_id, pid, limit)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="one core here: a job bound to it sees what an unbound one does")
+def test_a_job_bound_to_cores_is_born_on_them(tmp_path):
+    counted = tmp_path / "nproc"
+    everything = os.sched_getaffinity(0)
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node", lambda *report: None,
+                     memory=WatchedLate(counted), cpus=CoreBinder(1))
+    jobs.cluster = "c0ffee"
+    try:
+        # (`nproc` runs at once: binding the job after its start came too late for it)
+        jobs.start(1, {"argv": ["sh", "-c", f"nproc > {counted}.part; mv {counted}.part "
+                                f"{counted}"], "env": {}, "cwd": None}, [],
+                   place=(0, [], {"CPU": UNIT}))
+        assert counted.read_text().strip() == "1"
+        assert os.sched_getaffinity(0) == everything, "the agent's own thread stays unbound"
+    finally:
+        jobs.stop_all()
+        jobs.logs.close()

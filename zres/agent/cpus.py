@@ -8,8 +8,10 @@ queued grants itself (none is handed to a pooled process ahead of time)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 
 from ..core.resources import UNIT
 
@@ -42,3 +44,19 @@ class CoreBinder:
         """TASK_ID has ended: its cores are free for others."""
         for core in self._bound.pop(task_id, ()):
             self._load[core] -= 1
+
+
+@contextlib.contextmanager
+def born_on(cores: list[int]) -> Iterator[None]:
+    """Run the block with this thread bound to CORES (none: as it is), then as before: a
+    process started in it is born on them, and so is what it starts at once (binding it
+    after its start would miss what it started meanwhile)."""
+    before = os.sched_getaffinity(0) if cores else None
+    if cores:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cores)  # (0: this thread alone, on Linux)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)

@@ -12,7 +12,6 @@ behind in its group when its leader exits are stopped the same way.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ from ..core.errors import CommandFailed
 from ..core.resources import CPU, MEMORY, UNIT
 from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
-from .cpus import CoreBinder
+from .cpus import CoreBinder, born_on
 from .files import JobLogs
 from .memory.monitor import Monitor, memory_error
 
@@ -141,11 +140,16 @@ class JobRunner:
             self._cannot_start(task_id, f"cannot start {argv[0]!r}: its log {path}: {reason}",
                                path)
             return
+        # (its cores, if bound: `nproc` there says how many)
+        cores = self.cpus.take(place[0], task_id, place[2].get(CPU, 0)) if self.cpus else []
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
-                                    start_new_session=True)  # its own process group
+            with born_on(cores):
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
+                                        start_new_session=True)  # its own process group
         except Exception as exc:  # no such program or directory, a bad env
+            if self.cpus is not None:
+                self.cpus.give(task_id)
             # Popen names the missing thing: the program, or the working directory.
             filename = getattr(exc, "filename", None)
             where = "" if filename in (None, argv[0]) else f": {filename}"
@@ -166,10 +170,6 @@ class JobRunner:
         # (moved into its cgroup as it starts: what it allocates before is the node's)
         self.memory.watch(task_id, proc.pid, job.taken[MEMORY] // UNIT
                           if job.taken.get(MEMORY) else None)
-        cores = self.cpus.take(job.slot, task_id, job.taken.get(CPU, 0)) if self.cpus else []
-        if cores:  # (what it starts from now inherits them: `nproc` there says how many)
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(proc.pid, cores)
         self._note(job)
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
