@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from tests.conftest import process_gone, wait_until
 from zres.agent.cpus import CoreBinder
 from zres.agent.files import JobLogs
 from zres.agent.jobs import JobRunner
+from zres.agent.memory import cgroups
+from zres.agent.memory.cgroups import Cgroups
 from zres.agent.memory.monitor import Monitor
 from zres.core.resources import UNIT
 
@@ -134,13 +137,13 @@ class WatchedLate(Monitor):
     """The agent's memory monitor, watching a job only once the job has written WRITTEN:
     whatever the agent does to it after its start comes after what it started at once."""
 
-    def __init__(self, written: Path) -> None:
-        super().__init__(None, False, 0)
+    def __init__(self, written: Path, cgroups: Cgroups | None = None) -> None:
+        super().__init__(cgroups, cgroups is not None, 0)
         self.written = written
 
-    def watch(self, unit_id: int, pid: int, limit: int | None) -> None:
+    def watch(self, unit_id: int, pid: int, limit: int | None, started: bool = False) -> None:
         wait_until(self.written.exists, message="the job to write")
-        super().watch(unit_id, pid, limit)
+        super().watch(unit_id, pid, limit, **({"started": True} if started else {}))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
@@ -161,3 +164,26 @@ def test_a_job_bound_to_cores_is_born_on_them(tmp_path):
     finally:
         jobs.stop_all()
         jobs.logs.close()
+
+
+def test_what_a_job_started_before_its_cgroup_was_made_is_moved_into_it(tmp_path):
+    made, why = cgroups.detect(f"test-{uuid.uuid4().hex[:8]}", move=False)
+    if made is None:
+        pytest.skip(f"no cgroup with a memory limit can be made here: {why}")
+    child = tmp_path / "child"
+    memory = WatchedLate(child, made)
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node", lambda *report: None,
+                     memory=memory)
+    jobs.cluster = "c0ffee"
+    try:
+        # (its shell forks at once: the agent moves the job into its cgroup after that)
+        jobs.start(1, {"argv": ["sh", "-c", f"sleep 60 & echo $! > {child}.part; mv "
+                                f"{child}.part {child}; wait"], "env": {}, "cwd": None}, [],
+                   place=(0, [], {"MEMORY": 100_000_000 * UNIT}))
+        inside = made.pids(os.path.join(made.base, "t-1"))
+        assert {jobs.jobs[1].proc.pid, int(child.read_text())} <= set(inside), inside
+    finally:
+        jobs.stop_all()
+        jobs.logs.close()
+        memory.close()
+        made.close()

@@ -167,9 +167,10 @@ class JobRunner:
                                        positions=list(place[1]), taken=dict(place[2]),
                                        cluster=self.cluster, priority=priority,
                                        began=time.monotonic())
-        # (moved into its cgroup as it starts: what it allocates before is the node's)
+        # (moved into its cgroup as it starts, with what it started meanwhile: what they
+        # allocated before is the node's)
         self.memory.watch(task_id, proc.pid, job.taken[MEMORY] // UNIT
-                          if job.taken.get(MEMORY) else None)
+                          if job.taken.get(MEMORY) else None, started=True)
         self._note(job)
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:

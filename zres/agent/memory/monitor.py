@@ -131,16 +131,19 @@ class Monitor:
             os.close(self._wake_w)
 
     # -- what the agent's loop calls --------------------------------------------------
-    def watch(self, unit_id: int, pid: int, limit: int | None) -> None:
+    def watch(self, unit_id: int, pid: int, limit: int | None, started: bool = False) -> None:
         """Watch PID's tree for UNIT_ID, limited to LIMIT bytes (None: figures only). Call
         it before the process runs anything of the task's: in cgroup mode the process is
-        moved into a cgroup of its own now (what it uses before is not counted)."""
+        moved into a cgroup of its own now (what it uses before is not counted). STARTED:
+        it runs already (a command job), and may have started others: they are moved too."""
         unit = Watched(unit_id, pid, limit if self.enforce else None, members={pid})
         procs.kill_first(pid)
         if self.cgroups is not None:
             try:
                 unit.cgroup = self.cgroups.make(f"t-{unit_id}", unit.limit)
                 self.cgroups.enter(unit.cgroup, pid)
+                if started:
+                    self._gather(unit)
             except OSError as exc:  # (a full cgroup tree, a process gone): watched here
                 log.warning("cgroup_failed", id=unit_id, error=str(exc))
                 if unit.cgroup:
@@ -149,6 +152,20 @@ class Monitor:
         with self._lock:
             self._units[unit_id] = unit
             self._rescan = True
+
+    def _gather(self, unit: Watched) -> None:
+        """Move into UNIT's cgroup what its process started before it was moved there (a
+        job's shell may fork at once: left outside, that child would have no limit). What
+        a process inside starts is inside: a few looks find none left outside."""
+        assert self.cgroups is not None
+        for _ in range(3):
+            outside = procs.members(unit.pid, procs.table()) - set(
+                self.cgroups.pids(unit.cgroup))
+            for pid in outside:
+                with contextlib.suppress(OSError):  # (it ended meanwhile)
+                    self.cgroups.enter(unit.cgroup, pid)
+            if not outside:
+                return
 
     def forget(self, unit_id: int) -> Watched | None:
         """Stop watching UNIT_ID (its work ended): its record, with its peak and whether it
