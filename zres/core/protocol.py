@@ -205,8 +205,8 @@ broker -> agent
                ended: the session is over (lost): stop its work, register anew;
                refused: its key was revoked: stop (exit status 1)
 any peer -> broker
-    heartbeat  {t?, session?, side?: true, store?}  side: from an agent's heartbeat
-                                                thread (a socket of its own, its agent's
+    heartbeat  {t?, session?, side?: true,      side: from an agent's heartbeat
+                store?, memory?}                thread (a socket of its own, its agent's
                                                 key): SESSION is alive; answered heartbeat
                                                 {epoch, echo: t, session} to that socket;
                                                 store (an agent's): what its store holds
