@@ -307,15 +307,13 @@ def hog_when(release: str, megabytes: int) -> str:
     return hog(megabytes)
 
 
-def test_a_limited_task_is_held_to_its_limit_across_a_broker_restart(make_cluster,
-                                                                      make_client, tmp_path):
-    cluster = make_cluster(agents=[{"MEMORY": 2e9}],
-                           env={"ZRES_AGENT__MEMORY_LIMITS": "watcher"})
-    client = make_client(cluster.address)
-    release = tmp_path / "release"
-    task = client.submit(hog_when, str(release), 800, resources={"MEMORY": LIMIT})
-    wait_until(task.running)
-    cluster.restart_broker()  # (its agent keeps it running, and watched, meanwhile)
-    release.touch()
-    with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit"):
-        task.result(60)
+def test_a_limited_task_is_held_to_its_limit_across_a_broker_restart(clusters, tmp_path):
+    cluster = clusters("watcher")
+    with zres.Client(cluster.address) as client:
+        release = tmp_path / "release"
+        task = client.submit(hog_when, str(release), 800, resources={"MEMORY": LIMIT})
+        wait_until(task.running)
+        cluster.restart_broker()  # (its agent keeps it running, and watched, meanwhile)
+        release.touch()
+        with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit"):
+            task.result(60)
