@@ -31,3 +31,8 @@ def test_the_systemd_units_keep_their_state_private():
     for unit in ("zres-broker.service", "zres-agent.service"):
         lines = (DEPLOY / "systemd" / unit).read_text().splitlines()
         assert "StateDirectoryMode=0700" in lines, unit
+
+
+def test_the_systemd_agent_may_make_cgroups_for_its_tasks_memory_limits():
+    lines = (DEPLOY / "systemd" / "zres-agent.service").read_text().splitlines()
+    assert "Delegate=yes" in lines and "KillMode=control-group" in lines

@@ -33,6 +33,7 @@ from .core.errors import (
     BrokerLostError,
     CommandFailed,
     InfeasibleError,
+    MemoryLimitError,
     NotOwnerError,
     ProtocolError,
     RemoteError,
@@ -53,8 +54,8 @@ __all__ = [
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
     "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
-    "LocalCluster", "NotOwnerError", "ProtocolError", "RemoteError", "ResourceSpecError",
-    "ResultLostError", "TaskContext", "WorkerLostError", "ZresError",
+    "LocalCluster", "MemoryLimitError", "NotOwnerError", "ProtocolError", "RemoteError",
+    "ResourceSpecError", "ResultLostError", "TaskContext", "WorkerLostError", "ZresError",
     "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "put",
     "scatter", "submit", "wait",
 ]

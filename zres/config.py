@@ -71,7 +71,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               # (None: there, a wildcard replaced by this host's address towards the
               # broker), and how much its store keeps in memory before spilling to disk
               # (None: 30% of its MEMORY).
-              "data_listen": None, "data_advertise": None, "store_memory": None},
+              "data_listen": None, "data_advertise": None, "store_memory": None,
+              # Memory limits (zres.agent.memory): auto (cgroups where it can make them,
+              # else a watcher), cgroup, watcher or off; the node's reserve (None: 5% of its
+              # memory); and binding CPU=k tasks to k cores of the agent's affinity set.
+              "memory_limits": "auto", "memory_reserve": None, "bind_cpus": False},
     "client": {"broker": None, "broker_timeout": 300.0, "forward_output": True},
     # keys: the cluster's keys directory (after --keys and $ZRES_KEYS: see core.keys);
     # insecure: no keys at all (a broker then listens on loopback only, unless --insecure).
@@ -82,6 +86,7 @@ _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeo
           "job_grace": float, "fairshare_half_life": float,
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
+          "bind_cpus": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
                                               "resources", "slots", "tasks", "deps",
                                               "object_bytes")}}

@@ -8,14 +8,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import process_gone, wait_until
+from zres.agent.cpus import CoreBinder
 from zres.agent.files import JobLogs
 from zres.agent.jobs import JobRunner
+from zres.agent.memory import cgroups
+from zres.agent.memory.cgroups import Cgroups
+from zres.agent.memory.monitor import Monitor
+from zres.core.resources import UNIT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,8 +83,10 @@ def test_starting_the_nth_job_reads_and_writes_nothing_of_the_others(tmp_path):
             "starting a job rewrote the others' records"
         assert len(before) == 30 and len(after) == 31  # one record per running job
         others = {str(i) for i in range(1, 31)} | {f"{i}.log" for i in range(1, 31)}
+        # (and the new job's own oom_score_adj: the kernel picks it before the agent)
+        oom = f"/proc/{jobs.jobs[31].proc.pid}/oom_score_adj"
         assert {"31", "31.log"} <= {name for _, name in seen} <= \
-            {"31", "31.log", "c0ffee", os.devnull}, seen
+            {"31", "31.log", "c0ffee", os.devnull, oom}, seen
         assert not {name for _, name in seen} & others
         assert not any("running" in name or event in ("os.listdir", "os.scandir", "os.rename")
                        for event, name in seen), seen
@@ -123,3 +131,59 @@ def test_records_are_private_and_a_killed_agents_jobs_are_stopped_by_the_next(tm
         assert list(record_dir.iterdir()) == []
     finally:
         second.logs.close()
+
+
+class WatchedLate(Monitor):
+    """The agent's memory monitor, watching a job only once the job has written WRITTEN:
+    whatever the agent does to it after its start comes after what it started at once."""
+
+    def __init__(self, written: Path, cgroups: Cgroups | None = None) -> None:
+        super().__init__(cgroups, cgroups is not None, 0)
+        self.written = written
+
+    def watch(self, unit_id: int, pid: int, limit: int | None, started: bool = False) -> None:
+        wait_until(self.written.exists, message="the job to write")
+        super().watch(unit_id, pid, limit, **({"started": True} if started else {}))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="one core here: a job bound to it sees what an unbound one does")
+def test_a_job_bound_to_cores_is_born_on_them(tmp_path):
+    counted = tmp_path / "nproc"
+    everything = os.sched_getaffinity(0)
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node", lambda *report: None,
+                     memory=WatchedLate(counted), cpus=CoreBinder(1))
+    jobs.cluster = "c0ffee"
+    try:
+        # (`nproc` runs at once: binding the job after its start came too late for it)
+        jobs.start(1, {"argv": ["sh", "-c", f"nproc > {counted}.part; mv {counted}.part "
+                                f"{counted}"], "env": {}, "cwd": None}, [],
+                   place=(0, [], {"CPU": UNIT}))
+        assert counted.read_text().strip() == "1"
+        assert os.sched_getaffinity(0) == everything, "the agent's own thread stays unbound"
+    finally:
+        jobs.stop_all()
+        jobs.logs.close()
+
+
+def test_what_a_job_started_before_its_cgroup_was_made_is_moved_into_it(tmp_path):
+    made, why = cgroups.detect(f"test-{uuid.uuid4().hex[:8]}", move=False)
+    if made is None:
+        pytest.skip(f"no cgroup with a memory limit can be made here: {why}")
+    child = tmp_path / "child"
+    memory = WatchedLate(child, made)
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node", lambda *report: None,
+                     memory=memory)
+    jobs.cluster = "c0ffee"
+    try:
+        # (its shell forks at once: the agent moves the job into its cgroup after that)
+        jobs.start(1, {"argv": ["sh", "-c", f"sleep 60 & echo $! > {child}.part; mv "
+                                f"{child}.part {child}; wait"], "env": {}, "cwd": None}, [],
+                   place=(0, [], {"MEMORY": 100_000_000 * UNIT}))
+        inside = made.pids(os.path.join(made.base, "t-1"))
+        assert {jobs.jobs[1].proc.pid, int(child.read_text())} <= set(inside), inside
+    finally:
+        jobs.stop_all()
+        jobs.logs.close()
+        memory.close()
+        made.close()

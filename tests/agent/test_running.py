@@ -33,6 +33,7 @@ class FakeWorker:
         self.ready, self.backlog, self.running = True, [], set()
         self.ident = b"w"
         self.stopped_for = 0
+        self.task, self.retired = 0, False  # (a pooled process: no task of its own)
 
 
 class FakePool:
@@ -62,6 +63,9 @@ class FakePool:
 
     def started_by(self, worker: FakeWorker) -> set[int]:
         return self.start_log
+
+    def task_workers(self) -> list[FakeWorker]:
+        return list(self.by_slot.values())
 
     def forget(self, worker: FakeWorker) -> None:
         self.by_slot = {k: w for k, w in self.by_slot.items() if w is not worker}
@@ -269,6 +273,35 @@ def test_a_forced_cancel_kills_the_worker_of_a_call_that_does_not_stop():
     assert events.results[1][1]["type"] == "CancelledError"
     lost = events.results[2][1]
     assert lost["type"] == "WorkerLostError" and "cancelled with force" in lost["message"]
+
+
+def test_a_task_stopped_for_its_nodes_memory_fails_so_and_its_bystanders_are_told_why():
+    run, pool, events = runner(CPU=2)
+    run.add([grant(1, direct=True), grant(2, direct=True)])
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"started": [1, 2], "results": []}, [])  # type: ignore[arg-type]
+    error = {"type": "MemoryLimitError", "message": "node out of memory on agent a: ..."}
+    run.cancel(1, force=True, error=error)
+    run.slots[0].stopping[1] = 0.0  # its grace is over
+    run.reap()
+    run.reap()  # the process is gone
+    assert events.results[1][1] == error
+    lost = events.results[2][1]["message"]
+    assert "killed to stop task 1, stopped as its node ran low on memory" in lost, lost
+    assert not run.slots[0].stop_errors
+
+
+def test_a_task_stopped_for_its_nodes_memory_that_ends_in_time_leaves_nothing_behind():
+    run, pool, events = runner(CPU=2)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"started": [1], "results": []}, [])  # type: ignore[arg-type]
+    run.cancel(1, force=True, error={"type": "MemoryLimitError", "message": "node out"})
+    run.free(1)  # (its call unwound: the worker reported it failed)
+    run.reap()
+    assert not run.slots[0].stopping and not run.slots[0].stop_errors
 
 
 def test_a_forced_cancel_of_a_grant_waiting_for_its_starting_worker_frees_it_unstarted():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import json
 import os
 import re
 import signal
@@ -184,11 +185,49 @@ def test_an_agent_pointed_at_a_wrong_address_says_so_within_seconds(spawn, tmp_p
     assert "connection refused" in line
 
 
+@pytest.mark.timeout(30)
+def test_an_agent_logs_how_it_limits_memory_at_start(spawn, tmp_path):
+    agent = spawn([sys.executable, "-m", "zres", "agent", f"127.0.0.1:{free_port()}",
+                   "--resources", "foo=1", "--no-detect", "--memory-limits", "watcher",
+                   "--memory-reserve", "64MiB", "--log-format", "json"],
+                  cwd=tmp_path, stderr=subprocess.PIPE)
+    assert agent.stderr is not None
+    said = next((json.loads(line) for line in agent.stderr if "memory_limits" in line), None)
+    assert said is not None, f"the agent ended without saying so (exit {agent.wait()})"
+    assert (said["mode"], said["reserve"], said["not_cgroup"]) == ("watcher", "64 MiB",
+                                                                   "asked for"), said
+
+
+def test_agent_with_a_bad_memory_reserve_or_mode_is_a_usage_error(tmp_path):
+    result = zres_cli("agent", NOWHERE, "--memory-reserve", "lots", "--no-detect", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "memory_reserve 'lots': give a number of bytes" in assert_one_line_error(result)
+    result = zres_cli("agent", NOWHERE, "--memory-limits", "cgroups", "--no-detect",
+                      cwd=tmp_path)
+    assert result.returncode == 2 and "--memory-limits" in result.stderr
+    config = tmp_path / "zres.toml"
+    config.write_text('[agent]\nmemory_limits = "cgroups"\n')
+    result = zres_cli("agent", NOWHERE, "--config", str(config), "--no-detect", cwd=tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "memory_limits 'cgroups': give one of auto, cgroup, watcher, off" in \
+        assert_one_line_error(result)
+
+
 def test_agent_with_bad_numeric_flag_is_a_usage_error(tmp_path):
     result = zres_cli("agent", NOWHERE, "--nworkers", "many", cwd=tmp_path)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "--nworkers" in result.stderr
+
+
+def test_agent_refuses_a_device_count_past_the_limit_at_once(tmp_path):
+    # (GPU=1e9 once built a billion device ids, 3.7 GB, and never registered; 1e6 here
+    # keeps the old code's failure affordable: it hangs, connecting, past the timeout)
+    result = zres_cli("agent", NOWHERE, "--resources", "GPU=1e6", "--no-detect", cwd=tmp_path,
+                      timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    line = assert_one_line_error(result)
+    assert "'GPU=1000000': more than 4096 devices" in line
 
 
 def test_agent_with_zero_workers_is_rejected(tmp_path):

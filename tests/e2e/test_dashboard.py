@@ -121,6 +121,10 @@ def test_the_dashboard_shows_the_cluster_and_follows_it(make_cluster, make_clien
     assert running[0].startswith(f"train (id {training.id}) admin gpu-node CPU=1 GPU=1 ")
     assert running[1].startswith(f"render (id {job_id}) alice lic-node CPU=1 licence=1 ")
     assert all(row.endswith(" connected") for row in running)
+    # The job has a process of its own: its memory, now and at most (issue 30), once its
+    # agent has beaten; the task shares its slot's pooled process: none of its own.
+    running = shows(browser, "#running tbody", " (peak ").split("\n")
+    assert " (peak " in running[1] and " - connected" in running[0], running
     # The tasks' states, in the words of every view.
     assert text(browser, "#counts [data-state]").split("\n") == [
         "0 waiting", "4 queued", "2 running", "0 finished", "0 error", "0 cancelled"]

@@ -271,8 +271,12 @@ def test_cpu_task_is_not_stuck_behind_a_waiting_gpu_task(make_cluster, make_clie
 
 def test_nworkers_run_concurrent_tasks_in_separate_processes(make_cluster, make_client,
                                                              tmp_path):
-    cluster = make_cluster(agents=[{"process": 1}], nworkers=3, nthreads=2)
+    # What an agent declares is the node's, split between its workers (issue 30): three
+    # workers share process=3 and 3 GB, one and 1 GB each (never 3 each: 9 and 9 GB).
+    cluster = make_cluster(agents=[{"process": 3, "MEMORY": 3e9}], nworkers=3, nthreads=2)
     client = make_client(cluster.address)
+    slots = client.status()["agents"][0]["slots"]
+    assert [(s["total"]["process"], s["total"]["MEMORY"]) for s in slots] == [(1, 1e9)] * 3
     futures = [client.submit(rendezvous, str(tmp_path), f"t{i}", 2, resources={"process": 1})
                for i in range(6)]
     runs = [f.result(60) for f in futures]

@@ -528,10 +528,11 @@ def test_a_job_that_cannot_start_says_why_to_its_owner_and_that_it_could_not_to_
     assert f"job {three} (three): exit code 3\n" in said, said
     # zres jobs: the agent that tried it, and why it ended (REASON, last).
     listing = run("jobs", "--all").stdout
-    assert listing.splitlines()[0].split()[-2:] == ["EXIT", "REASON"]
+    assert listing.splitlines()[0].split()[-3:] == ["EXIT", "PEAK", "REASON"]
     table = job_table(run)
     assert table[missing][2] == "failed" and table[missing][4] == "agent-0"
-    assert table[missing][-1] == why and table[three][-2:] == ["3", "exit code 3"]
+    assert table[missing][-1] == why and table[three][-1] == "exit code 3"
+    assert table[three][-3] == "3"  # (then its peak memory: "-" if it ended too soon to tell)
     # zres logs: no log, and why, on stderr with exit status 1; a log when there is one.
     logs = run("logs", str(missing), check=1)
     assert logs.stdout == "" and logs.stderr == \

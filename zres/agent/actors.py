@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..core.resources import MEMORY
 from ..logs import get_logger
 from .grants import Events
+from .memory.monitor import Monitor, memory_error
 from .workers import ActorProcess, Worker, WorkerPool, exit_cause, kill
 
 log = get_logger("zres.agent")
@@ -27,11 +30,14 @@ class ActorSupervisor:
 
     EVENTS takes what the broker must hear; FREE(placement) gives an ended actor's
     resources back; EXITED(body) reports a process that died (after earlier results).
+    MEMORY watches each process (limited to the MEMORY its actor asked for).
     """
 
     def __init__(self, pool: WorkerPool, events: Events, free: Callable[[int], object],
-                 exited: Callable[[dict[str, Any]], None]) -> None:
+                 exited: Callable[[dict[str, Any]], None],
+                 memory: Monitor | None = None) -> None:
         self._pool = pool
+        self._memory = memory or Monitor(None, False, 0)
         self._events = events
         self._free = free
         self._exited = exited
@@ -57,7 +63,10 @@ class ActorSupervisor:
         context = {**item[3], "create": True, "run": run}
         # (its calls' context: the construction's, without its inputs)
         worker.actor = ActorProcess(actor_id, item[0], concurrency,
-                                    {k: v for k, v in item[3].items() if k != "refs"})
+                                    {k: v for k, v in item[3].items() if k != "refs"},
+                                    int(spec.get("priority", 0)), time.monotonic())
+        memory = item[3]["resources"].get(MEMORY)  # (bytes: a limit, if it asked for one)
+        self._memory.watch(item[0], worker.proc.pid, int(memory) if memory else None)
         worker.actor.sent[item[0]] = run
         self._events.held(item[0])
         construct = [item[0], item[1], item[2], context]
@@ -110,6 +119,7 @@ class ActorSupervisor:
                 # __init__ raised: the instance never existed; the broker fails its calls.
                 log.warning("actor_init_failed", actor=actor.id)
                 self.by_id.pop(actor.id, None)
+                self._memory.forget(actor.placement)
                 self._pool.forget(worker)
                 kill(worker.proc)
                 self._free(actor.placement)
@@ -123,6 +133,8 @@ class ActorSupervisor:
                 log.info("actor_killed", actor=actor_id, pid=worker.proc.pid)
                 kill(worker.proc)
                 self._pool.forget(worker)
+                if worker.actor is not None:
+                    self._memory.forget(worker.actor.placement)
                 self._free(worker.actor.placement if worker.actor else -1)
 
     def stop_all(self, why: str) -> None:
@@ -131,6 +143,8 @@ class ActorSupervisor:
             log.warning("actor_stopped", pid=worker.proc.pid, why=why)
             kill(worker.proc)
             self._pool.forget(worker)
+            if worker.actor is not None:
+                self._memory.forget(worker.actor.placement)
         self.by_id.clear()
 
     def carry_over(self) -> list[int]:
@@ -183,11 +197,16 @@ class ActorSupervisor:
             code = worker.proc.poll()
             if code is None or worker.actor is None:
                 continue
-            cause = exit_cause(code)
             actor = worker.actor
-            log.warning("actor_process_died", actor=actor.id, pid=worker.proc.pid, cause=cause)
+            unit = self._memory.forget(actor.placement)
+            body: dict[str, Any] = {"cause": exit_cause(code)}
+            if unit is not None and unit.killed:  # (the broker fails its calls so)
+                error = memory_error(unit, "its process", str(actor.context.get("agent")))
+                body = {"cause": error["message"], "error": error["type"]}
+            log.warning("actor_process_died", actor=actor.id, pid=worker.proc.pid,
+                        cause=body["cause"])
             started = self._pool.started_by(worker)
-            self._exited({"actor": actor.id, "placement": actor.placement, "cause": cause,
+            self._exited({"actor": actor.id, "placement": actor.placement, **body,
                           "running": [t for t, run in actor.sent.items()
                                       if run in started or t in actor.begun]})
             del self.by_id[actor.id]

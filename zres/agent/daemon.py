@@ -28,13 +28,17 @@ from ..logs import get_logger
 from .actors import ActorSupervisor
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
+from .cpus import CoreBinder
 from .data.node import NodeData
 from .deferred import DeferredGrants
 from .draining import Draining
+from .fencing import Fencing
 from .files import open_files
 from .grants import Grant
 from .heartbeat import HeartbeatThread
 from .jobs import GRACE, JobRunner
+from .memory.guard import Guard
+from .memory.monitor import open_monitor
 from .reports import Reports
 from .running import TaskRunner
 from .session import ReachWarning, Session
@@ -45,7 +49,7 @@ log = get_logger("zres.agent")
 DRAIN_GRACE = 30.0   # seconds running work has to finish once the agent is told to stop
 
 
-class Agent(Draining):
+class Agent(Draining, Fencing):
     """Connect to the broker, register slots, run assigned tasks in worker processes."""
 
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
@@ -53,9 +57,13 @@ class Agent(Draining):
                  job_logs: str | None = None, job_grace: float = GRACE,
                  drain_grace: float = DRAIN_GRACE, key: keys.PeerKey | None = None,
                  state: str | None = None, data_listen: str | None = None,
-                 store_memory: int | None = None, data_advertise: str | None = None) -> None:
+                 store_memory: int | None = None, data_advertise: str | None = None,
+                 memory_limits: str = "auto", memory_reserve: int | None = None,
+                 bind_cpus: bool = False) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.files, self.logs = open_files(self.name, state, job_logs)
+        # Memory limits for work of its own process, and the node's reserve (see memory).
+        self.memory = open_monitor(memory_limits, self.files.path, memory_reserve)
         self.slots = slots
         self.broker_address = broker
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
@@ -73,12 +81,16 @@ class Agent(Draining):
                              self.reports, data_advertise)
         self.pool.objects = self.data.env
         self._reach = ReachWarning(broker)
-        self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid)
+        cpus = CoreBinder(len(slots)) if bind_cpus else None  # (cores of their own)
+        self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid,
+                                 memory=self.memory, cpus=cpus)
         self.actors = ActorSupervisor(self.pool, self.reports, self.runner.free,
-                                      self.reports.exited)
+                                      self.reports.exited, self.memory)
         self.jobs = JobRunner(self.logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
-                              unwatch=self.poller.unregister)
+                              unwatch=self.poller.unregister, memory=self.memory, cpus=cpus)
+        self.guard = Guard(self.memory, self.name, self.runner, self.actors, self.jobs,
+                           self.pool, resume=self._lease_came_back)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
         self.poller.register(self.pool.sock, zmq.POLLIN)
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
@@ -109,6 +121,8 @@ class Agent(Draining):
                  slots=[format_units(s.units) for s in self.slots], state=self.files.path,
                  leftovers_removed=self.files.left)  # (an agent of this name was killed)
         self.jobs.stop_leftovers()
+        self.memory.start()
+        self.poller.register(self.memory.fd, zmq.POLLIN)  # (the node runs low, or is back)
         self.heartbeat.start()
         self.data.start()
         # One GPU-less worker per slot starts now, so the first task does not wait for it.
@@ -129,6 +143,7 @@ class Agent(Draining):
         self.data.stop()
         self.jobs.stop_all()
         self.pool.close(self.actors.workers())
+        self.memory.close()
         self.actors.by_id.clear()
         self._connection.close()
         self.files.close(self.logs)
@@ -146,6 +161,9 @@ class Agent(Draining):
         if self._drain_asked and self._draining_until is None:
             self.drain()
         now = time.monotonic()
+        if self.memory.fd in events:
+            self.memory.drain()
+        self.guard.turn(now)
         if self.jobs.exited(events) or now - self._last_reap >= 0.1:
             self._last_reap = now
             self.actors.reap()
@@ -166,8 +184,10 @@ class Agent(Draining):
         self.pool.flush()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
-            P.send(self.broker, P.encode(P.HEARTBEAT, {  # (with what its store holds)
-                "t": now, "session": self.session.id, "store": self.data.store.stats()}))
+            # (with what its store holds, and its memory: limits, the node, each figure)
+            P.send(self.broker, P.encode(P.HEARTBEAT, {
+                "t": now, "session": self.session.id, "store": self.data.store.stats(),
+                "memory": {**self.memory.describe(), "tasks": self.memory.figures()}}))
             silent = self.session.registered and now - self._last_heard > self.hb_timeout
             if silent and not self._silent:
                 log.warning("broker_silent", seconds=round(now - self._last_heard, 1))
@@ -204,7 +224,9 @@ class Agent(Draining):
 
     # -- the session -------------------------------------------------------------------
     def _lease_came_back(self) -> None:
-        """The lease holds again: what waited for it starts."""
+        """The lease holds again (or the node's memory is back): what waited starts."""
+        if not self.session.valid():
+            return
         for msg in self._deferred.take():
             self._on_assign(msg)
         self.runner.lease_renewed()
@@ -260,24 +282,6 @@ class Agent(Draining):
             log.info("agent_resumed", agent=self.name, epoch=epoch)
         elif first:
             log.info("agent_registered", agent=self.name, epoch=epoch)
-
-    def _fence(self, why: str, keep: bool = False) -> None:
-        """The broker no longer counts our work: stop all of it (but KEEP what runs, for a
-        broker restarted on its state: see carry), forget the old session's news, and
-        register as a new session."""
-        log.warning("agent_fenced", agent=self.name, why=why, work_kept=keep)
-        if keep:
-            self.carry.begin()
-        else:
-            self.actors.stop_all(why)
-            self.runner.abandon(why)
-            self.jobs.stop_all()
-            self.pool.drop_pending()
-            self.carry.clear()
-            self.reports.reset()
-            self.data.forget_all()  # (the objects went with the session's work)
-        self._deferred.take()
-        self.session.restart()
 
     def _holding(self) -> list[int]:
         return [*self.runner.holding(), *self.actors.holding(), *self.jobs.holding(),
@@ -352,30 +356,11 @@ class Agent(Draining):
             log.info("agent_resources_changed", slots=[format_units(s.units)
                                                        for s in self.slots])
 
-    def _on_unknown(self, msg: P.Message) -> None:
-        if self._stopping:
-            return  # told to stop (replaced): nothing more to learn
-        if msg.body.get("replaced"):
-            log.error("agent_replaced", agent=self.name,
-                      why="another agent registered with the same name; stopping")
-            self.exit_code = 1
-            self.stop()
-        elif msg.body.get("ended") or msg.body.get("refused"):
-            if msg.body.get("refused"):
-                log.error("agent_refused", agent=self.name, why=msg.body["refused"])
-                self.exit_code = 1
-                self.stop()
-                return
-            if msg.body.get("session") in (None, self.session.id):
-                self._fence(str(msg.body.get("ended")), keep=self.carry.adopts(msg))
-        elif self.session.registered:
-            log.warning("broker_forgot_us")
-            self.session.ask_again()
-
     def _on_assign(self, msg: P.Message) -> None:
-        if not self.session.valid() and self._draining_until is None:
+        if (not self.session.valid() or self.guard.paused) and self._draining_until is None:
             # The broker may have given up on us: hold these until it is heard again (or
-            # the session is found ended, and they go with it).
+            # the session is found ended, and they go with it); or the node is low on
+            # memory: until it is back.
             self._deferred.add(msg)
             return
         items = P.field(msg, "tasks", list)
@@ -417,7 +402,8 @@ class Agent(Draining):
     def _start_job(self, task_id: int, opts: dict[str, Any], gpus: list[str],
                    place: tuple[int, list[int], dict[str, int]]) -> None:
         if task_id in self.runner.placements:  # (not cancelled while the broker heard)
-            self.jobs.start(task_id, opts["job"], gpus, place, int(opts.get("attempt", 1)))
+            self.jobs.start(task_id, opts["job"], gpus, place, int(opts.get("attempt", 1)),
+                            int(opts.get("priority", 0)))
             if task_id in self.jobs.jobs:
                 self.reports.started(task_id)
 

@@ -56,13 +56,19 @@ def memory(root: str | os.PathLike[str] = "/",
     total = _physical() if physical is None else physical
     why = "the machine's memory"
     base = Path(root)
-    files = [*_candidates(base, "", "memory.max"),
-             *_candidates(base, "memory", "memory.limit_in_bytes")]
-    for path in files:
+    for path in memory_limit_files(root):
         limit = _int(path)
         if limit is not None and limit > 0 and (not total or limit < total):
             total, why = limit, f"cgroup {_show(base, path)}"
     return total, why
+
+
+def memory_limit_files(root: str | os.PathLike[str] = "/") -> list[Path]:
+    """The memory limit files of this process's cgroup and those above it (v2
+    ``memory.max``, v1 ``memory.limit_in_bytes``) that exist under ROOT."""
+    base = Path(root)
+    return [*_candidates(base, "", "memory.max"),
+            *_candidates(base, "memory", "memory.limit_in_bytes")]
 
 
 def _candidates(base: Path, controller: str, name: str) -> Iterator[Path]:

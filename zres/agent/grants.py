@@ -48,6 +48,8 @@ class Grant:
     sent: bool = False           # passed to its worker (after the broker heard it held)
     running: bool = False        # its resources are counted in use
     begun: bool = False          # its worker said it started (its start log is a ring)
+    began_at: float = 0.0        # when it began running here (the newest go first when
+                                 # the node runs low on memory)
 
 
 @dataclass(slots=True)
@@ -62,6 +64,7 @@ class SlotState:
     delegate: Worker | None = None
     cancelling: set[int] = field(default_factory=set)  # delegated, cancel sent, not answered
     stopping: dict[int, float] = field(default_factory=dict)  # forced: task -> kill time
+    stop_errors: dict[int, dict[str, Any]] = field(default_factory=dict)  # ... failed so
     runners: dict[int, int] = field(default_factory=dict)  # id(worker) -> grants running
     placements: int = 0          # actors and jobs running here, outside the pool
 

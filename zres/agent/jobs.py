@@ -23,9 +23,12 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import CommandFailed
+from ..core.resources import CPU, MEMORY, UNIT
 from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
+from .cpus import CoreBinder, born_on
 from .files import JobLogs
+from .memory.monitor import Monitor, memory_error
 
 log = get_logger("zres.agent")
 
@@ -57,6 +60,8 @@ class Job:
     positions: list[int] = field(default_factory=list)  # taking what: told to a
     taken: dict[str, int] = field(default_factory=dict)  # restarted broker
     cluster: str = ""                # the cluster it logs under
+    priority: int = 0                # its grant's, and when it began: the newest of the
+    began: float = 0.0               # lowest priority go first when the node runs low
 
 
 RECENT = 1000  # job outcomes remembered for a restarted broker
@@ -64,12 +69,16 @@ RECENT = 1000  # job outcomes remembered for a restarted broker
 
 class JobRunner:
     """The command jobs running on this node. REPORT(id, outcome, frames, info) gives a
-    job's end to the broker."""
+    job's end to the broker; MEMORY watches each job's processes (limited to the MEMORY it
+    asked for)."""
 
     def __init__(self, logs: JobLogs, agent: str, report: Report, grace: float = GRACE,
                  watch: Callable[[int], None] | None = None,
-                 unwatch: Callable[[int], None] | None = None) -> None:
+                 unwatch: Callable[[int], None] | None = None,
+                 memory: Monitor | None = None, cpus: CoreBinder | None = None) -> None:
         self.logs = logs
+        self.memory = memory or Monitor(None, False, 0)
+        self.cpus = cpus  # (binds each job to cores of its own: see cpus)
         self.cluster = "unknown"   # the broker's cluster id, once it has welcomed us
         self.agent = agent
         self.grace = grace
@@ -113,7 +122,7 @@ class JobRunner:
 
     def start(self, task_id: int, spec: dict[str, Any], gpus: list[str],
               place: tuple[int, list[int], dict[str, int]] = (0, [], {}),
-              attempt: int = 1) -> None:
+              attempt: int = 1, priority: int = 0) -> None:
         """Start TASK_ID's command as SPEC {argv, env, cwd} says, on GPUS (at PLACE: slot,
         GPU positions, what it takes); a job that cannot start is reported failed at once,
         naming what was missing. Its log is made anew: one already there fails it, unless
@@ -131,11 +140,16 @@ class JobRunner:
             self._cannot_start(task_id, f"cannot start {argv[0]!r}: its log {path}: {reason}",
                                path)
             return
+        # (its cores, if bound: `nproc` there says how many)
+        cores = self.cpus.take(place[0], task_id, place[2].get(CPU, 0)) if self.cpus else []
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
-                                    start_new_session=True)  # its own process group
+            with born_on(cores):
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
+                                        start_new_session=True)  # its own process group
         except Exception as exc:  # no such program or directory, a bad env
+            if self.cpus is not None:
+                self.cpus.give(task_id)
             # Popen names the missing thing: the program, or the working directory.
             filename = getattr(exc, "filename", None)
             where = "" if filename in (None, argv[0]) else f": {filename}"
@@ -151,7 +165,12 @@ class JobRunner:
             os.close(out)
         job = self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
                                        positions=list(place[1]), taken=dict(place[2]),
-                                       cluster=self.cluster)
+                                       cluster=self.cluster, priority=priority,
+                                       began=time.monotonic())
+        # (moved into its cgroup as it starts, with what it started meanwhile: what they
+        # allocated before is the node's)
+        self.memory.watch(task_id, proc.pid, job.taken[MEMORY] // UNIT
+                          if job.taken.get(MEMORY) else None, started=True)
         self._note(job)
         if self._watch is not None and hasattr(os, "pidfd_open"):
             try:
@@ -214,8 +233,16 @@ class JobRunner:
     def _finished(self, job: Job) -> None:
         code = job.proc.returncode
         log.info("job_ended", job=job.task, exit_code=code, cancelled=job.cancelled)
-        info = {"exit_code": code, "log": job.log}
-        if job.cancelled:
+        info: dict[str, Any] = {"exit_code": code, "log": job.log}
+        unit = self.memory.forget(job.task)
+        if self.cpus is not None:
+            self.cpus.give(job.task)
+        if unit is not None:
+            info["peak_memory"] = unit.peak
+        if unit is not None and unit.killed:
+            self._ended(job.task, P.FAILED, [], {**info, **memory_error(
+                unit, f"job {job.task}", self.agent)})
+        elif job.cancelled:
             self._ended(job.task, P.FAILED, [], {**info, "type": "CancelledError",
                                                  "message": "cancelled"})
         elif code == 0:
@@ -260,6 +287,9 @@ class JobRunner:
                 job.proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+            self.memory.forget(job.task)
+            if self.cpus is not None:
+                self.cpus.give(job.task)
             self._forget(job.task)
             self._unnote(job.task)
         self.jobs.clear()

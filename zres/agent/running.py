@@ -25,9 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import protocol as P
-from ..core.resources import Units
+from ..core.resources import CPU, Units
 from ..logs import get_logger
+from . import solo
+from .cpus import CoreBinder
 from .grants import Events, Grant, SlotState, add_units
+from .handback import HandingBack
+from .memory.monitor import Monitor
 from .slots import SlotSpec
 from .workers import Worker, WorkerPool, exit_cause, kill
 
@@ -40,18 +44,22 @@ STOP_GRACE = 2.0  # seconds a call cancelled with force has to end before its pr
 DELEGATE = 16
 
 
-class TaskRunner:
+class TaskRunner(HandingBack):
     """The node's slots, the tasks running on them and the grants queued there.
 
     EVENTS collects what the broker must hear; LEASE_VALID() says whether the broker still
     counts on this agent (nothing starts otherwise); STARVE is how long a queued grant may
-    be passed over.
+    be passed over. MEMORY watches (and limits) the processes of tasks that asked for
+    MEMORY (``solo``); CPUS, if given, binds each task to cores of its own (``cpus``).
     """
 
     def __init__(self, specs: list[SlotSpec], pool: WorkerPool, events: Events,
-                 lease_valid: Callable[[], bool], starve: float = 5.0) -> None:
+                 lease_valid: Callable[[], bool], starve: float = 5.0,
+                 memory: Monitor | None = None, cpus: CoreBinder | None = None) -> None:
+        self.cpus = cpus
         self.slots = [SlotState(spec) for spec in specs]
         self._pool = pool
+        self.memory = memory or Monitor(None, False, 0)
         self._events = events
         self._lease_valid = lease_valid
         self.starve = starve
@@ -60,13 +68,14 @@ class TaskRunner:
         self._runs = itertools.count(1)
         self._giving_back: set[int] = set()   # delegated grants asked back, to return
         self.draining = False                 # the agent is leaving: nothing new starts
+        self.paused = False                   # the node is low on memory: nor now
 
     # -- the books: every change of what runs goes through these ------------------------
     def _run(self, grant: Grant, worker: Worker) -> None:
         """GRANT runs in WORKER from now: count it."""
         state = self.slots[grant.slot]
         add_units(state.used, grant.taken)
-        grant.running, grant.worker = True, worker
+        grant.running, grant.worker, grant.began_at = True, worker, time.monotonic()
         state.runners[id(worker)] = state.runners.get(id(worker), 0) + 1
         worker.running.add(grant.task)
 
@@ -77,6 +86,10 @@ class TaskRunner:
         state = self.slots[grant.slot]
         add_units(state.used, grant.taken, -1)
         grant.running = False
+        if self.cpus is not None:
+            self.cpus.give(grant.task)
+        if grant.worker is not None and grant.worker.task:  # (its own process: done too)
+            solo.retire(self.memory, grant.worker)
         key = id(grant.worker)
         state.runners[key] -= 1
         if not state.runners[key]:
@@ -129,7 +142,7 @@ class TaskRunner:
 
     def start_ready(self, slot: int) -> None:
         """Start what may start on SLOT now; hand the delegate the next queued grants."""
-        if self.draining or not self._lease_valid():
+        if self.draining or self.paused or not self._lease_valid():
             return
         state = self.slots[slot]
         now = None
@@ -149,14 +162,16 @@ class TaskRunner:
                 break  # it has waited long enough: nothing behind it overtakes
             index += 1
         # The delegate is topped up in batches, when half is used: one message, several.
-        if not state.waiting or len(state.delegated) > DELEGATE // 2:
+        # (None with cores to bind: the agent binds each task as it hands it over.)
+        if not state.waiting or len(state.delegated) > DELEGATE // 2 or self.cpus:
             return
         worker = self._delegate_to(slot, state.waiting[0].devices)
         if worker is None:
             return
         state.delegate = worker
         while state.waiting and len(state.delegated) < DELEGATE \
-                and state.waiting[0].devices == worker.gpus:
+                and state.waiting[0].devices == worker.gpus \
+                and not solo.is_solo(state.waiting[0]):  # (one of those: a process of its own)
             grant = state.waiting.pop(0)
             grant.run, grant.worker = next(self._runs), worker
             state.delegated[grant.task] = grant
@@ -166,12 +181,16 @@ class TaskRunner:
                                        "seq": grant.key[1], "since": grant.since})
 
     def _hand_over(self, grant: Grant) -> None:
-        """Start GRANT in its slot's worker process (it is reported held first)."""
-        worker = self.worker(grant.slot, grant.devices)
+        """Start GRANT in its slot's worker process, or its own (it is reported held
+        first)."""
+        worker = solo.start(self._pool, self.memory, grant, self.slots[grant.slot].spec.nthreads) \
+            if solo.is_solo(grant) else self.worker(grant.slot, grant.devices)
         grant.run = next(self._runs)
         self._run(grant, worker)
         self._events.held(grant.task)
-        self._send(worker, grant, {})
+        cores = self.cpus.take(grant.slot, grant.task, grant.taken.get(CPU, 0)) \
+            if self.cpus is not None else []
+        self._send(worker, grant, {"cpus": cores} if cores else {})
 
     def _send(self, worker: Worker, grant: Grant, extra: dict[str, Any]) -> None:
         """Send GRANT to WORKER once the broker has heard it is held (see reports)."""
@@ -232,10 +251,12 @@ class TaskRunner:
                 self._pool.touch(state.delegate)  # it starts nothing while the lease lapses
 
     # -- cancels, outcomes, deaths ---------------------------------------------------
-    def cancel(self, task_id: int, force: bool = False) -> None:
+    def cancel(self, task_id: int, force: bool = False,
+               error: dict[str, Any] | None = None) -> None:
         """Stop TASK_ID if it has not started (the broker has already failed it). A running
         call is stopped only with FORCE: an exception raised in it, then, if it has not
-        ended within STOP_GRACE, its worker process is killed."""
+        ended within STOP_GRACE, its worker process is killed. ERROR: it fails so (the
+        node ran low on memory), not cancelled."""
         grant = self.grants.get(task_id)
         if grant is None:
             return
@@ -261,7 +282,10 @@ class TaskRunner:
         if worker.ready and worker.proc.returncode is None:
             # The worker drops a queued grant unless it has started it, and says which;
             # told after the hand-offs waiting now, so that it never overtakes the grant.
-            body = {"ids": [task_id], "force": True} if force else {"ids": [task_id]}
+            body: dict[str, Any] = {"ids": [task_id], "force": True} if force \
+                else {"ids": [task_id]}
+            if error is not None:
+                body["error"] = state.stop_errors[task_id] = error
             self._events.after(functools.partial(self._pool.tell, worker, P.CANCEL, body))
             if task_id in state.delegated:
                 state.cancelling.add(task_id)
@@ -287,6 +311,7 @@ class TaskRunner:
                 grant = self.grants.get(task_id)
                 if grant is None or grant.worker is None:
                     del state.stopping[task_id]  # it ended
+                    state.stop_errors.pop(task_id, None)
                 elif now >= deadline and grant.worker.proc.returncode is None:
                     log.warning("worker_stopped", pid=grant.worker.proc.pid,
                                 why=f"task {task_id}, cancelled with force, did not end "
@@ -308,6 +333,8 @@ class TaskRunner:
                 self._events.started(task_id)
         for item, result in zip(body["results"], results):
             if item[0] in self.grants:
+                if worker.task == item[0]:  # (its own process: with its peak, then gone)
+                    item = solo.ended(self.memory, worker, item)
                 self.free(item[0], start=False)
                 self._events.result(item[0], item[1], result, item[3])
         for task_id in body.get("dropped", ()):  # cancelled before it started
@@ -324,12 +351,18 @@ class TaskRunner:
     def reap(self) -> None:
         """Fail the started tasks of worker processes that died; the rest run again."""
         self._stop_overdue(time.monotonic())
-        for worker in list(self._pool.by_slot.values()):
+        for worker in self._pool.task_workers():
             code = worker.proc.poll()
             if code is None:
                 continue
+            if worker.retired:  # its task ended: stopped on purpose
+                self._pool.forget(worker)
+                continue
+            unit = self.memory.forget(worker.task) if worker.task else None
+            why = "stopped as its node ran low on memory" if worker.stopped_for in \
+                self.slots[worker.slot].stop_errors else "cancelled with force"
             cause = exit_cause(code) if not worker.stopped_for else (
-                f"was killed to stop task {worker.stopped_for}, cancelled with force")
+                f"was killed to stop task {worker.stopped_for}, {why}")
             started = self._pool.started_by(worker)
             mine = sorted((g for g in self.grants.values() if g.worker is worker),
                           key=lambda g: g.key)
@@ -342,14 +375,17 @@ class TaskRunner:
                 self._undelegate(state, grant.task)
                 cancelled = grant.task in state.cancelling
                 state.cancelling.discard(grant.task)
+                error = solo.lost(unit, grant, cause, grant.begun or grant.run in started)
                 if state.stopping.pop(grant.task, None) is not None:  # the one it stopped
                     self.free(grant.task, start=False)
-                    self._report_cancelled(grant.task)
-                elif grant.begun or grant.run in started:
+                    stopped = state.stop_errors.pop(grant.task, None)
+                    if stopped is not None:
+                        self._events.result(grant.task, P.FAILED, [], stopped)
+                    else:
+                        self._report_cancelled(grant.task)
+                elif error is not None:
                     self.free(grant.task, start=False)
-                    self._events.result(grant.task, P.FAILED, [], {
-                        "type": "WorkerLostError",
-                        "message": f"the worker process running the task {cause}"})
+                    self._events.result(grant.task, P.FAILED, [], error)
                 elif cancelled:
                     self.free(grant.task, start=False)
                     self._report_cancelled(grant.task)
@@ -367,8 +403,10 @@ class TaskRunner:
         """Stop everything running or queued here: the broker no longer counts it. The
         placements KEEP (jobs a restarted broker may adopt) stay counted."""
         kept = {t: p for t, p in self.placements.items() if t in keep}
-        for worker in list(self._pool.by_slot.values()):
-            if worker.running or worker.backlog or any(
+        for worker in self._pool.task_workers():
+            if worker.task:
+                self.memory.forget(worker.task)
+            if worker.task or worker.running or worker.backlog or any(
                     g.worker is worker for g in self.grants.values()):
                 log.warning("worker_stopped", pid=worker.proc.pid, why=why,
                             tasks=len(worker.running) + len(worker.backlog))
@@ -380,49 +418,6 @@ class TaskRunner:
         self._giving_back.clear()
         for task_id, (slot, taken) in kept.items():
             self.hold(slot, task_id, taken)
-
-    def settling(self) -> bool:
-        """Whether grants asked back from workers have not been answered yet."""
-        return bool(self._giving_back)
-
-    def offer(self) -> list[list[Any]]:
-        """The tasks running here, for a restarted broker: [id, slot, GPU positions,
-        taken]."""
-        return [[g.task, g.slot, [self.slots[g.slot].spec.gpus.index(d) for d in g.devices
-                                  if d in self.slots[g.slot].spec.gpus], g.taken]
-                for g in self.grants.values()]
-
-    def give_back_unstarted(self, restart: bool = False) -> None:
-        """Give the broker back every grant that has not started, the agent leaving (or
-        RESTART: its broker restarted on its state, and what runs runs on): those waiting
-        at once, delegated ones once their worker has dropped them."""
-        self.draining = self.draining or not restart
-        for state in self.slots:
-            for grant in state.waiting:
-                self.grants.pop(grant.task, None)
-                self._events.give_back(grant.task)
-            state.waiting.clear()
-        for task_id, grant in list(self.grants.items()):
-            state = self.slots[grant.slot]
-            void = restart and not grant.sent  # its hand-off waited for the old broker
-            if task_id not in state.delegated and not void:
-                continue  # it runs, or starts at once: it goes on (offered to a restart)
-            worker = grant.worker
-            if not void and worker is not None and worker.ready \
-                    and worker.proc.returncode is None:
-                tell = functools.partial(self._pool.tell, worker, P.CANCEL, {"ids": [task_id]})
-                if restart:  # the hand-offs that wait are void: nothing to wait behind
-                    tell()
-                else:
-                    self._events.after(tell)
-                self._giving_back.add(task_id)
-            else:  # not sent yet: it never will be
-                self._undelegate(state, task_id)
-                self._unrun(grant)
-                del self.grants[task_id]
-                if worker is not None:
-                    worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
-                self._events.give_back(task_id)
 
     def holding(self) -> list[int]:
         """Every grant this agent holds (waiting, handed over or running)."""

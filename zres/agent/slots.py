@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.errors import ResourceSpecError
+from ..core.limits import MAX_DEVICES, Limits
 from ..core.resources import (
     CPU,
     GPU,
@@ -13,6 +14,7 @@ from ..core.resources import (
     UNIT,
     Units,
     format_amount,
+    is_bytes,
     token_devices,
 )
 from ..logs import get_logger
@@ -36,40 +38,48 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
                detect: bool = True) -> list[SlotSpec]:
     """Work out each slot's capacity: detected CPU, MEMORY, GPU, overridden by DECLARED.
 
-    Declared amounts are offered in full by every slot (as Dask's --resources); detected
-    memory and GPUs are split between slots so the node is never offered twice over.
+    What a node has, detected or declared, is split between its slots (one per worker), so
+    the node is never offered twice over: ``--nworkers 2 --resources "GPU=2 MEMORY=10GB"``
+    gives each worker one GPU and 5 GB. A declared amount that does not split into equal
+    shares (whole ones, for a whole number) is refused, naming why; bytes split to the
+    byte. Device ids are the detected devices', or 0..k-1 for a declared GPU=k on a node
+    where none are detected: never more than declared. Per-device tokens (gpu0=1 ...) go
+    to one worker each.
     """
     if nworkers < 1:
         raise ResourceSpecError("nworkers must be at least 1")
+    if nworkers > Limits().slots:
+        raise ResourceSpecError(f"nworkers {nworkers}: more than {Limits().slots}, the most "
+                                "slots one agent may offer (the broker's max_slots)")
     cpus, cpus_why = detect_mod.cpus()
     threads = nthreads or max(1, cpus // nworkers)
-    tokens = [name for name in declared if token_devices({name: 1})]
+    tokens = sorted((name for name in declared if token_devices({name: 1})),
+                    key=lambda name: int(name[3:]))
     if tokens and GPU in declared:
         raise ResourceSpecError(f"invalid resource spec: declare GPU=k or per-device tokens "
                                 f"({', '.join(tokens)}), not both")
+    count = _declared_devices(declared)  # (refused before anything is built)
+    shares = {name: _split(name, amount, nworkers) for name, amount in declared.items()
+              if name not in tokens}
     # Per-device tokens stand for the devices: offering detected GPUs too would offer
     # each device twice.
     devices = gpu_mod.discover() if detect and not tokens else []
+    if count is not None and devices and count > len(devices):
+        raise ResourceSpecError(f"invalid resource spec 'GPU={count}': this node has "
+                                f"{len(devices)} GPU(s)")
     memory, memory_why = detect_mod.memory() if detect else (0, "not detected")
     memory //= nworkers
-    if declared.get(GPU, 0) % UNIT:
-        raise ResourceSpecError(f"invalid resource spec 'GPU={format_amount(GPU, declared[GPU])}'"
-                                ": an agent's GPU must be a whole number of devices")
     slots = []
     for index in range(nworkers):
         units: Units = {CPU: threads * UNIT}
         if memory:
             units[MEMORY] = memory * UNIT
         mine = devices[index::nworkers]
-        if GPU in declared:
+        if count is not None:
             # Each slot gets devices of its own, never the same physical GPU twice.
-            count = declared[GPU] // UNIT
-            if devices and len(devices) < count * nworkers:
-                raise ResourceSpecError(
-                    f"invalid resource spec 'GPU={count}': {nworkers} worker(s) of {count} "
-                    f"GPU(s) need {count * nworkers} devices, this node has {len(devices)}")
-            mine = devices[index * count:(index + 1) * count]
-            ids = [d.id for d in mine] or [str(index * count + i) for i in range(count)]
+            per = count // nworkers
+            mine = devices[index * per:(index + 1) * per]
+            ids = [d.id for d in mine] or [str(index * per + i) for i in range(per)]
         else:
             ids = [d.id for d in mine]
         if ids:
@@ -79,7 +89,8 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
             units[GPU_MEMORY] = sum(gpu_mem)
         else:
             gpu_mem = []
-        units.update(declared)
+        units.update((name, share[index]) for name, share in shares.items())
+        units.update((name, declared[name]) for name in tokens[index::nworkers])
         if not units.get(GPU):
             units.pop(GPU, None)
             ids, gpu_mem = [], []
@@ -89,3 +100,40 @@ def plan_slots(declared: Units, nworkers: int, nthreads: int | None,
              memory=format_amount(MEMORY, memory * nworkers * UNIT), memory_from=memory_why)
     return slots
 
+
+def _declared_devices(declared: Units) -> int | None:
+    """How many GPUs DECLARED names (None: it names none), checked: whole, and within what
+    a slot may hold, before a single device id is made."""
+    if GPU not in declared:
+        return None
+    if declared[GPU] % UNIT:
+        raise ResourceSpecError(f"invalid resource spec 'GPU={format_amount(GPU, declared[GPU])}'"
+                                ": an agent's GPU must be a whole number of devices")
+    count = declared[GPU] // UNIT
+    if count > MAX_DEVICES:
+        raise ResourceSpecError(f"invalid resource spec 'GPU={count}': more than {MAX_DEVICES} "
+                                "devices, the most an agent may offer (zres.core.limits)")
+    return count
+
+
+def _split(name: str, amount: int, parts: int) -> list[int]:
+    """AMOUNT of NAME in PARTS equal shares: bytes to the byte (the first shares take what
+    is left over), a fraction exactly, a whole number in whole shares; else refused."""
+    if is_bytes(name):
+        return _bytes_shares(amount, parts)
+    share, rest = divmod(amount, parts)
+    if rest or (amount % UNIT == 0 and share % UNIT):
+        raise ResourceSpecError(
+            f"invalid resource spec '{name}={format_amount(name, amount)}': {parts} workers "
+            f"cannot share it in equal {'whole ' if amount % UNIT == 0 else ''}shares; "
+            f"declare a multiple of {parts}, or fewer workers (what an agent declares is the "
+            "node's, split between its workers)")
+    return [share] * parts
+
+
+def _bytes_shares(amount: int, parts: int) -> list[int]:
+    """AMOUNT (units of bytes) in PARTS shares of whole bytes, the first ones a byte more."""
+    whole, rest = divmod(amount // UNIT, parts)
+    shares = [(whole + (1 if i < rest else 0)) * UNIT for i in range(parts)]
+    shares[0] += amount % UNIT  # (a fraction of a byte declared: kept, not lost)
+    return shares

@@ -105,6 +105,8 @@ class WorkerProcess:
         self.loader = CallLoader()
         self.objects = WorkerObjects()  # (the agent's store: big results, inputs by reference)
         self.stopper = CallStopper()
+        self._stop_errors: dict[int, dict[str, Any]] = {}  # stopped, failing so, not cancelled
+        self._cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         self.lease = Lease(lease)
         self.starts = StartLog(starts)
         # The slot's accounting, for queued grants (see the module's docstring). Task
@@ -154,7 +156,10 @@ class WorkerProcess:
                 self._cancel(msg.body.get("ids", []))
                 if msg.body.get("force"):
                     for task_id in msg.body.get("ids", []):
-                        self.stopper.stop(task_id)
+                        if isinstance(msg.body.get("error"), dict):  # (node out of memory)
+                            self._stop_errors[task_id] = msg.body["error"]
+                        if not self.stopper.stop(task_id):
+                            self._stop_errors.pop(task_id, None)
                 continue
             if msg.kind != P.RUN:
                 continue
@@ -269,13 +274,14 @@ class WorkerProcess:
             return self._run_call(task_id, payload, deps, context)
         except Stopped:  # a forced cancel that landed on the way out of the call
             self.stopper.leave(task_id)
-            return task_id, P.FAILED, [], _STOPPED
+            return task_id, P.FAILED, [], self._stop_errors.pop(task_id, _STOPPED)
 
     def _run_call(self, task_id: int, payload: list[Any], deps: list[list[Any]],
                   context: dict[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
         token = str(context.get("token", ""))
         task = TaskContext(task_id, context["agent"], context["resources"],
-                           list(context["gpus"]), context.get("attempt", 0), token=token)
+                           list(context["gpus"]), context.get("attempt", 0), token=token,
+                           cpus=list(context.get("cpus", ())))
         set_task_context(task)
         if self.actor is not None and token:
             # This process serves one actor: a client made anywhere in it (a thread of its
@@ -290,6 +296,8 @@ class WorkerProcess:
             self.output.end(task_id)
             return task_id, P.FAILED, [], {"type": "InputLostError", "message": str(lost),
                                            "input": lost.object_id}
+        if task.cpus:  # (this thread, and what it starts: given back as it ends)
+            os.sched_setaffinity(0, task.cpus)
         try:
             fn, args, kwargs = self.loader.load(payload, [loads(d) for d in deps])
             self.stopper.enter(task_id)
@@ -312,6 +320,8 @@ class WorkerProcess:
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
+            if task.cpus:
+                os.sched_setaffinity(0, self._cores)
             self.output.end(task_id)  # before its result is put: see _send_results
         return task_id, outcome, frames, task.report
 

@@ -2,7 +2,10 @@
 
 One process serves one slot with one fixed device set (CUDA_VISIBLE_DEVICES is set when it
 starts and never changes), so a CUDA context made by one task is never reused for another
-device; an actor gets a process of its own.
+device; an actor gets a process of its own, and so does a task that asked for MEMORY (a
+*solo* process, started for it and stopped after it, limited to what it asked: see
+``memory``). Own processes lead sessions of their own: their whole tree is found, and
+stopped, together.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ..core.context import TOKEN_ENV
 from ..logs import get_logger
 from .data.worker_side import ENV as OBJECTS_ENV
 from .files import AgentFiles
+from .memory import procs
 from .shared import Lease, StartLog
 from .slots import SlotSpec
 
@@ -41,6 +45,8 @@ class ActorProcess:
     placement: int               # the broker's id for this construction
     concurrency: int
     context: dict[str, Any]
+    priority: int = 0            # its grant's, and when it began: the newest of the
+    began: float = 0.0           # lowest priority go first when the node runs low
     sent: dict[int, int] = field(default_factory=dict)   # unfinished call -> run number
     begun: set[int] = field(default_factory=set)         # ... of those, said started
     delivered: set[int] = field(default_factory=set)     # ... of those, passed to it
@@ -60,6 +66,8 @@ class Worker:
     running: set[int] = field(default_factory=set)
     actor: ActorProcess | None = None
     stopped_for: int = 0             # killed to stop this task (a forced cancel)
+    task: int = 0                    # the one task a solo process serves
+    retired: bool = False            # its task ended: stopped on purpose
 
 
 class WorkerPool:
@@ -85,6 +93,8 @@ class WorkerPool:
         self.lease = Lease(f"{self._run}/lease", create=True)  # lapsed until renewed
         self.by_slot: dict[tuple[int, tuple[str, ...]], Worker] = {}
         self.by_ident: dict[bytes, Worker] = {}
+        self.solo: dict[bytes, Worker] = {}  # processes of one task each (see memory)
+        self.paused = False  # the node is low on memory: delegates start nothing queued
         self._runs: dict[bytes, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         self._told: list[tuple[bytes, list[Any]]] = []
         self.starve = 5.0            # passed to workers: how long a queued grant is passed over
@@ -95,8 +105,9 @@ class WorkerPool:
         return worker if worker is not None and worker.proc.poll() is None else None
 
     def start(self, slot: int, devices: tuple[str, ...], nthreads: int, actor: bool = False,
-              keep: Worker | None = None) -> Worker:
-        """Start a process for SLOT with DEVICES (or for an actor), NTHREADS threads.
+              keep: Worker | None = None, solo: int = 0) -> Worker:
+        """Start a process for SLOT with DEVICES (or for an actor, or the task SOLO alone),
+        NTHREADS threads.
 
         An idle process that used these devices may still hold their memory (a CUDA
         context, an allocator's cache): it is stopped first, unless it is KEEP.
@@ -119,19 +130,30 @@ class WorkerPool:
         proc = subprocess.Popen(
             [sys.executable, "-m", "zres.agent.worker", self.address, ident.decode(),
              str(nthreads), str(os.getpid()), self.lease.path, starts.path,
-             *(["actor"] if actor else [])], env=env, stdin=subprocess.DEVNULL)
-        worker = Worker(ident, slot, devices, proc, starts)
+             *(["actor"] if actor else [])], env=env, stdin=subprocess.DEVNULL,
+            start_new_session=actor or bool(solo))
+        # (a pooled process has no limit of its own: should the node run out before the
+        # agent has stopped anything, the kernel takes it, never the agent)
+        procs.kill_first(proc.pid)
+        worker = Worker(ident, slot, devices, proc, starts, task=solo)
         self.by_ident[ident] = worker
-        if not actor:
+        if solo:
+            self.solo[ident] = worker
+        elif not actor:
             self.by_slot[(slot, devices)] = worker
         log.info("worker_started", pid=proc.pid, slot=slot, gpus=",".join(devices) or "-",
-                 actor=actor)
+                 actor=actor, **({"task": solo} if solo else {}))
         return worker
+
+    def task_workers(self) -> list[Worker]:
+        """Every process running tasks: pooled and solo ones (not actors')."""
+        return [*self.by_slot.values(), *self.solo.values()]
 
     def forget(self, worker: Worker) -> None:
         """Stop routing to WORKER (it has ended, or is being stopped)."""
         if self.by_slot.get((worker.slot, worker.gpus)) is worker:
             del self.by_slot[(worker.slot, worker.gpus)]
+        self.solo.pop(worker.ident, None)
         if self.by_ident.pop(worker.ident, None) is not None:
             worker.starts.close()
             try:
@@ -188,14 +210,14 @@ class WorkerPool:
         body: dict[str, Any] = {"tasks": items}
         worker = self.by_ident.get(ident)
         if worker is not None and worker.actor is None:
-            body["capacity"] = self._slots[worker.slot].units
+            body["capacity"] = {} if self.paused else self._slots[worker.slot].units
             body["starve"] = self.starve
         P.send(self.sock, [ident, *P.encode(P.RUN, body, frames)])
 
     def close(self, workers: list[Worker]) -> None:
         """Stop WORKERS and every pooled process; close the socket (the agent's files
         then go: ``AgentFiles.close``)."""
-        for worker in [*list(self.by_slot.values()), *workers]:
+        for worker in [*self.task_workers(), *workers]:
             kill(worker.proc)
             self.forget(worker)
         self.sock.close(0)

@@ -230,15 +230,21 @@ class ActorRouting:
                          else "its __init__ raised an exception")
 
     def exited(self, agent: bytes, actor_id: str, placement: int, cause: str,
-               running: list[int]) -> None:
-        """AGENT says the process of ACTOR_ID's PLACEMENT ended, having started RUNNING."""
+               running: list[int], error: str = "") -> None:
+        """AGENT says the process of ACTOR_ID's PLACEMENT ended, having started RUNNING;
+        ERROR "MemoryLimitError": it was killed for its memory (CAUSE says how), and the
+        calls it had begun fail so."""
         actor = self.actors.get(actor_id)
         if actor is None or actor.placement != placement or actor.agent != agent:
             return  # stale: killed meanwhile
         self._release(actor.placement)
-        self.lost(actor, f"its process {cause}", set(running))
+        if error == "MemoryLimitError":
+            self.lost(actor, cause, set(running), error)
+        else:
+            self.lost(actor, f"its process {cause}", set(running))
 
-    def lost(self, actor: ActorRecord, cause: str, started: set[int] | None) -> None:
+    def lost(self, actor: ActorRecord, cause: str, started: set[int] | None,
+             error: str = "ActorDiedError") -> None:
         """ACTOR's process or agent is gone (its grant already released): restart or end it.
 
         STARTED names the calls the process had begun (from its start log); when the agent
@@ -264,7 +270,7 @@ class ActorRouting:
                 task.retries -= 1
                 again.append(task)
             else:
-                self._graph.fail(task, "ActorDiedError",
+                self._graph.fail(task, error,
                                  f"{actor.label()} died while running {task.name}: {cause}")
         for task in reversed(again):  # back at the front, in the order they were made
             self._graph.set_state(task, TaskState.QUEUED)

@@ -157,6 +157,23 @@ class AgentLink:
             self._dispatch.set_accepting(agent)
         return agent
 
+    def beat(self, agent: AgentRecord, body: dict[str, Any]) -> None:
+        """What AGENT's heartbeat says of it: what its object store holds, and its memory
+        (how limits are enforced there, what its node has available, and the memory of
+        each thing of its that runs in a process of its own: see zres.agent.memory)."""
+        store = body.get("store")
+        if isinstance(store, dict):
+            agent.store = {k: v for k, v in store.items()
+                           if isinstance(k, str) and type(v) is int}
+        memory = body.get("memory")
+        if isinstance(memory, dict):
+            tasks = memory.get("tasks")
+            agent.memory = {k: v for k, v in memory.items() if k != "tasks"
+                            and isinstance(k, str) and isinstance(v, (str, int, bool))}
+            agent.tasks_memory = {t[0]: (t[1], t[2]) for t in tasks if isinstance(t, list)
+                                  and len(t) == 3 and all(type(v) is int for v in t)} \
+                if isinstance(tasks, list) else {}
+
     def on_side_beat(self, ident: bytes, msg: P.Message, now: float) -> bool:
         """A heartbeat from an agent's heartbeat thread (a socket of its own, IDENT, not
         the agent's): the agent is alive, and hears its lease's echo at once, whatever its

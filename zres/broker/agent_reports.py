@@ -99,7 +99,7 @@ class AgentReports:
             if isinstance(exit_, dict):
                 self._actors.exited(agent.ident, str(exit_.get("actor")),
                                     exit_.get("placement", -1), str(exit_.get("cause")),
-                                    _ids(exit_.get("running")))
+                                    _ids(exit_.get("running")), str(exit_.get("error", "")))
         for task_id in _ids(body.get("returned")):
             task = self._mine(agent, task_id)
             if task is not None:  # it never started there: again, uncharged
@@ -137,7 +137,9 @@ class AgentReports:
                 continue
             if task.begun and outcome != P.FAILED:
                 self._sched.finished(task.kind, now - task.started_at)
-            if outcome == P.FAILED and info.get("type") == "WorkerLostError" and task.retries:
+            if outcome == P.FAILED and task.retries and (
+                    info.get("type") == "WorkerLostError" or info.get("type")
+                    == "MemoryLimitError" and task.retry_oom):  # (opted in: else it fails)
                 self._retry(task, info.get("message", "worker lost"))
             elif outcome == P.FAILED and info.get("type") == "InputLostError":
                 self.lineage.input_lost(task, info, self._requeue)  # (it ran nothing)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
-from ..core.limits import Limits, check_count, check_name, check_units
+from ..core.limits import MAX_DEVICES, Limits, check_count, check_name, check_units
 from ..core.resources import GPU, UNIT, Units, format_units
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
@@ -74,6 +74,11 @@ class AgentRecord:
     data_address: str = ""
     data_key: str = ""
     store: dict[str, int] | None = None
+    # Its memory, as its heartbeat says (issue 30): how limits are enforced there, what its
+    # node has available, its reserve, whether it is low; and by id, the current and peak
+    # bytes of what runs there in a process of its own (tasks, jobs, actors' placements).
+    memory: dict[str, Any] | None = None
+    tasks_memory: dict[int, tuple[int, int]] = field(default_factory=dict)
     # The key it registered with ("role:name", and its public key; "" without keys): its
     # session ends when that key is revoked.
     key: str = ""
@@ -100,7 +105,7 @@ def parse_registration(msg: P.Message, limits: Limits) -> Registration:
     for slot_units, slot_gpus, slot_memory in zip(units, gpus, memory):
         usable = slot_units.get(GPU, 0)
         # GPU is how many devices may take work; gpus lists every device the agent has.
-        if usable % UNIT or usable // UNIT > len(slot_gpus) or len(slot_gpus) > 4096 \
+        if usable % UNIT or usable // UNIT > len(slot_gpus) or len(slot_gpus) > MAX_DEVICES \
                 or len(slot_memory) not in (0, len(slot_gpus)):
             raise ProtocolError("register: GPU amount, device ids and device memory "
                                 "do not agree")

@@ -61,10 +61,7 @@ class Heartbeats:
             sent = msg.body.get("t")
             if isinstance(sent, float):
                 agent.echo = sent
-            store = msg.body.get("store")
-            if isinstance(store, dict):  # (what its object store holds: for status)
-                agent.store = {k: v for k, v in store.items()
-                               if isinstance(k, str) and type(v) is int}
+            self._link.beat(agent, msg.body)  # (what its store holds, its memory: for status)
             self._beats[ident] = None
         elif msg.body.get("side") is True:  # an agent's heartbeat thread
             self._link.on_side_beat(ident, msg, now)

@@ -200,7 +200,7 @@ class ClientLink:
             task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
             task.call_in = sub.call_in
             task.detached = sub.detached or bool(sub.job and sub.job["detached"])
-            task.recompute = sub.recompute
+            task.recompute, task.retry_oom = sub.recompute, sub.retry_oom
             if sub.job is not None and task.detached:
                 sub.job["detached"] = True
             self._graph.add(task)

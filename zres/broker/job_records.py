@@ -23,7 +23,8 @@ from ..core.errors import ProtocolError
 
 # What anyone may see of a job (the dashboard, and keys other than its owner's and admins').
 PUBLIC_FIELDS = frozenset({"id", "name", "owner", "state", "reason", "agent", "units", "gpus",
-                           "submitted", "started", "finished", "exit_code"})
+                           "submitted", "started", "finished", "exit_code",
+                           "peak_memory"})
 
 # How a failed job's error type reads in the table.
 FAILED_STATES = {"CancelledError": "cancelled", "InfeasibleError": "infeasible",
@@ -46,6 +47,7 @@ class JobRecord:
     started: float | None = None
     finished: float | None = None
     exit_code: int | None = None
+    peak_memory: int | None = None   # bytes, at most, its processes used (from its agent)
     error: str = ""
     reported: bool = False       # a `zres wait` of its owner's has reported how it ended
     priority: int = 0
@@ -69,6 +71,7 @@ class JobRecord:
                 "state": self.state, "agent": self.agent, "gpus": self.gpus,
                 "submitted": self.submitted, "started": self.started,
                 "finished": self.finished, "exit_code": self.exit_code, "error": self.error,
+                "peak_memory": self.peak_memory,
                 "reason": self.reason, "owner": self.owner, "cwd": self.run.get("cwd"),
                 "env": self.run.get("env"), "exported": self.exported}
 

@@ -180,8 +180,9 @@ class JobTable:
         job.agent = job.agent or str(info.get("agent") or "")
         if job.client:  # told again should its client come back to a restarted broker
             job.ended = [outcome, info, [bytes(P.buffer(f)) for f in task.result]]
-        code = info.get("exit_code")
+        code, peak = info.get("exit_code"), info.get("peak_memory")
         job.exit_code = code if isinstance(code, int) else None
+        job.peak_memory = peak if type(peak) is int else None
         if outcome == P.OK:
             job.state = "done"
         elif outcome == P.RAISED:
@@ -191,6 +192,8 @@ class JobTable:
             job.state = FAILED_STATES.get(str(info.get("type")), "failed")
             job.error = str(info.get("message", ""))
         job.reason = ended_reason(outcome, job.state, code, job.error)
+        if info.get("type") == "MemoryLimitError":  # (its agent's words: nothing of its own)
+            job.error = job.reason = f"out of memory: {job.error}"
         self.done[job.id] = job
         self._keep(job)
         while len(self.done) > _FINISHED_KEPT:

@@ -203,6 +203,15 @@ class _SnapshotCollector(Collector):
                                   value=relay.get("bytes", 0))
         yield CounterMetricFamily("zres_relayed_transfers", "Transfers the broker's relay "
                                   "moved", value=relay.get("transfers", 0))
+        memory = GaugeMetricFamily("zres_task_memory_bytes", "Memory of each running task, "
+                                   "job and actor with a process of its own (by the broker's "
+                                   "id; an actor's: its placement), now and at most",
+                                   labels=["agent", "task", "kind"])
+        for agent in snap["agents"]:
+            for task_id, current, peak in (agent.get("memory") or {}).get("tasks", ()):
+                memory.add_metric([agent["name"], str(task_id), "current"], current)
+                memory.add_metric([agent["name"], str(task_id), "peak"], peak)
+        yield memory
         yield GaugeMetricFamily("zres_clients", "Clients connected", value=snap["clients"])
         actors = GaugeMetricFamily("zres_actors", "Actors, by state", labels=["state"])
         by_state: dict[str, int] = {}

@@ -6,7 +6,7 @@ import itertools
 import time
 from typing import Any
 
-from ..core.resources import format_units
+from ..core.resources import format_bytes, format_units
 from ..core.tasks import Task, TaskState, state_word
 from ..scheduler.policy import Scheduler
 from ..scheduler.records import shape_of
@@ -54,7 +54,11 @@ class Explainer:
             if task.stopping:
                 return f"being stopped on {task.agent} (cancelled while it ran)"
             return f"running on {task.agent}"
-        return state_word(task)
+        word, peak = state_word(task), task.info.get("peak_memory")
+        if task.info.get("type") == "MemoryLimitError":
+            return f"{word}: {task.info.get('message')}"
+        return f"{word} on {task.agent}, peak memory {format_bytes(peak)}" \
+            if type(peak) is int else word
 
     def brief(self, task: Task) -> str:
         """WHY without counting what is ahead: for lists of many tasks."""
@@ -69,12 +73,16 @@ class Explainer:
         at ten does, and holds up nobody's work on the loop."""
         agents = []
         pending = 0  # grants waiting in a slot's queue: granted, not started (queued)
+        memory: dict[int, tuple[int, int]] = {}  # what runs in a process of its own
         for agent in sorted(self._agents.by_ident.values(), key=lambda a: a.name):
             slots = [self._sched.slots[s] for s in agent.slots]
             pending += sum(len(s.queue) for s in slots)
+            memory.update(agent.tasks_memory)
             agents.append({"name": agent.name, "host": agent.host, "pid": agent.pid,
                            "draining": agent.draining, "away": agent.away,
                            "store": agent.store or {}, "data": agent.data_address,
+                           "memory": {**(agent.memory or {}), "tasks": [
+                               [i, c, p] for i, (c, p) in agent.tasks_memory.items()]},
                            "slots": [{"total": s.total, "free": s.free,
                                       "running": len(s.running), "gpus": g}
                                      for s, g in zip(slots, agent.gpus)]})
@@ -97,8 +105,8 @@ class Explainer:
                 "counts": counts, "owners": self._sched.owners.describe(
                     time.monotonic(), census.waiting_by_owner),
                 "waiting": self._first_waiting(reasons),
-                "actors": self._actor_status(), "groups": self._groups(reasons),
-                "running": self._first_running(),
+                "actors": self._actor_status(memory), "groups": self._groups(reasons),
+                "running": self._first_running(memory),
                 "running_by_owner": [{"owner": owner, "client_gone": gone, "count": count}
                                      for (owner, gone), count in sorted(owners.items())
                                      if count > 0]}
@@ -124,8 +132,9 @@ class Explainer:
             reasons[key] = self._sched.why(task_id, False, self._label)
         return reasons[key]
 
-    def _first_running(self) -> list[dict[str, Any]]:
-        """The first tasks that run (their grants started), in the order they were granted."""
+    def _first_running(self, memory: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
+        """The first tasks that run (their grants started), in the order they were granted,
+        with their MEMORY now and at most, for those in a process of their own."""
         out: list[dict[str, Any]] = []
         now = time.monotonic()
         for task_id in self._graph.census.running:
@@ -136,7 +145,8 @@ class Explainer:
             out.append({"id": task.id, "name": task.name, "agent": task.agent,
                         "units": task.units, "seconds": round(now - task.started_at, 1),
                         "owner": task.owner, "client_gone": task.client_gone,
-                        "detached": task.detached, "stopping": task.stopping})
+                        "detached": task.detached, "stopping": task.stopping,
+                        **_memory(memory.get(task.id))})
             if len(out) >= _LISTED:
                 break
         return out
@@ -205,14 +215,15 @@ class Explainer:
         actor = self._actors.placements.get(task_id)
         return f"actor {actor.cls}({actor.name or actor.id[:8]})" if actor else str(task_id)
 
-    def _actor_status(self) -> list[dict[str, Any]]:
+    def _actor_status(self, memory: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
         out = []
         for actor in sorted(self._actors.actors.values(), key=lambda a: a.ready_task):
             entry = {"id": actor.id, "name": actor.name, "cls": actor.cls,
                      "state": actor.state.value, "agent": actor.agent_name,
                      "units": actor.units, "restarts_left": actor.restarts,
                      "starts": actor.starts, "running": len(actor.inflight),
-                     "queued": sum(len(q) for q in actor.queues.values())}
+                     "queued": sum(len(q) for q in actor.queues.values()),
+                     **_memory(memory.get(actor.placement))}
             if actor.placement in self._sched.waiting:
                 entry["reason"] = self._sched.why(actor.placement, False, self._label)
             elif actor.state is ActorState.PENDING:
@@ -222,3 +233,13 @@ class Explainer:
                                    f"{actor.agent_name} to offer it back")
             out.append(entry)
         return out
+
+
+def _memory(figures: tuple[int, int] | None) -> dict[str, Any]:
+    """A running thing's memory for a report: bytes now and at most, and as people read
+    them (none for a task sharing a pooled worker process: its own use is not known)."""
+    if figures is None:
+        return {}
+    current, peak = figures
+    return {"memory": current, "peak_memory": peak,
+            "memory_shown": f"{format_bytes(current)} (peak {format_bytes(peak)})"}

@@ -36,6 +36,7 @@ class Submission:
     allow_other_workers: bool = False    # ... or only prefers
     detached: bool = False               # it outlives its client (a job: its spec says)
     recompute: bool = False              # a lost result of its runs it again, retries or not
+    retry_oom: bool = False              # stopped for its memory, it spends a retry (if any)
 
 
 class SubmitReader:
@@ -154,7 +155,7 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
                       for w in workers),
         allow_other_workers=extra.get("allow_other_workers") is True,
         detached=extra.get("detached") is True, call_in=_call_in(extra, deps),
-        recompute=extra.get("recompute") is True)
+        recompute=extra.get("recompute") is True, retry_oom=extra.get("retry_oom") is True)
 
 
 def kind_of(function: Any) -> int:

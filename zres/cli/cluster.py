@@ -80,6 +80,16 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument("--store-memory", metavar="BYTES", help="how much of the results it "
                        "holds stay in memory before the oldest spill to its disk, e.g. 8GiB "
                        "(default: 30%% of the MEMORY it offers)")
+    agent.add_argument("--memory-limits", choices=("auto", "cgroup", "watcher", "off"),
+                       help="how a task's MEMORY is enforced (see README's Limits): auto "
+                       "(the default) by cgroups where the agent can make them, else by a "
+                       "watcher that kills a task's processes past it; off: not at all")
+    agent.add_argument("--memory-reserve", metavar="BYTES", help="when the node has less "
+                       "memory available than this, take no work and stop the newest task "
+                       "of the lowest priority, e.g. 2GiB (default: 5%% of its memory; 0: "
+                       "never)")
+    agent.add_argument("--bind-cpus", action="store_true", default=None,
+                       help="bind a task asking CPU=k to k cores of the agent's own")
     agent.add_argument("--drain-grace", type=float, metavar="SECONDS",
                        help="on SIGTERM, seconds running work has to finish before it is "
                        "stopped (default 30; 0: stop it at once); a second SIGTERM stops now")
@@ -240,6 +250,7 @@ def keygen(args: argparse.Namespace) -> int:
 
 def agent(args: argparse.Namespace) -> int:
     from ..agent.daemon import Agent
+    from ..agent.memory.monitor import MODES
     from ..agent.slots import plan_slots
     settings = config.load("agent", {"broker": args.address, "resources": args.resources,
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
@@ -248,8 +259,17 @@ def agent(args: argparse.Namespace) -> int:
                                      "drain_grace": args.drain_grace,
                                      "state": args.state, "data_listen": args.data_listen,
                                      "data_advertise": args.data_advertise,
-                                     "store_memory": args.store_memory},
+                                     "store_memory": args.store_memory,
+                                     "memory_limits": args.memory_limits,
+                                     "memory_reserve": args.memory_reserve,
+                                     "bind_cpus": args.bind_cpus},
                            path=args.config)
+    # (bad input is refused before anything is detected, logged or made)
+    store_memory = _bytes(settings["store_memory"], "store_memory")
+    reserve = _bytes(settings["memory_reserve"], "memory_reserve")
+    limits = str(settings["memory_limits"])
+    if limits not in MODES:
+        raise UsageError(f"memory_limits {limits!r}: give one of {', '.join(MODES)}")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
@@ -265,8 +285,8 @@ def agent(args: argparse.Namespace) -> int:
                       settings["heartbeat_interval"], settings["heartbeat_timeout"],
                       settings["job_logs"], settings["job_grace"], settings["drain_grace"],
                       key, settings["state"], settings["data_listen"],
-                      _bytes(settings["store_memory"], "store_memory"),
-                      settings["data_advertise"])
+                      store_memory, settings["data_advertise"], limits, reserve,
+                      bind_cpus=bool(settings["bind_cpus"]))
         _exit_with(args, agent.stop)
         agent.run()
         # A broker starting on this machine makes this user's keys before it listens: an

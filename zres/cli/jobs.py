@@ -25,7 +25,7 @@ from typing import Any
 from ..core import protocol as P
 from ..core.errors import ZresError
 from ..core.report import entry_in_user_units
-from ..core.resources import format_units, parse_spec, units_to_float
+from ..core.resources import format_bytes, format_units, parse_spec, units_to_float
 from .options import BROKER_ORDER, broker_address, request, seconds
 
 _FINAL = {"done", "failed", "cancelled", "lost", "infeasible", "unknown"}
@@ -193,7 +193,7 @@ def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
     their owner; words that quote nothing of them for others), waiting ones below it."""
     now = now or time.time()
     rows = [("ID", "NAME", "OWNER", "STATE", "RESOURCES", "AGENT", "GPUS", "START", "DURATION",
-             "EXIT", "REASON")]
+             "EXIT", "PEAK", "REASON")]  # PEAK: memory, at most (issue 30)
     for job in table:
         started, finished = job.get("started"), job.get("finished")
         duration = ((finished or now) - started) if started else None
@@ -204,6 +204,7 @@ def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
                      time.strftime("%H:%M:%S", time.localtime(started)) if started else "-",
                      f"{duration:.1f}s" if duration is not None else "-",
                      "-" if exit_code is None else str(exit_code),
+                     format_bytes(job["peak_memory"]) if job.get("peak_memory") else "-",
                      _one_line(job.get("reason") or "") if finished else ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

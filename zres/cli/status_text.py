@@ -83,7 +83,8 @@ def render_status(status: dict[str, Any]) -> str:
                     f"memory, {_bytes(store['spilled'])} on disk"
                     if store.get("objects") and index == 0 else "")
             agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "
-                                f"{amounts}{gpus}{held}"))
+                                f"{amounts}{gpus}{held}"
+                                f"{_memory(agent.get('memory')) if index == 0 else ''}"))
     lines += _cut(agents, len(agents), " agents")
     lines += _relayed(status.get("relay"))
     counts = status["counts"]
@@ -118,7 +119,8 @@ def render_status(status: dict[str, Any]) -> str:
         lines += ["", "running:"]
         lines += _cut([_wrap(f"{t['name']} (id {t['id']}) on {t['agent']}  "
                              f"{_request(t['units'])}  for {t['seconds']:.0f}s"
-                             + _running_notes(t))
+                             + (f"  memory {t['memory_shown']}" if t.get("memory_shown")
+                                else "") + _running_notes(t))
                        for t in running], max(counts.get("running", 0), len(running)))
     return "\n".join(lines)
 
@@ -169,6 +171,15 @@ def _relayed(relay: Any) -> list[str]:
 
 def _transfers(count: int) -> str:
     return f"{count} transfer{'' if count == 1 else 's'}"
+
+
+def _memory(memory: dict[str, Any] | None) -> str:
+    """How an agent limits memory, and whether its node is low (taking no work)."""
+    if not memory or "limits" not in memory:
+        return ""
+    low = (f"  NODE LOW ON MEMORY: {_bytes(memory.get('available', 0))} available, reserve "
+           f"{_bytes(memory.get('reserve', 0))} (taking no work)" if memory.get("low") else "")
+    return f"  memory limits: {memory['limits']}{low}"
 
 
 def _bytes(count: int) -> str:

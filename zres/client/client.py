@@ -134,7 +134,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                key: str | None = None, workers: str | Iterable[str] | None = None,
                allow_other_workers: bool = False, pure: bool | None = None,
                detached: bool | None = None, recompute: bool = False,
-               **kwargs: Any) -> Future[R]:
+               retry_oom: bool = False, **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -145,20 +145,22 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         Dask's pure=False does. DETACHED: it runs on after this client goes (default: the
         client's ``detach``). RECOMPUTE: if its result (over 64 KiB, kept on its agent) is
         lost with that agent while still needed, it runs again even with no retries left
-        (its body may then run more than once; see README's *Data*). (For a function taking
-        one of these keywords itself, use ``executor()``.)
+        (its body may then run more than once; see README's *Data*). RETRY_OOM: stopped for
+        its memory (``MemoryLimitError``), it spends a retry and runs again, if it has one
+        (by default it fails: it would most likely fail again; see README's *Limits*). (For
+        a function taking one of these keywords itself, use ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
-                            workers, allow_other_workers, detached, recompute)
+                            workers, allow_other_workers, detached, recompute, retry_oom)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
                 key: str | None = None, workers: str | Iterable[str] | None = None,
                 allow_other_workers: bool = False, detached: bool | None = None,
-                recompute: bool = False) -> Future:
+                recompute: bool = False, retry_oom: bool = False) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached, recompute)
+                             allow_other_workers, detached, recompute, retry_oom)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -172,16 +174,16 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             priority: int | None = None, infeasible: str | None = None,
             key: str | None = None, workers: str | Iterable[str] | None = None,
             allow_other_workers: bool = False, pure: bool | None = None,
-            detached: bool | None = None, recompute: bool = False,
+            detached: bool | None = None, recompute: bool = False, retry_oom: bool = False,
             **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED and RECOMPUTE as for
-        ``submit``. (``executor().map`` is the standard's: an iterator of results, with
-        ``timeout``.)
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED, RECOMPUTE and
+        RETRY_OOM as for ``submit``. (``executor().map`` is the standard's: an iterator of
+        results, with ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
-                         workers, allow_other_workers, detached, recompute)
+                         workers, allow_other_workers, detached, recompute, retry_oom)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
@@ -189,9 +191,9 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
              infeasible: str | None = None, key: str | None = None,
              workers: str | Iterable[str] | None = None,
              allow_other_workers: bool = False, detached: bool | None = None,
-             recompute: bool = False) -> list[Future]:
+             recompute: bool = False, retry_oom: bool = False) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached, recompute)
+                             allow_other_workers, detached, recompute, retry_oom)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -217,9 +219,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                  priority: int | None = None, infeasible: str | None = None,
                  key: str | None = None, workers: str | Iterable[str] | None = None,
                  allow_other_workers: bool = False,
-                 detached: bool | None = None, recompute: bool = False) -> dict[str, Any]:
+                 detached: bool | None = None, recompute: bool = False,
+                 retry_oom: bool = False) -> dict[str, Any]:
         self._check_open()
-        for label, flag in (("detached", detached), ("recompute", recompute)):
+        for label, flag in (("detached", detached), ("recompute", recompute),
+                            ("retry_oom", retry_oom)):
             if flag is not None and not isinstance(flag, bool):
                 raise TypeError(f"{label} must be True or False, not {type(flag).__name__}")
         ann = current_annotations()
@@ -241,7 +245,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                 "strict": infeasible == "error",
                 "where": _where(workers, allow_other_workers),
                 "detached": self.detach if detached is None else detached,
-                "recompute": recompute}
+                "recompute": recompute, "retry_oom": retry_oom}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -267,8 +271,9 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         if opts.get("detached"):
             future.detached = True
             extra = {**(extra or {}), "detached": True}
-        if opts.get("recompute"):
-            extra = {**(extra or {}), "recompute": True}
+        for flag in ("recompute", "retry_oom"):
+            if opts.get(flag):
+                extra = {**(extra or {}), flag: True}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending
@@ -334,8 +339,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
 
     def why(self, future: Future, timeout: float = 10.0) -> str:
         """Ask the broker why FUTURE's task is not running yet."""
-        if future.done():
-            return future.status  # (finished, error or cancelled)
+        if future.done():  # (finished, error or cancelled; where, what memory it used)
+            return future._ended_words()
         return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:

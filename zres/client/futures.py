@@ -12,6 +12,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import _base
 from typing import Any, Generic, Protocol, TypeVar, overload
 
+from ..core.errors import MemoryLimitError
+from ..core.resources import format_bytes
 from .fetching import Remote
 
 T = TypeVar("T")
@@ -92,6 +94,9 @@ class Future(cf.Future[T], Generic[T]):
 
     # It outlives its client (submit(detached=True), Client(detach=True)).
     detached = False
+    # Bytes its process used at most, once finished, for a task that ran in a process of
+    # its own (it asked for MEMORY; a command job): None for one in a pooled process.
+    peak_memory: int | None = None
 
     def __init__(self, client: Owner, local: int, name: str,
                  deps: Iterable[Future[Any]] = ()) -> None:
@@ -125,6 +130,15 @@ class Future(cf.Future[T], Generic[T]):
         ``zres cancel --task`` say (a command job's is its job id). None until the broker
         has taken the task, a round trip after it was submitted."""
         return self._id
+
+    def _ended_words(self) -> str:
+        """How the (ended) task ended: its state, and, for one that ran in a process of its
+        own, where and the memory it used at most, or why it was stopped for memory."""
+        if isinstance(self._exception, MemoryLimitError):
+            return f"{self.status}: {self._exception}"
+        if self.peak_memory is None:
+            return self.status
+        return f"{self.status} on {self.agent}, peak memory {format_bytes(self.peak_memory)}"
 
     @property
     def status(self) -> str:

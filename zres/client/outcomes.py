@@ -20,6 +20,7 @@ _ERRORS: dict[str, type[BaseException]] = {
     "ActorDiedError": errors.ActorDiedError, "ValueError": ValueError,
     "CommandFailed": errors.CommandFailed, "ZresError": ZresError,
     "NotOwnerError": errors.NotOwnerError, "ResultLostError": errors.ResultLostError,
+    "MemoryLimitError": errors.MemoryLimitError,
 }
 
 
@@ -39,6 +40,8 @@ def resolve(future: Future[Any], outcome: str, frames: list[Any], info: dict[str
     """End FUTURE as its task did: OUTCOME, the result's or exception's FRAMES, and INFO
     (where it ran; a zres error's type and message)."""
     future.agent = info.get("agent")
+    if type(info.get("peak_memory")) is int:  # (it ran in a process of its own)
+        future.peak_memory = info["peak_memory"]
     if outcome == P.OK and future.quiet:
         settle(future)  # (its end was asked for, not its result)
     elif outcome == P.OK and info.get("ref") is not None:
@@ -53,6 +56,14 @@ def resolve(future: Future[Any], outcome: str, frames: list[Any], info: dict[str
         settle(future, exception=loads_exception(frames))
     elif info.get("type") == "CancelledError":  # stopped, or its job or input was
         future._end_cancelled(_base.PENDING, _base.RUNNING)
+    elif info.get("type") == "MemoryLimitError":
+        settle(future, exception=errors.MemoryLimitError(
+            info.get("message", "out of memory"), _int(info.get("limit")),
+            _int(info.get("peak")), future.agent))
     else:
         error = _ERRORS.get(str(info.get("type")), ZresError)
         settle(future, exception=error(info.get("message", "task failed")))
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None

@@ -28,6 +28,9 @@ class TaskContext:
     # The broker's token for this task (with keys): a client made inside the task says it
     # in its hello and acts for the task's owner, whatever key the agent's host has.
     token: str = field(default="", repr=False)
+    # The cores it is bound to (an agent started with --bind-cpus; else none: any of the
+    # agent's).
+    cpus: list[int] = field(default_factory=list)
 
 
 _task: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(

@@ -48,6 +48,23 @@ class CommandFailed(ZresError):
         return (type(self), (str(self), self.exit_code, self.log, self.tail))
 
 
+class MemoryLimitError(ZresError):
+    """A task, an actor's call or a command job was stopped for its memory: it went past
+    the MEMORY it asked for (its limit), or its node ran out (``node out of memory ...``).
+    The message names the limit, the peak and the agent; so do ``limit`` and ``peak``
+    (bytes; None where they are not known) and ``agent``."""
+
+    def __init__(self, message: str, limit: int | None = None, peak: int | None = None,
+                 agent: str | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.peak = peak
+        self.agent = agent
+
+    def __reduce__(self) -> tuple[type, tuple[str, int | None, int | None, str | None]]:
+        return (type(self), (str(self), self.limit, self.peak, self.agent))
+
+
 class NotOwnerError(ZresError, PermissionError):
     """The work asked about belongs to another owner's key (and is not shared): only that
     key or an admin key may call, cancel, kill or read it; the message names the owner."""

@@ -32,6 +32,10 @@ class Limits:
         return cls(**given)
 
 
+# Devices one slot may offer (the broker refuses more in a registration; an agent refuses
+# to build more: ``--resources GPU=1e9`` would otherwise make a billion device ids).
+MAX_DEVICES = 4096
+
 # A task's priority: higher first within its owner's work (fair share orders owners). Bounded,
 # so that no number means "before everything else" (issue 28: 10**9 meant exactly that).
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000

@@ -53,6 +53,7 @@ client -> broker
                {quiet: true}: its client wants to hear it ended, not its result
                {detached: true}: it outlives its client (a job too): when its client
                goes it runs on (else it is stopped, as a forced cancel stops it)
+               {retry_oom: true}: failed with MemoryLimitError, it spends a retry (if any)
     jobs       {all?: bool, unreported?: bool, jobs?: [job id...], ids?: [id...],
                 reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
                reported: a wait of the asker's has said how these of its own ended
@@ -159,7 +160,8 @@ agent -> broker
                grants them again or stops them (kill_actor for an actor)
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
-                cause, running: [call ids started]}], returned?: [id...]}
+                cause, running: [call ids started], error?: MemoryLimitError}],
+                returned?: [id...]}
                numbered per session, taken in strictly in order (one after a gap is
                dropped: it comes again), acknowledged cumulatively by ``ack`` in the
                broker's messages, sent again after a resumption until acknowledged. held: handed
@@ -209,21 +211,25 @@ broker -> agent
                ended: the session is over (lost): stop its work, register anew;
                refused: its key was revoked: stop (exit status 1)
 any peer -> broker
-    heartbeat  {t?, session?, side?: true, store?}  side: from an agent's heartbeat
-                                                thread (own socket, agent's key) while its
-                                                loop's echoes are late: SESSION is alive;
-                                                answered {epoch, echo: t, session}. store:
-                                                {objects, memory, spilled, budget}
+    heartbeat  {t?, session?, side?: true,      side: from an agent's heartbeat thread (own
+                store?, memory?}                socket, agent's key) while its loop's echoes
+                                                are late: SESSION is alive; answered {epoch,
+                                                echo: t, session}. store: {objects, memory,
+                                                spilled, budget}; memory: {limits: "cgroup
+               v2" | "cgroup v1" | "watcher" | "off", reserve, available (bytes; -1: unknown),
+               low: bool, tasks: [[id, current, peak]...] (bytes; what runs in a process of
+               its own)}
 
 agent -> worker process (over ipc)
     run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}
                context.token: the task's token (see assign), in its TaskContext;
                context.run numbers the start in the worker's start log; context.queued
                grants start when they fit (priority, seq, since, taken); context.create
-               marks an actor's construction (actor processes only)
-    cancel     {ids: [id...], force?: bool}     drop these queued grants unless started;
-                                                force: stop them where they run (an
-                                                exception raised in the call's thread)
+               marks an actor's construction (actor processes only); context.cpus: cores
+    cancel     {ids: [id...], force?: bool,     drop these queued grants unless started;
+                error?: info}                   force: stop them where they run (an
+                                                exception raised in the call's thread),
+                                                failing them with ERROR (else cancelled)
 worker process -> agent
     done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?,
                 replicas?: [[id, size]...]}     info.stored: as in report; replicas: inputs
@@ -249,7 +255,8 @@ client or agent -> the broker's relay (zres.broker.relay; a wildcard host: the b
 
 Outcomes: ``ok`` (payload: the pickled result), ``raised`` (payload: the pickled exception
 and its traceback text), ``failed`` (no payload; info = {type, message} names a zres error
-such as AgentLostError, raised in the client as that class).
+such as AgentLostError, raised in the client as that class; MemoryLimitError's adds limit
+and peak). info.peak_memory: the bytes a task (or job) with a process of its own used.
 """
 
 from __future__ import annotations

@@ -116,6 +116,9 @@ class Task:
     # Its result, lost with its agents, is made again even with no retries left (opted in
     # with submit(recompute=True): its body may run more than once).
     recompute: bool = False
+    # Stopped for its memory (MemoryLimitError), it runs again if it has retries left
+    # (submit(retry_oom=True)); by default it fails, as it would most likely fail again.
+    retry_oom: bool = False
     call_in: int = -1        # the input its call was put in (too big to travel inline)
 
 

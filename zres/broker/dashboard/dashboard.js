@@ -113,9 +113,10 @@ function render(status) {
   const more = (counts.running || 0) - status.running.length;
   fillTable("running", status.running.map((t) => [
     `${t.name} (id ${t.id})`, t.owner || "-", t.agent, t.request, seconds(t.seconds),
+    t.memory_shown || "-",
     [t.client_gone ? "gone" : "connected", t.detached ? "detached" : "",
      t.stopping ? "stopping" : ""].filter(Boolean).join(", ")])
-    .concat(more > 0 ? [[`... and ${more} more`, "", "", "", "", ""]] : []), "nothing runs");
+    .concat(more > 0 ? [[`... and ${more} more`, "", "", "", "", "", ""]] : []), "nothing runs");
   fillTable("jobs", status.jobs.map((j) => [
     String(j.id), j.name, j.owner || "-", j.reason ? `${j.state}: ${j.reason}` : j.state,
     j.agent || "-", j.request,

@@ -1,0 +1,94 @@
+"""Process trees and their memory, read from /proc (Linux): what the watcher samples.
+
+A tree is a root process, its descendants (by parent), and, if the root leads a session
+of its own (a command job, a task's own process), every process of that session: a child
+whose parent has died still counts. Its memory is the sum of its processes' resident set
+and swap (``VmRSS`` + ``VmSwap``): pages shared between them (a fork's copy-on-write, a
+shared library) count once per process, so a tree of forked processes reads more than it
+holds, never less.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+
+PROC = "/proc"
+
+
+def usable() -> bool:
+    """Whether this system's processes can be read here (Linux's /proc)."""
+    return os.path.isfile(f"{PROC}/self/status") and os.path.isfile(f"{PROC}/self/stat")
+
+
+def table() -> dict[int, tuple[int, int]]:
+    """Every process now: pid -> (parent pid, session id). (One read per process: about
+    15 microseconds each; the watcher does it a few times a second, not at every sample.)"""
+    found: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir(PROC):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{PROC}/{entry}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue  # it ended meanwhile
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+        fields = data.rpartition(b")")[2].split()
+        if len(fields) > 3:
+            found[int(entry)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+def members(root: int, processes: dict[int, tuple[int, int]]) -> set[int]:
+    """ROOT's tree in PROCESSES (see ``table``): itself, its descendants, and its session's
+    processes if it leads one. Empty if ROOT is gone."""
+    if root not in processes:
+        return set()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    found, stack = {root}, [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    if processes[root][1] == root:  # a session leader: its session is its own
+        found.update(pid for pid, (_, session) in processes.items() if session == root)
+    return found
+
+
+def resident(pid: int) -> int:
+    """PID's resident memory plus its swap, in bytes (0 if it is gone, or a zombie)."""
+    try:
+        with open(f"{PROC}/{pid}/status", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return 0
+    total = 0
+    for line in data.splitlines():
+        if line.startswith((b"VmRSS:", b"VmSwap:")):
+            total += int(line.split()[1]) * 1024  # (kB)
+    return total
+
+
+def kill(pids: Iterable[int]) -> None:
+    """SIGKILL each of PIDS that is still there."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_first(pid: int, score: int = 500) -> None:
+    """Tell the kernel to pick PID (a task's process) before the agent, should the node
+    run out of memory before the agent has stopped anything: a higher ``oom_score_adj``
+    (raising it needs no privilege; children inherit it)."""
+    try:
+        with open(f"{PROC}/{pid}/oom_score_adj", "w") as fh:
+            fh.write(str(score))
+    except OSError:
+        pass  # gone already, or not Linux
