@@ -28,6 +28,8 @@ from .actors import ActorRouting
 from .agent_reports import AgentReports
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
+from .gangs.records import GroupState
+from .gangs.routing import GangRouting
 from .graph import TaskGraph
 from .jobs import JobTable
 from .lineage import Lineage
@@ -43,7 +45,7 @@ class CancelOutcome(enum.Enum):
     ASKED = "asked"            # its agent says whether its worker process had begun it
 
 
-class Dispatcher(AgentReports):
+class Dispatcher(AgentReports, GangRouting):
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
@@ -52,8 +54,11 @@ class Dispatcher(AgentReports):
                  on_changed: Callable[[Task], None] = lambda task: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
                  token: Callable[[str], str] = lambda subject: "",
-                 objects: ObjectDirectory | None = None) -> None:
+                 objects: ObjectDirectory | None = None, groups: Any = None,
+                 ranks: Any = None) -> None:
         self._send = send
+        # Gangs (issue 31): placement groups and multi-node jobs (``gangs``).
+        self._groups, self._ranks = groups, ranks
         # Results kept on agents, and what becomes of those lost with them (issue 29).
         self._objects = objects or ObjectDirectory(send, agents, b"", graph.get)
         self.lineage = Lineage(graph, sched, lambda task: self._enqueue(task), on_changed)
@@ -77,7 +82,12 @@ class Dispatcher(AgentReports):
         if task.actor:
             self._actors.call_ready(task)
             return
-        reason = self._sched.infeasible_reason(task.units, where(task))
+        if task.group or (self._ranks is not None and self._ranks.is_gang(task)):
+            self._queue_gang(task)
+            return
+        # (work placed in a bundle fits it: its group says whether the group can be placed)
+        reason = None if task.bundle else self._sched.infeasible_reason(task.units,
+                                                                         where(task))
         if reason is not None and task.strict:
             self._graph.fail(task, "InfeasibleError",
                              f"task {task.name} (id {task.id}) is infeasible: {reason}")
@@ -90,9 +100,17 @@ class Dispatcher(AgentReports):
     def _enqueue(self, task: Task) -> None:
         # An actor's construction holds its slot for good, and a command job is a process
         # of its own, usually long: neither waits in a slot's queue.
+        place: Any = where(task)
+        if task.bundle is not None:  # (it runs in a placement group's bundle)
+            place = self._groups.inside(task.bundle)
+            if place is None:
+                self._graph.fail(task, "ZresError", f"task {task.name} (id {task.id}) cannot "
+                                 f"run: {self._groups.ended_cause(task.bundle[0])}")
+                return
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
-                            queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind, where=where(task), owner=task.owner,
+                            queueable=not (task.creates or task.bundle)
+                            and task.id not in self._jobs.active,
+                            kind=task.kind, where=place, owner=task.owner,
                             near=self._objects.near(task))
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
@@ -106,10 +124,14 @@ class Dispatcher(AgentReports):
     def recheck_feasibility(self) -> None:
         """Judge every queued task again against the agents there now."""
         for task_id in list(self._sched.waiting):
+            if self._sched.gang(task_id) is not None:
+                self._recheck_gang(task_id)
+                continue
             task = self._graph.get(task_id)
             if task is None:
                 continue  # an actor's restart: it waits for a fitting agent to join
-            reason = self._sched.infeasible_reason(task.units, where(task))
+            reason = None if task.bundle else self._sched.infeasible_reason(task.units,
+                                                                             where(task))
             if reason is None:
                 task.warned = ""
             elif task.strict:
@@ -159,6 +181,12 @@ class Dispatcher(AgentReports):
         if actor is not None:
             self._actors.kill(actor, "its construction was cancelled")
             return
+        if task.group:  # (a placement group's: the group goes with it)
+            self._graph.fail(task, "CancelledError", f"{task.name} (id {task.id}) was cancelled")
+            group = self._groups.groups.get(task.group)
+            if group is not None:
+                self._groups.end(group, GroupState.REMOVED, "its construction was cancelled")
+            return
         if task.actor:
             pass  # a call: failing it is enough (one sent finishes unobserved)
         elif task.state is TaskState.QUEUED:
@@ -174,6 +202,9 @@ class Dispatcher(AgentReports):
     def assign(self, grants: list[Grant]) -> None:
         """Send the scheduler's GRANTS to their agents, one batch per agent."""
         for grant in grants:
+            if grant.bundle is not None:  # (a gang's bundle: reserved, or a job's rank)
+                self._gang_placed(grant)
+                continue
             agent = self._agents.slot_owner[grant.slot]
             slot_index = agent.slots.index(grant.slot)
             opts: dict[str, Any] = {"priority": grant.priority, "seq": grant.seq}
@@ -235,8 +266,7 @@ class Dispatcher(AgentReports):
 
     def sent_to(self, agent: AgentRecord) -> set[int]:
         """Every grant, actor placement and call AGENT has been sent and not finished."""
-        granted = {t for s in agent.slots for t in self._sched.queued(s)}
-        granted.update(t for s in agent.slots for t in self._sched.slots[s].running)
+        granted = {t for s in agent.slots for t in self._sched.granted_on(s)}
         return granted | self._actors.held_on(agent.ident)
 
     def reconcile(self, agent: AgentRecord, holding: set[int], sent: set[int]) -> None:
@@ -326,19 +356,20 @@ class Dispatcher(AgentReports):
             log.warning("agent_lost", agent=agent.name, why=why)
         self._send(agent.ident, P.UNKNOWN, {"ended": f"declared lost: {why}",
                                             "session": agent.session})
-        for slot_id in agent.slots:
-            for task_id in self._sched.remove_slot(slot_id):
-                actor = self._actors.placements.get(task_id)
-                if actor is not None:
-                    self._actors.lost(actor, f"its agent {agent.name} was lost ({why})", None)
-                    continue
-                task = self._graph.get(task_id)
-                if task is None or task.state is not TaskState.RUNNING:
-                    continue
-                if task.held or task.begun:
-                    self._lost(task, f"agent {agent.name} was lost ({why})")
-                else:
-                    self._requeue(task)  # it never started there
+        lost = [t for slot_id in agent.slots for t in self._sched.remove_slot(slot_id)]
+        self._bundles_lost(lost, f"agent {agent.name} was lost ({why})")
+        for task_id in lost:
+            actor = self._actors.placements.get(task_id)
+            if actor is not None:
+                self._actors.lost(actor, f"its agent {agent.name} was lost ({why})", None)
+                continue
+            task = self._graph.get(task_id)
+            if task is None or task.state is not TaskState.RUNNING:
+                continue
+            if task.held or task.begun:
+                self._lost(task, f"agent {agent.name} was lost ({why})")
+            else:
+                self._requeue(task)  # it never started there
         if recheck:
             self.recheck_feasibility()
 

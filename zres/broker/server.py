@@ -37,6 +37,7 @@ from .client_link import ClientLink
 from .clients import ClientRegistry
 from .collector import Collector
 from .dispatch import Dispatcher
+from .gangs.groups import GroupTable
 from .graph import TaskGraph
 from .identity import Identities
 from .intake import Handler, Intake
@@ -46,6 +47,7 @@ from .metrics import BrokerMetrics, Snapshots
 from .objects import ObjectDirectory, data_secret
 from .orphans import Orphans
 from .output import OutputRouter
+from .revocation import revoke
 from .status import Explainer
 from .store import Store
 
@@ -131,7 +133,11 @@ class Broker(Intake):
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),
                                    changed=lambda actor: self.actor_keeper.changed(actor),
-                                   load=self.keeper.payload, sender=self.acting)
+                                   load=self.keeper.payload, sender=self.acting,
+                                   inside=lambda bundle: self.groups.inside(bundle))
+        self.groups = GroupTable(self._send, self.graph, self.sched, self.agents,
+                                 self.graph.new_id, sender=self.acting,
+                                 end=lambda *a: self.dispatch.end_in_group(*a))
         self.actor_keeper = ActorKeeper(store, self.actors, self.graph, self.sched, self._send)
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
@@ -147,15 +153,16 @@ class Broker(Intake):
                  "header_bytes": self.limits.header_bytes,
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks}},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
-            refuse=self._refused, objects=self.objects)
+            refuse=self._refused, objects=self.objects, groups=self.groups)
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
                                self.jobs, self.keeper, self.client_link.forget,
-                               later=self.backlog.next)
+                               later=self.backlog.next, groups=self.groups)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
                                    on_changed=self.keeper.changed, load=self.keeper.payload,
-                                   token=self.gate.token, objects=self.objects)
+                                   token=self.gate.token, objects=self.objects,
+                                   groups=self.groups)
         self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
@@ -204,7 +211,7 @@ class Broker(Intake):
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
             P.HEARTBEAT: self._on_heartbeat, P.BYE: self._on_bye,
             P.RESOURCES: self.link.on_resources, P.KILL: self.actors.on_kill,
-            P.LOOKUP: self.actors.on_lookup,
+            P.LOOKUP: self.actors.on_lookup, P.GROUP: self.groups.on_group,
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
             P.OUTPUT: OutputRouter(self._send, self.agents, self.graph, self.clients).on_output,
@@ -349,21 +356,6 @@ class Broker(Intake):
         see ``identity``."""
         return self.ids.acting
 
-    def _revoke(self) -> None:
-        """End the sessions of keys no longer in the keys directory: clients are dropped
-        (their work as if they had left), agents lost; each is told why."""
-        for client in self.clients.all():
-            if client.public and not self.gate.current(client.public):
-                why = f"its key {client.key} was revoked (removed from the broker's keys)"
-                self._send(client.ident, P.REFUSED, {"kind": P.HELLO, "error": why},
-                           hold=False)
-                self.clients.leave(client.ident, "client_revoked")
-        for agent in list(self.agents.by_ident.values()):
-            if agent.public and not self.gate.current(agent.public):
-                why = f"its key {agent.key} was revoked (removed from the broker's keys)"
-                self._send(agent.ident, P.UNKNOWN, {"refused": why})
-                self.dispatch.lose_agent(agent, why)
-
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
               frames: Sequence[Any] = (), hold: bool = True) -> None:
         client = self.clients.get(ident) if hold else None
@@ -388,7 +380,7 @@ class Broker(Intake):
         read = self.gate.refresh()  # (a key removed is refused within a heartbeat)
         if read != self._keys_read:
             self._keys_read = read
-            self._revoke()
+            revoke(self.gate, self.clients, self.agents, self._send, self.dispatch.lose_agent)
         for agent in self.agents.silent(now):
             self.dispatch.lose_agent(agent, f"silent for {now - agent.last_seen:.1f}s")
         self.clients.expire(now)
@@ -434,6 +426,7 @@ class Broker(Intake):
         """Describe agents, task counts and every task that cannot run, as plain data."""
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
+                "placement_groups": self.groups.describe(),
                 "loop": {"turns": self._traffic.turns,
                          "longest_turn": round(self._traffic.longest_turn, 4)},
                 "state": self.store.describe() if self.store is not None else None}

@@ -36,6 +36,7 @@ from .dask_methods import DaskMethods
 from .executor import Executor
 from .fetching import Fetcher
 from .futures import Future, R, gather
+from .groups import GroupMethods, placement_option
 from .io import IOThread
 from .job_methods import JobMethods
 from .shipping import ModuleType, Shipping
@@ -45,7 +46,7 @@ CALL_INLINE = 1 << 20  # bytes of a call that travel with it; a bigger one is pu
 _ROLES = ("admin", "client")  # the keys a client connects with: the first found
 
 
-class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
+class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, GroupMethods):
     """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
     return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
     ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
@@ -128,7 +129,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                key: str | None = None, workers: str | Iterable[str] | None = None,
                allow_other_workers: bool = False, pure: bool | None = None,
                detached: bool | None = None, recompute: bool = False,
-               **kwargs: Any) -> Future[R]:
+               placement: tuple[Any, int] | None = None, **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -139,20 +140,21 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         Dask's pure=False does. DETACHED: it runs on after this client goes (default: the
         client's ``detach``). RECOMPUTE: if its result (over 64 KiB, kept on its agent) is
         lost with that agent while still needed, it runs again even with no retries left
-        (its body may then run more than once; see README's *Data*). (For a function taking
-        one of these keywords itself, use ``executor()``.)
+        (its body may then run more than once; see README's *Data*). PLACEMENT: (a placement
+        group, a bundle index): it runs in that bundle, drawing on it alone (RESOURCES, or
+        the whole bundle). (For a function taking one of these keywords, use ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
-                            workers, allow_other_workers, detached, recompute)
+                            workers, allow_other_workers, detached, recompute, placement)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
                 key: str | None = None, workers: str | Iterable[str] | None = None,
                 allow_other_workers: bool = False, detached: bool | None = None,
-                recompute: bool = False) -> Future:
+                recompute: bool = False, placement: Any = None) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached, recompute)
+                             allow_other_workers, detached, recompute, placement)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -167,15 +169,15 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             key: str | None = None, workers: str | Iterable[str] | None = None,
             allow_other_workers: bool = False, pure: bool | None = None,
             detached: bool | None = None, recompute: bool = False,
-            **kwargs: Any) -> list[Future[R]]:
+            placement: tuple[Any, int] | None = None, **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED and RECOMPUTE as for
-        ``submit``. (``executor().map`` is the standard's: an iterator of results, with
-        ``timeout``.)
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED, RECOMPUTE and
+        PLACEMENT as for ``submit``. (``executor().map`` is the standard's: an iterator of
+        results, with ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
-                         workers, allow_other_workers, detached, recompute)
+                         workers, allow_other_workers, detached, recompute, placement)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
@@ -183,9 +185,9 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
              infeasible: str | None = None, key: str | None = None,
              workers: str | Iterable[str] | None = None,
              allow_other_workers: bool = False, detached: bool | None = None,
-             recompute: bool = False) -> list[Future]:
+             recompute: bool = False, placement: Any = None) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached, recompute)
+                             allow_other_workers, detached, recompute, placement)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -211,13 +213,16 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                  priority: int | None = None, infeasible: str | None = None,
                  key: str | None = None, workers: str | Iterable[str] | None = None,
                  allow_other_workers: bool = False,
-                 detached: bool | None = None, recompute: bool = False) -> dict[str, Any]:
+                 detached: bool | None = None, recompute: bool = False,
+                 placement: Any = None) -> dict[str, Any]:
         self._check_open()
         for label, flag in (("detached", detached), ("recompute", recompute)):
             if flag is not None and not isinstance(flag, bool):
                 raise TypeError(f"{label} must be True or False, not {type(flag).__name__}")
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
+        where_in, resources = (None, resources) if placement is None else \
+            placement_option(placement, resources)
         retries = ann.get("retries", 0) if retries is None else retries
         priority = ann.get("priority", 0) if priority is None else priority
         infeasible = ann.get("infeasible", self.infeasible) if infeasible is None else infeasible
@@ -235,7 +240,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                 "strict": infeasible == "error",
                 "where": _where(workers, allow_other_workers),
                 "detached": self.detach if detached is None else detached,
-                "recompute": recompute}
+                "recompute": recompute, "placement": where_in}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -263,6 +268,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             extra = {**(extra or {}), "detached": True}
         if opts.get("recompute"):
             extra = {**(extra or {}), "recompute": True}
+        if opts.get("placement"):
+            extra = {**(extra or {}), "placement": opts["placement"]}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending

@@ -117,6 +117,10 @@ class Task:
     # with submit(recompute=True): its body may run more than once).
     recompute: bool = False
     call_in: int = -1        # the input its call was put in (too big to travel inline)
+    # Gangs (issue 31): the placement group it makes (its construction: it ends once
+    # every bundle is reserved), or the bundle it runs in, (group id, index).
+    group: str = ""
+    bundle: tuple[str, int] | None = None
 
 
 def state_word(task: Task) -> str:
