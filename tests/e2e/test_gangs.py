@@ -6,12 +6,14 @@ agent or the broker are in test_gangs_faults."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.cli.test_cli import clean_env, zres_cli
+from tests.conftest import process_gone, wait_until
 from tests.tasks import hold
 from zres import get_task_context
 
@@ -134,3 +136,88 @@ def test_an_unnamed_group_goes_with_its_client(cluster, client):
     kept = zres.get_placement_group("kept")
     assert kept.id == named.id and kept.id in groups_of(client)
     kept.remove()
+
+
+# -- multi-node command jobs -------------------------------------------------------------------
+
+# Rank 0 serves its master port; every rank writes what it was given, and rank 1 connects
+# to its master and writes what the master said: the ranks see one another.
+RANK = r"""
+import os, socket, sys, time
+out, rank = sys.argv[1], int(os.environ["NODE_RANK"])
+keys = ("ZRES_NODE_RANK", "ZRES_NNODES", "ZRES_MASTER_ADDR", "ZRES_MASTER_PORT", "NODE_RANK",
+        "NNODES", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ZRES_JOB_ID", "ZRES_AGENT")
+with open(f"{out}/env-{rank}", "w") as fh:
+    fh.write(repr({k: os.environ.get(k) for k in keys}))
+addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if rank == 0:
+    server = socket.create_server(addr)
+    conn, _ = server.accept()
+    conn.sendall(f"master on {os.environ['ZRES_AGENT']}".encode())
+    conn.close()
+else:
+    deadline = time.time() + 30
+    while True:
+        try:
+            said = socket.create_connection(addr, timeout=5).recv(100).decode()
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+    open(f"{out}/said-{rank}", "w").write(said)
+print(f"rank {rank} done")
+"""
+
+# Each rank writes its pid; rank FAIL exits 3 at once, the others wait for good.
+LINGER = ('echo $$ > "$OUT/pid-$NODE_RANK"; if [ "$NODE_RANK" = "$FAIL" ]; then exit 3; fi; '
+          'while true; do sleep 0.05; done')
+
+
+def test_a_two_node_job_runs_a_rank_on_each_agent_that_see_one_another(cluster, client,
+                                                                        tmp_path):
+    job = client.submit_command([sys.executable, "-c", RANK, str(tmp_path)], nodes=2,
+                                resources={"gpu": 2})
+    result = job.result(60)
+    envs = [eval((tmp_path / f"env-{rank}").read_text()) for rank in (0, 1)]
+    assert [e["NODE_RANK"] for e in envs] == [e["ZRES_NODE_RANK"] for e in envs] == ["0", "1"]
+    for env in envs:
+        assert env["NNODES"] == env["ZRES_NNODES"] == env["WORLD_SIZE"] == "2"
+        assert env["ZRES_JOB_ID"] == str(result.job_id)
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (envs[0]["ZRES_MASTER_ADDR"],
+                                                            envs[0]["ZRES_MASTER_PORT"])
+    assert envs[0]["ZRES_AGENT"] != envs[1]["ZRES_AGENT"]
+    assert (tmp_path / "said-1").read_text() == f"master on {envs[0]['ZRES_AGENT']}"
+    (entry,) = [j for j in client.jobs(all=True) if j["id"] == result.job_id]
+    assert entry["agents"] == [envs[0]["ZRES_AGENT"], envs[1]["ZRES_AGENT"]]
+    env = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys)
+    both = zres_cli("logs", str(result.job_id), env=env).stdout.splitlines()
+    assert sorted(both) == ["[rank 0] rank 0 done", "[rank 1] rank 1 done"]
+    assert zres_cli("logs", str(result.job_id), "--rank", "1", env=env).stdout == \
+        "rank 1 done\n"
+    assert ",".join(entry["agents"]) in zres_cli("jobs", "--all", env=env).stdout
+
+
+def test_a_failing_rank_stops_the_others_and_the_job_names_it(client, tmp_path):
+    job = client.submit_command(["sh", "-c", LINGER], nodes=3, resources={"gpu": 1},
+                                env={"OUT": str(tmp_path), "FAIL": "2"})
+    with pytest.raises(zres.CommandFailed, match=r"rank 2 .*exited with code 3"):
+        job.result(60)
+    (entry,) = [j for j in client.jobs(all=True) if j["id"] == job.id]
+    assert entry["state"] == "failed" and entry["exit_code"] == 3
+    assert entry["reason"].startswith("rank 2 on ") and "exit code 3" in entry["reason"]
+    assert [r["state"] for r in entry["ranks"]] == ["cancelled", "cancelled", "failed"]
+    for rank in (0, 1):  # (stopped: their process groups are gone)
+        assert process_gone(int((tmp_path / f"pid-{rank}").read_text()))
+
+
+def test_cancelling_a_multi_node_job_stops_every_rank(client, tmp_path):
+    job = client.submit_command(["sh", "-c", LINGER], nodes=2, resources={"gpu": 2},
+                                env={"OUT": str(tmp_path), "FAIL": "none"})
+    wait_until(lambda: all((tmp_path / f"pid-{r}").exists() for r in (0, 1)),
+               message="both ranks started")
+    # (a third two-gpu job waits meanwhile: the ranks hold their agents' gpus)
+    client.cancel([job], force=True)
+    wait_until(job.cancelled, message="the job cancelled")
+    for rank in (0, 1):
+        assert process_gone(int((tmp_path / f"pid-{rank}").read_text()))

@@ -78,7 +78,7 @@ class Agent(Draining):
                                       self.reports.exited)
         self.jobs = JobRunner(self.logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
-                              unwatch=self.poller.unregister)
+                              unwatch=self.poller.unregister, ranks=(broker, self.reports))
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
         self.poller.register(self.pool.sock, zmq.POLLIN)
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout

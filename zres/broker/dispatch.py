@@ -28,6 +28,7 @@ from .actors import ActorRouting
 from .agent_reports import AgentReports
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
+from .gangs.ranks import RankTable
 from .gangs.records import GroupState
 from .gangs.routing import GangRouting
 from .graph import TaskGraph
@@ -54,11 +55,8 @@ class Dispatcher(AgentReports, GangRouting):
                  on_changed: Callable[[Task], None] = lambda task: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
                  token: Callable[[str], str] = lambda subject: "",
-                 objects: ObjectDirectory | None = None, groups: Any = None,
-                 ranks: Any = None) -> None:
+                 objects: ObjectDirectory | None = None, groups: Any = None) -> None:
         self._send = send
-        # Gangs (issue 31): placement groups and multi-node jobs (``gangs``).
-        self._groups, self._ranks = groups, ranks
         # Results kept on agents, and what becomes of those lost with them (issue 29).
         self._objects = objects or ObjectDirectory(send, agents, b"", graph.get)
         self.lineage = Lineage(graph, sched, lambda task: self._enqueue(task), on_changed)
@@ -75,6 +73,11 @@ class Dispatcher(AgentReports, GangRouting):
         self._actors = actors
         self._jobs = jobs
         self._assigns = Batches(send, P.ASSIGN, "tasks")
+        # Gangs (issue 31): placement groups, and multi-node jobs' ranks (``gangs``).
+        self._groups = groups
+        self._ranks = self.ranks = RankTable(
+            send, graph, sched, agents, jobs, graph.new_id, self._assigns.add,
+            lambda: self._assigns.flush(self._ack), token, on_started)
 
     # -- queueing ---------------------------------------------------------------------
     def make_ready(self, task: Task) -> None:
@@ -82,7 +85,7 @@ class Dispatcher(AgentReports, GangRouting):
         if task.actor:
             self._actors.call_ready(task)
             return
-        if task.group or (self._ranks is not None and self._ranks.is_gang(task)):
+        if task.group or self._ranks.is_gang(task):
             self._queue_gang(task)
             return
         # (work placed in a bundle fits it: its group says whether the group can be placed)
@@ -150,6 +153,9 @@ class Dispatcher(AgentReports, GangRouting):
         actor = self._actors.actors.get(task.creates) if task.creates else None
         if task.held and task.state is TaskState.WAITING:
             return CancelOutcome.GOES_ON  # restored: its agent has not said if it runs
+        if task.id in self._ranks.gangs:  # (a multi-node job: its ranks are stopped)
+            return CancelOutcome.CANCELLED if self._ranks.cancel(task, force) \
+                else CancelOutcome.GOES_ON
         if actor is not None:
             if actor.state is not ActorState.PENDING and not force:
                 return CancelOutcome.GOES_ON  # its __init__ may be running
@@ -180,6 +186,9 @@ class Dispatcher(AgentReports, GangRouting):
         actor = self._actors.actors.get(task.creates) if task.creates else None
         if actor is not None:
             self._actors.kill(actor, "its construction was cancelled")
+            return
+        if task.id in self._ranks.gangs:  # (it ends cancelled once every rank is gone)
+            self._ranks.cancel(task, force=True)
             return
         if task.group:  # (a placement group's: the group goes with it)
             self._graph.fail(task, "CancelledError", f"{task.name} (id {task.id}) was cancelled")
@@ -285,6 +294,7 @@ class Dispatcher(AgentReports, GangRouting):
                 self.release(task_id)
                 self._requeue(task)
         self._actors.resend_unheld(agent.ident, holding, sent)
+        self._ranks.resend(agent, holding, sent)
         strays = sorted(t for t in holding if t not in granted or self._to_drop(t))
         if strays:
             self._send(agent.ident, P.CANCEL, {"ids": strays})
@@ -295,6 +305,8 @@ class Dispatcher(AgentReports, GangRouting):
         with a connection). Actors' placements and calls are never grants to drop."""
         if task_id in self._actors.placements or task_id in self._actors.call_actor:
             return False
+        if self._ranks.is_rank(task_id):
+            return self._ranks.dropping(task_id)
         task = self._graph.get(task_id)
         return task is None or task.state is not TaskState.RUNNING or task.cancelling
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..actors import ActorRouting
     from ..graph import TaskGraph
     from .groups import GroupTable
+    from .ranks import RankTable
 
 
 class GangRouting:
@@ -25,7 +26,7 @@ class GangRouting:
         _sched: Scheduler
         _actors: ActorRouting
         _groups: GroupTable
-        _ranks: Any
+        _ranks: RankTable
 
         def cancel(self, task: Task, force: bool = False) -> Any: ...
         def warn_infeasible(self, task: Task, reason: str) -> None: ...
@@ -68,7 +69,7 @@ class GangRouting:
         """GRANT is a gang's bundle (the scheduler placed all of the gang's in one pass)."""
         if grant.task in self._groups.of_bundle:
             self._groups.placed(grant)
-        elif self._ranks is not None:
+        else:
             self._ranks.placed(grant)
 
     def _bundles_lost(self, lost: list[int], why: str) -> None:
@@ -76,7 +77,7 @@ class GangRouting:
         for task_id in lost:
             if task_id in self._groups.of_bundle:
                 self._groups.bundle_lost(task_id, why)
-            elif self._ranks is not None and self._ranks.is_rank(task_id):
+            elif self._ranks.is_rank(task_id):
                 self._ranks.lost(task_id, why)
 
     def end_in_group(self, group_id: str, members: list[int], why: str) -> None:
