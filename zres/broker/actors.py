@@ -271,7 +271,7 @@ class ActorRouting:
         for task in reversed(again):  # back at the front, in the order they were made
             self._graph.set_state(task, TaskState.QUEUED)
             actor.queues.setdefault(task.client, deque()).appendleft(task.id)
-        where = self._inside(actor.bundle) if actor.bundle else None
+        where = self.inside_of(actor)
         if not restart or (actor.bundle and where is None):
             self.dead(actor, f"{cause}; no restarts left" if not restart
                       else f"{cause}; its placement group has ended")
@@ -287,6 +287,11 @@ class ActorRouting:
         self._sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
                             queueable=False, owner=actor.key, where=where)
         self._changed(actor)
+
+    def inside_of(self, actor: ActorRecord) -> Any:
+        """Where ACTOR, placed in a bundle, waits in the scheduler (None: not in one, or
+        its placement group has ended)."""
+        return self._inside(actor.bundle) if actor.bundle else None
 
     def call_on(self, agent: bytes, task_id: Any) -> Task | None:
         """The call TASK_ID if it was sent to an actor on AGENT."""

@@ -114,7 +114,8 @@ class JobTable:
             if job.state == "queued" and not job.detached and not job.client:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
-            elif job.state == "running" or (job.state == "queued" and job.held_on):
+            elif job.state == "running" or (job.state == "queued" and (job.held_on or any(
+                    rank[2] in ("sent", "held", "running") for rank in job.ranks))):
                 self.adopting[job.id] = job  # it runs, or may: its agent says which
             elif job.state == "queued":
                 self.active[job.id] = job

@@ -38,6 +38,7 @@ from .clients import ClientRegistry
 from .collector import Collector
 from .dispatch import Dispatcher
 from .gangs.groups import GroupTable
+from .gangs.keeping import GroupKeeper
 from .graph import TaskGraph
 from .identity import Identities
 from .intake import Handler, Intake
@@ -137,7 +138,9 @@ class Broker(Intake):
                                    inside=lambda bundle: self.groups.inside(bundle))
         self.groups = GroupTable(self._send, self.graph, self.sched, self.agents,
                                  self.graph.new_id, sender=self.acting,
-                                 end=lambda *a: self.dispatch.end_in_group(*a))
+                                 end=lambda *a: self.dispatch.end_in_group(*a),
+                                 changed=lambda group: self.gang_keeper.changed(group))
+        self.gang_keeper = GroupKeeper(store, self.groups, self.sched)
         self.actor_keeper = ActorKeeper(store, self.actors, self.graph, self.sched, self._send)
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
@@ -172,7 +175,8 @@ class Broker(Intake):
         self.adoption = Adoption(self.graph, self.sched, self.jobs,
                                  grace=max(60.0, 10 * heartbeat_timeout),
                                  clients=self.clients, reconnect=reconnect,
-                                 actors=self.actor_keeper)
+                                 actors=self.actor_keeper,
+                                 gangs=(self.gang_keeper, self.dispatch.ranks, self.groups))
         self.keeper.kept_on_agents = self.objects.restored
         if store is not None:
             self.adoption.restore(store)

@@ -184,10 +184,14 @@ class Scheduler(Asking, Reserving, Ganging):
             add_to(slot.short_taken, grant.taken)
 
     def adopt(self, task_id: int, slot_id: int, units: Units, positions: list[int],
-              priority: int = 0, owner: str = "") -> bool:
+              priority: int = 0, owner: str = "", where: Inside | None = None) -> bool:
         """Take UNITS on SLOT_ID (GPU POSITIONS) for TASK_ID of OWNER, which runs there
         already (a job a restarted broker takes back); False if they are not free for it.
-        It counts toward OWNER's quota, over it or not."""
+        It counts toward OWNER's quota, over it or not. WHERE: it ran inside that bundle
+        (taken back already, on that slot): it takes its room there."""
+        if where is not None:
+            return self.adopt_inside(task_id, where.gang, where.index, units, positions,
+                                     priority, owner)
         slot = self.slots.get(slot_id)
         if slot is None or task_id in self.running:
             return False

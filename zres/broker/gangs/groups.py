@@ -102,6 +102,10 @@ class GroupTable:
                  bundles=[format_units(b) for b in group.bundles])
         return True
 
+    def restored(self, group: GroupRecord) -> None:
+        """GROUP was kept by this broker's previous life (``keeping``)."""
+        self._index(group)
+
     def _index(self, group: GroupRecord) -> None:
         self.groups[group.id] = group
         self.by_gang[group.gang] = group
@@ -149,10 +153,14 @@ class GroupTable:
     def queue(self, task: Task) -> str | None:
         """TASK, a group's construction, is ready: queue its gang; return why no agents
         could ever hold it (None: they could)."""
-        group = self.by_gang[task.id]
-        self._sched.add_gang(group.gang, group.bundles, group.strategy, group.ids,
-                             group.priority, group.key)
+        group = self.by_gang.get(task.id)
         self._graph.set_state(task, TaskState.QUEUED)
+        if group is None:  # (restored after its group ended)
+            self._graph.fail(task, "ZresError", self.ended_cause(task.group))
+            return None
+        if self._sched.gang(group.gang) is None:  # (a restored one is queued already)
+            self._sched.add_gang(group.gang, group.bundles, group.strategy, group.ids,
+                                 group.priority, group.key)
         return self._sched.gang_infeasible(group.gang)
 
     def placed(self, grant: Grant) -> None:

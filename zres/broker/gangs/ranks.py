@@ -16,13 +16,18 @@ others (their process groups, as a forced cancel does); the job ends once every 
 processes are gone, failing with the first failure, naming its rank (and exit code).
 Cancelling stops every rank. Only then are the gang's resources given back, all of them.
 A job whose rank was lost with its agent is run again whole if it has retries left.
+
+A restarted broker takes a running job back rank by rank, as each rank's agent offers it
+(``restore``, ``adopt``); a rank its agent no longer has, or whose agent is not back in
+time, is lost. One restored while its ranks were being started (rank 0 sent, the others
+not yet) cannot be started whole: what runs of it is stopped, and it is run again (a
+retry) or fails.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...core import protocol as P
@@ -33,31 +38,12 @@ from ...scheduler.policy import Scheduler
 from ...scheduler.records import Grant
 from ..agents import AgentRecord, AgentRegistry
 from ..graph import TaskGraph
-from ..job_records import JobRecord
 from ..jobs import JobTable
 from ..outbox import Send
+from .rank_keeping import RankKeeping
+from .records import AGENT, EXIT, GPUS, STATE, Gang, Outcome
 
 log = get_logger("zres.broker")
-
-# A rank as a job record keeps it: [grant id, agent, state, exit code, GPUs].
-ID, AGENT, STATE, EXIT, GPUS = range(5)
-Outcome = tuple[str, list[Any], dict[str, Any]]
-
-
-@dataclass(slots=True)
-class Gang:
-    """A multi-node job being placed or running: its ranks' grants and how they ended."""
-
-    job: JobRecord
-    task: Task
-    ids: list[int]
-    grants: dict[int, Grant] = field(default_factory=dict)     # placed, by rank
-    sent: set[int] = field(default_factory=set)                # ranks sent to their agents
-    ended: dict[int, Outcome] = field(default_factory=dict)    # by rank
-    failing: tuple[int, Outcome] | None = None                 # the first rank that failed
-    lost: bool = False                                         # ... lost with its agent
-    stopping: bool = False                                     # cancelled
-
 
 def rank_env(rank: int, nodes: int, master: list[Any] | None = None) -> dict[str, str]:
     """The environment rank RANK of a job on NODES agents gets (MASTER: [addr, port])."""
@@ -69,7 +55,7 @@ def rank_env(rank: int, nodes: int, master: list[Any] | None = None) -> dict[str
     return env
 
 
-class RankTable:
+class RankTable(RankKeeping):
     """The multi-node jobs being placed or running, and their ranks.
 
     ASSIGN(agent ident, item) adds an assign item for an agent, FLUSH() sends them (with
@@ -277,6 +263,8 @@ class RankTable:
         for rank, grant_id in enumerate(gang.ids):
             if rank in gang.ended:
                 continue
+            if rank in gang.away:
+                continue  # (restored: stopped when its agent offers it, or lost)
             grant = gang.grants.get(rank)
             agent = self._agents.slot_owner.get(grant.slot) if grant is not None else None
             if rank in gang.sent and agent is not None:
@@ -307,8 +295,8 @@ class RankTable:
         elif gang.failing is not None:
             rank, (outcome, frames, info) = gang.failing
             self._graph.finish(task, outcome, frames, {**info, "rank": rank})
-        else:
-            outcome, frames, info = gang.ended[0]
+        else:  # (rank 0's result, or any rank's: one ended before a restart has none)
+            outcome, frames, info = max(gang.ended.values(), key=lambda o: bool(o[1]))
             self._graph.finish(task, outcome, frames,
                                {**info, "agents": [r[AGENT] for r in job.ranks]})
 
@@ -316,7 +304,11 @@ class RankTable:
         self.gangs.pop(gang.job.id, None)
         for grant_id in gang.ids:
             self.of_rank.pop(grant_id, None)
-        self._sched.remove_gang(gang.job.id, now=time.monotonic())
+        if self._sched.gang(gang.job.id) is not None:
+            self._sched.remove_gang(gang.job.id, now=time.monotonic())
+        else:  # (taken back after a restart: its ranks' grants are plain ones)
+            for grant_id in gang.ids:
+                self._sched.release(grant_id, time.monotonic())
 
     def cancel(self, task: Task, force: bool) -> bool:
         """Cancel multi-node job TASK: one not started ends now, one started is stopped

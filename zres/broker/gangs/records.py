@@ -1,5 +1,6 @@
 """A placement group as the broker keeps it: its record, its states and their transitions,
-and the specs a client sends to make one or to place work in one of its bundles."""
+and the specs a client sends to make one or to place work in one of its bundles; and a
+multi-node job's gang as it is placed and runs (``ranks``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any
 from ...core.errors import ProtocolError
 from ...core.limits import Limits, check_count, check_name, check_units
 from ...core.resources import Units
+from ...core.tasks import Task
 from ...scheduler.gang_fit import STRATEGIES
+from ...scheduler.records import Grant
+from ..job_records import JobRecord
 
 
 class GroupState(enum.Enum):
@@ -119,3 +123,24 @@ def check_placement(value: Any) -> tuple[str, int]:
             and type(value[1]) is int and value[1] >= 0):
         raise ProtocolError("submit: placement must be [placement group id, bundle index]")
     return value[0], value[1]
+
+
+# A rank as a job record keeps it: [grant id, agent, state, exit code, GPUs].
+ID, AGENT, STATE, EXIT, GPUS = range(5)
+Outcome = tuple[str, list[Any], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Gang:
+    """A multi-node job being placed or running: its ranks' grants and how they ended."""
+
+    job: JobRecord
+    task: Task
+    ids: list[int]
+    grants: dict[int, Grant] = field(default_factory=dict)     # placed, by rank
+    sent: set[int] = field(default_factory=set)                # ranks sent to their agents
+    ended: dict[int, Outcome] = field(default_factory=dict)    # by rank
+    failing: tuple[int, Outcome] | None = None                 # the first rank that failed
+    lost: bool = False                                         # ... lost with its agent
+    stopping: bool = False                                     # cancelled
+    away: set[int] = field(default_factory=set)  # restored: ranks waiting for their agent
