@@ -221,3 +221,24 @@ def test_cancelling_a_multi_node_job_stops_every_rank(client, tmp_path):
     wait_until(job.cancelled, message="the job cancelled")
     for rank in (0, 1):
         assert process_gone(int((tmp_path / f"pid-{rank}").read_text()))
+
+
+def test_status_and_metrics_show_groups_their_bundles_and_where(client):
+    from zres.broker.metrics import _gangs
+    from zres.cli.cluster import render_status
+    pg = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD", name="shown")
+    pg.ready().result(30)
+    agents = agents_of(client, pg)
+    status = client.status()
+    text = render_status(status)
+    section = text.split("placement groups:\n")[1].split("\n\n")[0]
+    line = " ".join(section.split())  # (its bundles wrap onto lines of their own)
+    assert line.startswith("shown") and max(map(len, section.splitlines())) <= 100
+    assert f"[0] gpu=1 on {agents[0]}" in line and f"[1] gpu=1 on {agents[1]}" in line
+    assert "ready STRICT_SPREAD" in line
+    families = {f.name: {tuple(s.labels.values()): s.value for s in f.samples}
+                for f in _gangs(status)}
+    assert families["zres_placement_groups"][("ready",)] == 1
+    assert {a: families["zres_placement_group_bundles"][(a,)] for a in agents} == \
+        {a: 1 for a in agents}
+    pg.remove()
