@@ -146,7 +146,8 @@ RANK = r"""
 import os, socket, sys, time
 out, rank = sys.argv[1], int(os.environ["NODE_RANK"])
 keys = ("ZRES_NODE_RANK", "ZRES_NNODES", "ZRES_MASTER_ADDR", "ZRES_MASTER_PORT", "NODE_RANK",
-        "NNODES", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ZRES_JOB_ID", "ZRES_AGENT")
+        "NNODES", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ZRES_JOB_ID", "ZRES_AGENT",
+        "PET_NODE_RANK", "PET_NNODES", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 with open(f"{out}/env-{rank}", "w") as fh:
     fh.write(repr({k: os.environ.get(k) for k in keys}))
 addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
@@ -180,9 +181,13 @@ def test_a_two_node_job_runs_a_rank_on_each_agent_that_see_one_another(cluster, 
                                 resources={"gpu": 2})
     result = job.result(60)
     envs = [eval((tmp_path / f"env-{rank}").read_text()) for rank in (0, 1)]
-    assert [e["NODE_RANK"] for e in envs] == [e["ZRES_NODE_RANK"] for e in envs] == ["0", "1"]
+    assert [e["NODE_RANK"] for e in envs] == [e["ZRES_NODE_RANK"] for e in envs] == \
+        [e["PET_NODE_RANK"] for e in envs] == ["0", "1"]
     for env in envs:
-        assert env["NNODES"] == env["ZRES_NNODES"] == env["WORLD_SIZE"] == "2"
+        assert env["NNODES"] == env["ZRES_NNODES"] == env["WORLD_SIZE"] == \
+            env["PET_NNODES"] == "2"
+        assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == (env["MASTER_ADDR"],
+                                                                    env["MASTER_PORT"])
         assert env["ZRES_JOB_ID"] == str(result.job_id)
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (envs[0]["ZRES_MASTER_ADDR"],
                                                             envs[0]["ZRES_MASTER_PORT"])

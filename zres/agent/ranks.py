@@ -35,6 +35,7 @@ def free_port() -> int:
 
 
 def master_env(address: str, port: int) -> dict[str, str]:
-    """The variables naming a job's master, in zres's words and torchrun's."""
+    """The variables naming a job's master, in zres's words, torch's and torchrun's."""
     return {"ZRES_MASTER_ADDR": address, "ZRES_MASTER_PORT": str(port),
-            "MASTER_ADDR": address, "MASTER_PORT": str(port)}
+            "MASTER_ADDR": address, "MASTER_PORT": str(port),
+            "PET_MASTER_ADDR": address, "PET_MASTER_PORT": str(port)}

@@ -48,10 +48,12 @@ log = get_logger("zres.broker")
 def rank_env(rank: int, nodes: int, master: list[Any] | None = None) -> dict[str, str]:
     """The environment rank RANK of a job on NODES agents gets (MASTER: [addr, port])."""
     env = {"ZRES_NODE_RANK": str(rank), "ZRES_NNODES": str(nodes), "NODE_RANK": str(rank),
-           "NNODES": str(nodes), "WORLD_SIZE": str(nodes)}
+           "NNODES": str(nodes), "WORLD_SIZE": str(nodes),  # (and torchrun's own names:
+           "PET_NODE_RANK": str(rank), "PET_NNODES": str(nodes)}  # it reads PET_<option>)
     if master:
         env.update(ZRES_MASTER_ADDR=str(master[0]), ZRES_MASTER_PORT=str(master[1]),
-                   MASTER_ADDR=str(master[0]), MASTER_PORT=str(master[1]))
+                   MASTER_ADDR=str(master[0]), MASTER_PORT=str(master[1]),
+                   PET_MASTER_ADDR=str(master[0]), PET_MASTER_PORT=str(master[1]))
     return env
 
 
