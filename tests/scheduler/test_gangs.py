@@ -76,6 +76,33 @@ def test_a_gang_that_does_not_fit_takes_nothing_and_marks_nothing_gained():
     assert set(bundles_of(sched.schedule(1.0))) == {(100, 0), (100, 1)}
 
 
+def test_a_gang_that_did_not_fit_is_tried_again_only_once_room_is_gained(monkeypatch):
+    """The index's count of slots with room refuses a gang before any trial walks the
+    slots; and a gang that a trial found not to fit is not tried again, in the passes
+    that other work makes, until some slot has gained room."""
+    from zres.scheduler import gang_fit
+
+    trials: list[int] = []
+    real = gang_fit.Trial
+    monkeypatch.setattr(gang_fit, "Trial", lambda *a: trials.append(a[2]) or real(*a))
+    sched = gpu_cluster(3)
+    sched.enqueue(1, req(GPU=1))
+    sched.enqueue(2, req(GPU=1))
+    assert len(sched.schedule(0.0)) == 2
+    # One slot has GPU room: the first gang is refused by the count alone; the second's
+    # two shapes each have a slot, the same one, so only a trial finds it does not fit.
+    sched.add_gang(100, [req(GPU=1)] * 2, "STRICT_SPREAD", [101, 102])
+    sched.add_gang(200, [req(GPU=1), req(GPU=1, CPU=2)], "STRICT_SPREAD", [201, 202])
+    assert sched.schedule(0.1) == [] and trials == [200]
+    for task, now in ((3, 0.2), (4, 0.3)):  # (work comes beside: no slot gains room)
+        sched.enqueue(task, req(CPU=1))
+        assert placed(sched.schedule(now)).keys() == {task}
+    assert trials == [200], "a gang that did not fit waits for room gained"
+    sched.release(1)
+    assert set(bundles_of(sched.schedule(0.4))) == {(100, 0), (100, 1)}
+    check_books(sched)
+
+
 # -- strategies -------------------------------------------------------------------------
 
 
@@ -205,6 +232,36 @@ def test_a_starving_gang_reserves_its_slots_and_is_placed():
                 started = now
             elif not grant.within:
                 running.append(grant.task)
+        check_books(sched)
+    assert started is not None and started < 15, started
+
+
+def test_a_starving_gang_reserves_no_slot_behind_another_gangs_bundle():
+    """A placement group's bundle holds one of three one-GPU agents for as long as it
+    likes; a stream of one-GPU tasks keeps the other two busy. A starving gang of two
+    one-GPU bundles reserves those two (a bundle's end is unknown: reserving behind it
+    could wait for ever), and starts."""
+    sched = gpu_cluster(3)
+    sched.add_gang(50, [req(GPU=1)], "PACK", [51])
+    held = bundles_of(sched.schedule(0.0))
+    assert list(held) == [(50, 0)]
+    sched.finished("small", 1.0)
+    for task in (1, 2):
+        sched.enqueue(task, req(GPU=1), kind="small")
+    running = [g.task for g in sched.schedule(0.0)]
+    sched.add_gang(100, [req(GPU=1)] * 2, "STRICT_SPREAD", [101, 102])
+    now, next_id, started = 0.0, 3, None
+    while now < 30 and started is None:
+        now += 0.5
+        sched.release(running.pop(0))
+        sched.enqueue(next_id, req(GPU=1), kind="small")
+        next_id += 1
+        for grant in sched.schedule(now):
+            if grant.bundle is not None:
+                started = now
+            else:
+                running.append(grant.task)
+        assert held[(50, 0)] not in sched.gangs.gangs[100].reserved
         check_books(sched)
     assert started is not None and started < 15, started
 

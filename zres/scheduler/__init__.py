@@ -83,7 +83,9 @@ Rules
   bundles), reserves a slot per bundle once it starves, and is infeasible when no agents
   could ever hold it. A task placed inside a bundle draws on that bundle alone, waits for
   its gang and for room in its bundle, and is charged nothing (its gang holds it). A slot
-  holding a bundle takes no queued grants.
+  holding a bundle takes no queued grants. A gang that did not fit is tried again only
+  once a slot has gained room (or a fence was in its way), and only after the index says
+  enough slots have room for its bundles: a waiting gang costs a pass O(log n).
 - Closed slots (an agent draining, or whose connection closed) take no new grant; what
   runs there is not disturbed.
 """

@@ -98,6 +98,8 @@ def place(bundles: Sequence[Units], strategy: str, table: SlotTable, fences: dic
     """Place every one of BUNDLES by STRATEGY on TABLE's slots now, taking their
     resources; or none of them (None). IDS: the bundles' grant ids, of gang GANG, whose
     grants OWNER holds; FENCES: the reservations in force in this pass."""
+    if not _enough_room(bundles, strategy, table):
+        return None  # (the index says so at once: no trial walks the slots)
     trial = Trial(table, ids, gang, fences, owner)
     order = by_size(bundles, table.capacity)
     if strategy in ("PACK", "STRICT_PACK"):
@@ -120,6 +122,27 @@ def place(bundles: Sequence[Units], strategy: str, table: SlotTable, fences: dic
             trial.undo()
             return None
     return trial.made
+
+
+def _enough_room(bundles: Sequence[Units], strategy: str, table: SlotTable) -> bool:
+    """Whether enough slots have room for the bundles, as far as the index says (an upper
+    bound: fences, devices and queued grants are the trial's to check): STRICT_SPREAD
+    needs a slot per bundle, STRICT_PACK one with room for their total, the others one
+    for each bundle."""
+    if strategy == "STRICT_PACK":
+        return _with_room(table, total_of(bundles)) > 0
+    counts: dict[tuple[tuple[str, int], ...], int] = {}
+    for units in bundles:
+        key = tuple(sorted(units.items()))
+        counts[key] = counts.get(key, 0) + 1
+    need = 1 if strategy != "STRICT_SPREAD" else None
+    return all(_with_room(table, dict(key)) >= (need or count)
+               for key, count in counts.items())
+
+
+def _with_room(table: SlotTable, units: Units) -> int:
+    """How many slots have room for each of UNITS' amounts, at most (its scarcest)."""
+    return min(table.index.with_room(name, amount) for name, amount in units.items())
 
 
 def _elsewhere(table: SlotTable, units: Units, used: frozenset[str]) -> Iterator[Slot]:

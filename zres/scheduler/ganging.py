@@ -28,6 +28,7 @@ class Ganging:
         running: dict[int, Grant]
         _changed: bool
         _now: float
+        _gains: bool
 
         @property
         def waiting(self) -> dict[int, Waiting]: ...
@@ -104,7 +105,11 @@ class Ganging:
                 self._drop_fence(fences, task)
             self._unreserve(task)
             return False
-        made = self.gangs.place(tail, fences, task.owner, task.priority, task.seq, now)
+        # A gang that did not fit, no fence in the way, can fit now only if a slot gained
+        # room since: no trial until then (a fence may lift with no room gained).
+        made = self.gangs.place(tail, fences, task.owner, task.priority, task.seq, now) \
+            if self._gains or not tail.blocked else None
+        tail.blocked = made is None and not fences
         if made is None:
             self._fence(task, fences, now)
             return False

@@ -46,6 +46,7 @@ class Gang:
     reserved: dict[int, Units] = field(default_factory=dict)  # starving: slot -> amounts
     owner: str = ""                            # whose it is (fair share, quotas)
     priority: int = 0
+    blocked: bool = False                      # it did not fit, unfenced, when last tried
 
     def __repr__(self) -> str:
         return f"<gang {self.id}>"
@@ -231,7 +232,9 @@ class GangBook:
             ids = table.fitting(_key(units), units) - set(chosen)
             if gang.strategy == "STRICT_SPREAD":
                 ids = {i for i in ids if table.slots[i].agent not in agents}
-            slot = soonest_slot(units, ids, table, fences)
+            # (not behind another gang's bundle, when it can: a bundle's end is unknown)
+            slot = soonest_slot(units, {i for i in ids if not table.slots[i].bundles},
+                                table, fences) or soonest_slot(units, ids, table, fences)
             if slot is None:
                 return None
             chosen[slot.id] = units

@@ -52,6 +52,7 @@ class Scheduler(Asking, Reserving, Ganging):
         self._reservation_epoch = 0                   # bumps when a reservation ends
         self._changed = False                         # since the last pass
         self._now = 0.0                               # the time of the latest pass
+        self._gains = True                            # slots gained room since the last
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
@@ -242,6 +243,7 @@ class Scheduler(Asking, Reserving, Ganging):
         grants: list[Grant] = []
         blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
+        self._gains = bool(gained)  # (a gang that did not fit tries again only then)
         if self.prefetch:
             self._queues.touched(self.table.gained | self.table.queue_freed)
             self.table.queue_freed.clear()
