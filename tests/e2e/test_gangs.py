@@ -105,7 +105,7 @@ def test_two_groups_that_would_deadlock_piecemeal_both_finish(client, tmp_path):
     now, later = (first, second) if first.ready().done() else (second, first)
     assert groups_of(client)[later.id]["state"] == "pending"
     assert not any(groups_of(client)[later.id]["bundles"][i]["agent"] for i in range(3))
-    assert "reserved all at once" in client.why(later.ready())
+    assert "reserved all at once" in client.why(later)
     done = [client.submit(where, i, placement=(now, i)) for i in range(3)]
     assert sorted(a for a, _ in (f.result(30) for f in done)) == ["a", "b", "c"]
     now.remove()
@@ -118,7 +118,7 @@ def test_two_groups_that_would_deadlock_piecemeal_both_finish(client, tmp_path):
 def test_a_group_no_agents_could_hold_is_reported_at_once(client):
     with pytest.warns(zres.InfeasibleWarning, match="STRICT_SPREAD"):
         pg = client.placement_group([{"gpu": 1}] * 4, strategy="STRICT_SPREAD")
-        wait_until(lambda: "infeasible" in client.why(pg.ready()), message="infeasible")
+        wait_until(lambda: "infeasible" in client.why(pg), message="infeasible")
     with pytest.raises(zres.InfeasibleError, match="bundle 0"):
         client.placement_group([{"gpu": 3}], infeasible="error").ready().result(30)
     pg.remove()
@@ -216,14 +216,21 @@ def test_a_failing_rank_stops_the_others_and_the_job_names_it(client, tmp_path):
         assert process_gone(int((tmp_path / f"pid-{rank}").read_text()))
 
 
-def test_cancelling_a_multi_node_job_stops_every_rank(client, tmp_path):
-    job = client.submit_command(["sh", "-c", LINGER], nodes=2, resources={"gpu": 2},
-                                env={"OUT": str(tmp_path), "FAIL": "none"})
+def test_cancelling_a_multi_node_job_stops_every_rank(cluster, client, tmp_path):
+    """From the command line: zres submit --nodes 2 prints one job id, zres cancel stops
+    both ranks (their process groups), and the job ends cancelled once both are gone."""
+    env = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys)
+    submitted = zres_cli("submit", "--nodes", "2", "-r", "gpu=2", "--env", f"OUT={tmp_path}",
+                         "--env", "FAIL=none", "--shell", LINGER, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout)
     wait_until(lambda: all((tmp_path / f"pid-{r}").exists() for r in (0, 1)),
                message="both ranks started")
-    # (a third two-gpu job waits meanwhile: the ranks hold their agents' gpus)
-    client.cancel([job], force=True)
-    wait_until(job.cancelled, message="the job cancelled")
+    (entry,) = [j for j in client.jobs() if j["id"] == job_id]
+    assert entry["state"] == "running" and len(set(entry["agents"])) == 2
+    assert zres_cli("cancel", str(job_id), env=env).returncode == 0
+    wait_until(lambda: [j["state"] for j in client.jobs(all=True) if j["id"] == job_id]
+               == ["cancelled"], message="the job cancelled")
     for rank in (0, 1):
         assert process_gone(int((tmp_path / f"pid-{rank}").read_text()))
 
@@ -247,3 +254,16 @@ def test_status_and_metrics_show_groups_their_bundles_and_where(client):
     assert {a: families["zres_placement_group_bundles"][(a,)] for a in agents} == \
         {a: 1 for a in agents}
     pg.remove()
+
+
+def test_a_job_on_more_nodes_than_agents_is_infeasible_and_cancelled_whole(client):
+    with pytest.warns(zres.InfeasibleWarning, match="4 distinct agents"):
+        job = client.submit_command(["true"], nodes=4, resources={"gpu": 1})
+        wait_until(lambda: job.id is not None and job.infeasible, message="warned")
+    (entry,) = [j for j in client.jobs() if j["id"] == job.id]
+    assert entry["state"] == "infeasible" and "STRICT_SPREAD" in entry["reason"]
+    client.cancel([job])
+    assert job.cancelled()
+    with pytest.raises(zres.InfeasibleError, match="4 distinct agents"):
+        client.submit_command(["true"], nodes=4, resources={"gpu": 1},
+                              infeasible="error").result(30)

@@ -38,13 +38,16 @@ def pids(out: Path, agent: str, job_id: int) -> list[int]:
 
 
 def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path):
-    """Agent a dies under a placement group (restarts=1: reserved again, whole, on b) and
-    two 2-node jobs: the one with a retry runs again whole once a third agent joins, the
-    other fails naming its lost rank, its rank on b stopped."""
-    cluster = make_cluster(agents=[{"gpu": 3}] * 2, names=["a", "b"])
+    """Agent a dies under two placement groups (restarts=1: reserved again, whole, on b;
+    no restarts: it fails) and two 2-node jobs: the one with a retry is queued again
+    whole (infeasible on b alone) and runs again once a third agent joins, the other
+    fails naming its lost rank, its rank on b stopped."""
+    cluster = make_cluster(agents=[{"gpu": 4}] * 2, names=["a", "b"])
     client = make_client(cluster.address)
     pg = client.placement_group([{"gpu": 1}] * 2, strategy="SPREAD", restarts=1)
+    doomed = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD")
     pg.ready().result(30)
+    doomed.ready().result(30)
     env = {"OUT": str(tmp_path)}
     again = client.submit_command(["sh", "-c", RANK], nodes=2, resources={"gpu": 1},
                                   retries=1, env=env)
@@ -61,7 +64,13 @@ def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path):
                message="the group reserved again, whole, on b")
     assert group(client, pg)["restarts_left"] == 0 and group(client, pg)["starts"] == 2
     assert client.submit(where, placement=(pg, 0)).result(30) == "b"
-    wait_until(lambda: job(client, again)["state"] == "queued", message="requeued whole")
+    # (no restarts: it failed, and work sent to it is told why)
+    assert doomed.id not in [g["id"] for g in client.status()["placement_groups"]]
+    with pytest.raises(ValueError, match=r"bundle \d was lost with agent a.*no restarts"):
+        client.submit(where, placement=(doomed, 1)).result(30)
+    # (requeued whole: on b alone, its two ranks could never be placed, and it says so)
+    wait_until(lambda: job(client, again)["state"] == "infeasible", message="requeued whole")
+    assert "2 distinct agents" in job(client, again)["reason"]
     cluster.add_agent({"gpu": 3}, name="c")
     wait_until(lambda: pids(tmp_path, "c", again.id), message="run again, on b and c")
     (tmp_path / "go").touch()

@@ -226,8 +226,10 @@ class JobTable:
         if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):
             # Judged now, not when it was queued: an agent may have joined or left since.
             infeasible = self._infeasible(task.units)
-            entry["state"] = "infeasible" if infeasible else "queued"
-            entry["reason"] = infeasible or self._why(task)
+            entry["reason"] = reason = infeasible or self._why(task)
+            # (a multi-node job's gang may be infeasible as a whole: its why says so)
+            never = bool(infeasible) or reason.startswith("infeasible")
+            entry["state"] = "infeasible" if never else "queued"
         elif task is not None and job.state == "queued":  # granted into a slot's queue
             entry["reason"] = self._why(task)
         return entry

@@ -36,7 +36,7 @@ from .dask_methods import DaskMethods
 from .executor import Executor
 from .fetching import Fetcher
 from .futures import Future, R, gather
-from .groups import GroupMethods, placement_option
+from .groups import GroupMethods, PlacementGroup, placement_option
 from .io import IOThread
 from .job_methods import JobMethods
 from .shipping import ModuleType, Shipping
@@ -333,8 +333,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         """Return the results of FUTURES, keeping their list/tuple/dict structure."""
         return gather(futures, timeout)
 
-    def why(self, future: Future, timeout: float = 10.0) -> str:
-        """Ask the broker why FUTURE's task is not running yet."""
+    def why(self, future: Future | PlacementGroup, timeout: float = 10.0) -> str:
+        """Ask the broker why FUTURE's task is not running yet (a placement group: why
+        its bundles are not all reserved yet)."""
+        if isinstance(future, PlacementGroup):
+            future = future.ready()
         if future.done():
             return future.status  # (finished, error or cancelled)
         return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
