@@ -60,6 +60,8 @@ class Reserving:
         ``starvation_after`` seconds, counted from the first pass that found it so."""
         if task.blocked_since is None:
             task.blocked_since = now
+        if not self._reserved and now - task.blocked_since < self.starvation_after:
+            return  # (most often: nothing is reserved anywhere, and it does not starve)
         held = self._held_slots(task)
         if not held:
             if (now - task.blocked_since < self.starvation_after
@@ -98,6 +100,9 @@ class Reserving:
                 del fences[slot_id]
 
     def _unreserve(self, task: Waiting) -> None:
+        if not self._reserved:  # (nothing is reserved anywhere: it holds nothing)
+            task.reserved_slot = None
+            return
         for slot_id in self._held_slots(task):
             slot = self.slots.get(slot_id)
             if slot is not None and slot.reserved_by == task.id:
