@@ -6,8 +6,10 @@ agent or the broker are in test_gangs_faults."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from tests.cli.test_cli import clean_env, zres_cli
 from tests.conftest import process_gone, wait_until
 from tests.tasks import hold
 from zres import get_task_context
+from zres.core import keys as K
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,6 +139,25 @@ def test_an_unnamed_group_goes_with_its_client(cluster, client):
     kept = zres.get_placement_group("kept")
     assert kept.id == named.id and kept.id in groups_of(client)
     kept.remove()
+
+
+def test_a_group_is_its_owners_alone(cluster, client, tmp_path):
+    """Another client key may not place work in a group, remove it or find it by name."""
+    pg = client.placement_group([{"gpu": 1}], name="mine")
+    pg.ready().result(30)
+    made = K.keygen(cluster.keys, role="client", name="alice")
+    (tmp_path / "alice").mkdir()
+    for key in (Path(cluster.keys) / f"{K.BROKER}.key", made[0]):
+        shutil.copy(key, tmp_path / "alice")
+    with zres.Client(cluster.address, keys=str(tmp_path / "alice")) as alice:
+        with pytest.raises(ValueError, match="belongs to admin: only admin or an admin key"):
+            alice.submit(where, 0, placement=(pg, 0)).result(30)
+        with pytest.raises(zres.ZresError, match="belongs to admin"):
+            alice.remove_placement_group(pg)
+        with pytest.raises(ValueError, match="exists but belongs to admin"):
+            alice.get_placement_group("mine")
+    assert groups_of(client)[pg.id]["state"] == "ready"
+    pg.remove()
 
 
 # -- multi-node command jobs -------------------------------------------------------------------
