@@ -27,6 +27,11 @@ Scenarios
 - owners-two-floods: the same, and bob also floods 20,000 [4,000] tasks (priority 0) at
   t=300: the share of the grants made from t=300 to t=600 that each owner got (bob's
   trickle goes ahead of his own flood: priority orders one owner's tasks).
+- gangs-N LOAD: gangs (issue 31) on N = 1,000 [100] nodes of GPU=8 CPU=32 for two hours
+  [one]: ordinary GPU=1 and CPU=4 tasks arriving at random (busy: ~70% of the GPUs;
+  saturated: ~80%), without gangs, and with STRICT_SPREAD gangs of 2-16 whole nodes (~25%
+  [30%] more) with reservations (``starvation_after`` 60 s) and without: the GPUs'
+  utilisation, the ordinary tasks' and the gangs' waits (``simulate_gangs``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from simulate_gangs import report, simulate_gangs  # noqa: E402
 
 from zres.core.resources import UNIT, task_request  # noqa: E402
 from zres.scheduler.policy import Scheduler  # noqa: E402
@@ -289,7 +296,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller scale runs")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["plain", "pipelined", "owners"],
+    parser.add_argument("--only", choices=["plain", "pipelined", "owners", "gangs"],
                         help="run only these scenarios (default: all)")
     args = parser.parse_args()
     scale = [(100, 10_000), (1_000, 100_000)] if not args.quick else [(30, 3_000),
@@ -313,6 +320,15 @@ def main() -> None:
             owners[f"owners-trickle ({label})"] = simulate_owners(flood, 0, fair, agents)
             owners[f"owners-two-floods ({label})"] = simulate_owners(flood, second, fair,
                                                                      agents)
+    gangs: dict[str, dict[str, Any]] = {}
+    if args.only in (None, "gangs"):
+        nodes, horizon = (1_000, 7_200.0) if not args.quick else (100, 3_600.0)
+        for load in ("busy", "saturated"):
+            for label, with_gangs, reserve in (("no gangs", False, True),
+                                               ("gangs, reservations", True, True),
+                                               ("gangs, no reservations", True, False)):
+                gangs[f"gangs-{nodes} {load} ({label})"] = simulate_gangs(
+                    nodes, horizon, with_gangs, reserve, load)
     if runs:
         print(f"{'scenario':<30}{'decisions/s':>13}{'us/decision':>13}{'B/waiting':>11}"
               f"{'makespan':>10}{'bound':>9}{'ratio':>7}")
@@ -333,8 +349,10 @@ def main() -> None:
         print(f"{name:<32}{r['us_per_decision']:>12.1f}{r['makespan']:>10.0f}"
               f"{r['bob_wait_p50']:>23.3f}s{r['bob_wait_p95']:>10.3f}s"
               f"{r['bob_wait_max']:>10.3f}s   {share}")
+    if gangs:
+        report(gangs)
     if args.json:
-        Path(args.json).write_text(json.dumps({**runs, **owners}, indent=2))
+        Path(args.json).write_text(json.dumps({**runs, **owners, **gangs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .client.futures import (
     gather,
     wait,
 )
+from .client.groups import PlacementGroup
 from .client.io import InfeasibleWarning
 from .client.progress import progress
 from .core.context import TaskContext, get_task_context
@@ -54,7 +55,8 @@ __all__ = [
     "CommandFailed", "CommandResult", "submit_command",
     "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "AgentLostError", "BrokerLostError",
     "Client", "Executor", "executor", "Future", "InfeasibleError", "InfeasibleWarning",
-    "LocalCluster", "MemoryLimitError", "NotOwnerError", "ProtocolError", "RemoteError",
+    "LocalCluster", "MemoryLimitError", "NotOwnerError", "PlacementGroup", "placement_group",
+    "get_placement_group", "remove_placement_group", "ProtocolError", "RemoteError",
     "ResourceSpecError", "ResultLostError", "TaskContext", "WorkerLostError", "ZresError",
     "annotate", "as_completed", "gather", "get_task_context", "map", "progress", "put",
     "scatter", "submit", "wait",
@@ -100,6 +102,21 @@ def get_actor(name: str, timeout: float = 10.0) -> ActorHandle:
 def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
     """End ACTOR now and free its resources; later calls fail with ActorDiedError."""
     actor.client().kill(actor, timeout)
+
+
+def placement_group(bundles: Any, strategy: str = "PACK", **kwargs: Any) -> PlacementGroup:
+    """Reserve BUNDLES together on the default client; see Client.placement_group."""
+    return default_client().placement_group(bundles, strategy, **kwargs)
+
+
+def get_placement_group(name: str, timeout: float = 10.0) -> PlacementGroup:
+    """The live placement group called NAME, from any client of its owner's key."""
+    return default_client().get_placement_group(name, timeout)
+
+
+def remove_placement_group(group: PlacementGroup, timeout: float = 10.0) -> None:
+    """Free GROUP's bundles; what runs in them is stopped (as ``group.remove()``)."""
+    group.client().remove_placement_group(group, timeout)
 
 
 def submit_command(argv: Any, **kwargs: Any) -> Future[Any]:

@@ -142,3 +142,10 @@ def test_the_dashboard_shows_the_cluster_and_follows_it(make_cluster, make_clien
     shows(browser, "#waiting tbody", "nothing waits or is queued")
     shows(browser, "#ended", "ended since the broker started: 2 finished, 0 error, "
           "4 cancelled")
+    # A placement group: its owner, state, strategy and each bundle with where it is.
+    pg = client.placement_group([{"GPU": 1}], name="shown")
+    pg.ready().result(30)
+    assert shows(browser, "#placement-groups tbody", "on gpu-node") == \
+        "shown admin ready PACK [0] GPU=1 on gpu-node"
+    pg.remove()
+    shows(browser, "#placement-groups tbody", "no placement groups")

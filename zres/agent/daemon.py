@@ -88,7 +88,8 @@ class Agent(Draining, Fencing):
                                       self.reports.exited, self.memory)
         self.jobs = JobRunner(self.logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
-                              unwatch=self.poller.unregister, memory=self.memory, cpus=cpus)
+                              unwatch=self.poller.unregister, memory=self.memory, cpus=cpus,
+                              ranks=(broker, self.reports))
         self.guard = Guard(self.memory, self.name, self.runner, self.actors, self.jobs,
                            self.pool, resume=self._lease_came_back)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)

@@ -29,6 +29,7 @@ from ..logs import get_logger
 from .cpus import CoreBinder, born_on
 from .files import JobLogs
 from .memory.monitor import Monitor, memory_error
+from .ranks import free_port, master_address, master_env
 
 log = get_logger("zres.agent")
 
@@ -62,6 +63,8 @@ class Job:
     cluster: str = ""                # the cluster it logs under
     priority: int = 0                # its grant's, and when it began: the newest of the
     began: float = 0.0               # lowest priority go first when the node runs low
+    job_id: int = 0                  # its job's id (a multi-node job's rank: not TASK)
+    label: str = ""                  # how it is named ("job 12", "job 12 rank 1")
 
 
 RECENT = 1000  # job outcomes remembered for a restarted broker
@@ -75,10 +78,14 @@ class JobRunner:
     def __init__(self, logs: JobLogs, agent: str, report: Report, grace: float = GRACE,
                  watch: Callable[[int], None] | None = None,
                  unwatch: Callable[[int], None] | None = None,
-                 memory: Monitor | None = None, cpus: CoreBinder | None = None) -> None:
+                 memory: Monitor | None = None, cpus: CoreBinder | None = None,
+                 ranks: tuple[str, Any] | None = None) -> None:
         self.logs = logs
         self.memory = memory or Monitor(None, False, 0)
         self.cpus = cpus  # (binds each job to cores of its own: see cpus)
+        # RANKS: (the broker's address, the reports): rank 0 of a multi-node job says
+        # where it listens (``ranks``).
+        self._ranks = ranks
         self.cluster = "unknown"   # the broker's cluster id, once it has welcomed us
         self.agent = agent
         self.grace = grace
@@ -129,9 +136,17 @@ class JobRunner:
         this is a later ATTEMPT (the earlier one's log, on this agent, is replaced)."""
         argv = list(spec["argv"])
         path = self.logs.path_of(self.cluster, task_id)
-        env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(task_id),
+        # (a multi-node job's rank runs under a grant of its own: its job's id is given)
+        job_id = spec.get("job_id", task_id)
+        env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(job_id),
                "ZRES_AGENT": self.agent, "ZRES_GPU_IDS": ",".join(gpus),
                "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        if job_id != task_id:
+            env["ZRES_JOB_GRANT"] = str(task_id)  # (what finds it if left behind: _members)
+        if spec.get("master") is True and self._ranks is not None:
+            address, port = master_address(self._ranks[0]), free_port()
+            env.update(master_env(address, port))
+            self._ranks[1].master(task_id, address, port)
         try:
             out = self.logs.create(self.cluster, task_id, replace=attempt > 1)
         except (OSError, ValueError) as exc:  # a log there already (a link, say), no space
@@ -166,7 +181,9 @@ class JobRunner:
         job = self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
                                        positions=list(place[1]), taken=dict(place[2]),
                                        cluster=self.cluster, priority=priority,
-                                       began=time.monotonic())
+                                       began=time.monotonic(), job_id=job_id,
+                                       label=f"job {job_id}" + (f" rank {spec['rank']}" if
+                                                               job_id != task_id else ""))
         # (moved into its cgroup as it starts, with what it started meanwhile: what they
         # allocated before is the node's)
         self.memory.watch(task_id, proc.pid, job.taken[MEMORY] // UNIT
@@ -246,14 +263,14 @@ class JobRunner:
             self._ended(job.task, P.FAILED, [], {**info, "type": "CancelledError",
                                                  "message": "cancelled"})
         elif code == 0:
-            self._ended(job.task, P.OK, dumps(CommandResult(job.task, 0, job.log,
+            self._ended(job.task, P.OK, dumps(CommandResult(job.job_id, 0, job.log,
                                                             self.agent)), info)
         else:
             tail = self.logs.tail(job.cluster, job.task, _TAIL_LINES)
             how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
                    else f"exited with code {code}")
             self._ended(job.task, P.RAISED, dumps_exception(CommandFailed(
-                f"job {job.task} ({' '.join(job.argv)}) {how}; the log's last lines:\n{tail}",
+                f"{job.label} ({' '.join(job.argv)}) {how}; the log's last lines:\n{tail}",
                 code, job.log, tail)), info)
 
     def _ended(self, task_id: int, outcome: str, frames: list[Any],
@@ -312,7 +329,7 @@ def _group_alive(pgid: int) -> bool:
 def _members(pgid: int, job_id: str) -> list[int]:
     """The processes of group PGID that belong to job JOB_ID (their environment says so:
     a reused group number is never taken for the job's)."""
-    marker = f"ZRES_JOB_ID={job_id}".encode()
+    markers = {f"ZRES_JOB_ID={job_id}".encode(), f"ZRES_JOB_GRANT={job_id}".encode()}
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
@@ -321,7 +338,7 @@ def _members(pgid: int, job_id: str) -> list[int]:
             if os.getpgid(int(entry)) != pgid:
                 continue
             with open(f"/proc/{entry}/environ", "rb") as fh:
-                if marker in fh.read().split(b"\0"):
+                if markers & set(fh.read().split(b"\0")):
                     found.append(int(entry))
         except (OSError, ProcessLookupError):
             continue

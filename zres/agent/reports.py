@@ -46,7 +46,8 @@ class Reports:
 
     def _clear(self) -> None:
         self._fields: dict[str, list[Any]] = {"held": [], "started": [], "results": [],
-                                              "exits": [], "returned": [], "stored": []}
+                                              "exits": [], "returned": [], "stored": [],
+                                              "master": []}
         self._frames: list[Any] = []
 
     # -- gathering (what the runner and the actors call: runner.Events) ---------------
@@ -56,6 +57,11 @@ class Reports:
 
     def started(self, task_id: int) -> None:
         self._fields["started"].append(task_id)
+
+    def master(self, task_id: int, address: str, port: int) -> None:
+        """TASK_ID, rank 0 of a multi-node job, is its master: it listens at ADDRESS,
+        PORT (the broker tells the other ranks)."""
+        self._fields["master"].append([task_id, address, port])
 
     def result(self, task_id: int, outcome: str, frames: list[Any],
                info: dict[str, Any]) -> None:

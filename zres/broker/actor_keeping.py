@@ -67,7 +67,8 @@ class ActorKeeper:
         record = _pack([actor.name, actor.cls, actor.methods, actor.owner, actor.units,
                         actor.priority, actor.restarts, actor.concurrency, actor.ready_task,
                         state.value, actor.placement, actor.agent_name,
-                        list(actor.spawn_counts), actor.starts, actor.key, actor.shared])
+                        list(actor.spawn_counts), actor.starts, actor.key, actor.shared,
+                        list(actor.bundle) if actor.bundle else None])
         self._store.put_actor(actor.id, record, _pack([P.buffer(f) for f in actor.spawn]))
 
     # -- restoring ---------------------------------------------------------------------------
@@ -83,6 +84,8 @@ class ActorKeeper:
             actor = ActorRecord(actor_id, name, cls, methods, owner, units, priority,
                                 restarts, concurrency, ready, placement=placement,
                                 starts=starts, key=key, shared=bool(shared and shared[0]))
+            if len(shared) > 1 and shared[1]:  # (the placement group bundle it runs in)
+                actor.bundle = (shared[1][0], shared[1][1])
             actor.spawn = list(msgpack.unpackb(spawn)) if spawn else []
             actor.spawn_counts = (counts[0], list(counts[1]))
             self._routing.actors[actor_id] = actor
@@ -95,7 +98,8 @@ class ActorKeeper:
             elif state == ActorState.RESTARTING.value:
                 actor.state = ActorState.RESTARTING
                 self._sched.enqueue(placement, actor.units, actor.priority, time.monotonic(),
-                                    queueable=False, owner=actor.key)
+                                    queueable=False, owner=actor.key,
+                                    where=self._routing.inside_of(actor))
             # (a pending one waits for its construction task: restored with the tasks)
         if rows:
             log.info("actors_restored", actors=len(rows), adopting=len(self.adopting))
@@ -149,7 +153,8 @@ class ActorKeeper:
             actor = self.adopting.get(actor_id)
             if actor is None or actor.agent_name != agent.name or actor.placement != placement \
                     or not self._sched.adopt(placement, agent.slots[index], dict(actor.units),
-                                             positions, actor.priority, actor.key):
+                                             positions, actor.priority, actor.key,
+                                             self._routing.inside_of(actor)):
                 log.warning("actor_not_adopted", actor=actor_id, agent=agent.name)
                 stop.append(actor_id)
                 continue

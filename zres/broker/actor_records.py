@@ -59,6 +59,7 @@ class ActorRecord:
     starts: int = 0
     key: str = ""                # its owner: the name of its creator's key ("": no keys)
     shared: bool = False         # any key may call it, not only its owner's and admins'
+    bundle: tuple[str, int] | None = None  # the placement group bundle it runs in
 
     def label(self) -> str:
         return f"actor {self.cls}({self.name or self.id[:8]})"

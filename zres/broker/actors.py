@@ -44,8 +44,10 @@ class ActorRouting:
                  release: Callable[[int], None],
                  changed: Callable[[ActorRecord], None] = lambda actor: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
-                 sender: Callable[[], tuple[str, str]] = lambda: ("", "")) -> None:
+                 sender: Callable[[], tuple[str, str]] = lambda: ("", ""),
+                 inside: Callable[[tuple[str, int]], Any] = lambda bundle: None) -> None:
         self._send = send
+        self._inside = inside  # where an actor placed in a bundle waits (None: its group ended)
         self._sender = sender
         self._graph = graph
         self._sched = sched
@@ -92,7 +94,7 @@ class ActorRouting:
                             task.priority, spec.get("restarts", 0), spec.get("concurrency", 1),
                             task.id, key=owner, shared=spec.get("shared", False))
         task.creates = actor.id
-        actor.placement = task.id
+        actor.placement, actor.bundle = task.id, task.bundle
         self.actors[actor.id] = actor
         self.placements[task.id] = actor
         if actor.name:
@@ -275,8 +277,10 @@ class ActorRouting:
         for task in reversed(again):  # back at the front, in the order they were made
             self._graph.set_state(task, TaskState.QUEUED)
             actor.queues.setdefault(task.client, deque()).appendleft(task.id)
-        if not restart:
-            self.dead(actor, f"{cause}; no restarts left")
+        where = self.inside_of(actor)
+        if not restart or (actor.bundle and where is None):
+            self.dead(actor, f"{cause}; no restarts left" if not restart
+                      else f"{cause}; its placement group has ended")
             return
         if actor.restarts > 0:
             actor.restarts -= 1
@@ -287,8 +291,13 @@ class ActorRouting:
         actor.agent, actor.agent_name = b"", ""
         self.placements[actor.placement] = actor
         self._sched.enqueue(actor.placement, actor.units, actor.priority, time.monotonic(),
-                            queueable=False, owner=actor.key)
+                            queueable=False, owner=actor.key, where=where)
         self._changed(actor)
+
+    def inside_of(self, actor: ActorRecord) -> Any:
+        """Where ACTOR, placed in a bundle, waits in the scheduler (None: not in one, or
+        its placement group has ended)."""
+        return self._inside(actor.bundle) if actor.bundle else None
 
     def call_on(self, agent: bytes, task_id: Any) -> Task | None:
         """The call TASK_ID if it was sent to an actor on AGENT."""

@@ -15,7 +15,9 @@ its next session, with their slot and GPU positions, and says how recent jobs en
 Python tasks an agent held (``keeping`` restores them) wait the same way, and the agent
 also gives back those that never began there: they are granted again, uncharged. One its
 agent no longer has, or whose agent is not back in time, may have run: it spends a retry,
-or fails with AgentLostError. Actors are taken back alike (``actor_keeping``).
+or fails with AgentLostError. Actors are taken back alike (``actor_keeping``), and so are
+placement groups' bundles (before the work inside them) and multi-node jobs' ranks
+(``gangs.keeping``, ``gangs.rank_keeping``).
 """
 
 from __future__ import annotations
@@ -44,12 +46,18 @@ class Adoption:
 
     def __init__(self, graph: TaskGraph, sched: Scheduler, jobs: JobTable,
                  grace: float, clients: ClientRegistry, reconnect: float,
-                 actors: ActorKeeper) -> None:
+                 actors: ActorKeeper, gangs: Any = None) -> None:
         # Python tasks an agent held when the broker went: task id -> (task, its inputs'
         # ids, the agent's name).
         self.tasks: dict[int, tuple[Task, list[int], str]] = {}
         self._graph = graph
         self._actors = actors
+        # Gangs (issue 31): the placement groups' keeper, the multi-node jobs' ranks, the
+        # groups (where work placed in a bundle is taken back).
+        self._gangs: Any
+        self._ranks: Any
+        self._groups: Any
+        self._gangs, self._ranks, self._groups = gangs or (None, None, None)
         self._clients = clients
         self._reconnect = reconnect   # how long a job's client has to come back
         self._sched = sched
@@ -63,6 +71,8 @@ class Adoption:
         # cyclic collector would walk them all, again and again, for nothing.
         gc.disable()
         try:
+            if self._gangs is not None:  # (before the actors and tasks placed in them)
+                self._gangs.restore()
             again = self._jobs.restore(store.jobs())
             for job in again:
                 self._graph.link(self._task(job), [])
@@ -73,6 +83,15 @@ class Adoption:
                         list(job.ended[2])
                     self._graph.restored_as(
                         task, TaskState.DONE if task.outcome == P.OK else TaskState.FAILED)
+            for job in [j for j in self._jobs.adopting.values() if j.nodes > 1]:
+                # (a multi-node job runs again as a whole; each rank waits for its agent)
+                task = self._task(job)
+                self._graph.set_state(task, TaskState.QUEUED)
+                self._graph.set_state(task, TaskState.RUNNING)
+                task.agent, task.held, task.begun = job.agent, True, job.started is not None
+                self._jobs.adopting.pop(job.id)
+                self._jobs.active[job.id] = job
+                self._ranks.restore(job, task)
             for job in self._jobs.adopting.values():
                 if job.client:  # its client may ask after it before its agent is back
                     self._clients.restore(job.client, job.owner,
@@ -106,6 +125,8 @@ class Adoption:
         running = body.get("jobs")
         if running is None:
             return []  # not a new session's offer (an agent just started, or resuming)
+        if self._gangs is not None:  # (its bundles first: work ran inside them)
+            self._gangs.offered(agent)
         self._actors.offered(agent, body.get("actors"))
         stop = [entry[0] for entry in running if isinstance(running, list)
                 and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
@@ -130,6 +151,9 @@ class Adoption:
                 self._lost(job, f"the broker restarted while it ran (or was starting), "
                            f"and agent {agent.name} no longer had it when it came back")
         self._actors.settle(agent)
+        if self._ranks is not None:
+            self._ranks.settle(agent, f"the broker restarted while it ran, and agent "
+                               f"{agent.name} no longer had it when it came back")
         return stop
 
     def _take(self, agent: AgentRecord, task_id: int, index: int, positions: list[int],
@@ -138,10 +162,14 @@ class Adoption:
         it is not ours to run: then it is to be stopped there, and its resources (TAKEN)
         are counted until it is gone."""
         slot = agent.slots[index]
+        if self._ranks is not None and self._ranks.is_rank(task_id):  # (a multi-node job's)
+            return self._ranks.adopt(agent, task_id, slot, positions)
         waiting = self._waiting(task_id, agent.name)
+        inside = self._groups.inside(waiting.bundle) if waiting is not None \
+            and waiting.bundle and self._groups is not None else None
         if waiting is not None and self._sched.adopt(task_id, slot, dict(waiting.units),
                                                      positions, waiting.priority,
-                                                     waiting.owner):
+                                                     waiting.owner, inside):
             self._hold_inputs(task_id)
             self._running(waiting, agent)
             log.info("task_adopted", task=waiting.name, id=task_id, agent=agent.name)
@@ -172,6 +200,10 @@ class Adoption:
             return  # malformed: ignored whole
         for (task_id, outcome, _, info), result in zip(
                 items, P.split_frames(frames, [i[2] for i in items])):
+            if self._ranks is not None and self._ranks.is_rank(task_id) \
+                    and isinstance(info, dict):
+                self._ranks.ended_away(agent, task_id, str(outcome), result, info)
+                continue
             waiting = self._waiting(task_id, agent.name)
             if waiting is not None and isinstance(info, dict):
                 self._hold_inputs(task_id)
@@ -235,6 +267,9 @@ class Adoption:
             return
         if self._actors.adopting:
             self._actors.expire(self.grace)
+        if self._gangs is not None:
+            self._gangs.expire(self.grace)
+            self._ranks.expire(self.grace)
         for task_id, (_, _, agent) in list(self.tasks.items()):
             self._again(task_id, f"the broker restarted while agent {agent} held it, and "
                         f"that agent did not come back within {self.grace:g}s")

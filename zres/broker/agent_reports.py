@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from ..scheduler.policy import Scheduler
     from .actors import ActorRouting
+    from .gangs.ranks import RankTable
     from .graph import TaskGraph
     from .jobs import JobTable
     from .lineage import Lineage
@@ -36,6 +37,7 @@ class AgentReports:
         _actors: ActorRouting
         _jobs: JobTable
         _objects: ObjectDirectory
+        _ranks: RankTable
         _on_started: Callable[[Task], None]
         _on_changed: Callable[[Task], None]
         lineage: Lineage
@@ -61,6 +63,8 @@ class AgentReports:
     def report(self, agent: AgentRecord, body: dict[str, Any], payloads: list[list[Any]],
                now: float) -> None:
         """Take in one report of AGENT's, all at once, in its fields' order."""
+        # (what it says of multi-node jobs' ranks is theirs: ``gangs.ranks``)
+        body, payloads = self._ranks.report(agent, body, payloads)
         for task_id in _ids(body.get("held")):
             if self._owner(task_id) is agent and self._to_drop(task_id):
                 # Cancelled while this report was away (the cancel perhaps lost with a

@@ -40,7 +40,7 @@ from ..logs import get_logger
 log = get_logger("zres.broker")
 
 _CLIENT = {P.HELLO, P.SUBMIT, P.RELEASE, P.CANCEL, P.WHY, P.RESUME, P.STATUS, P.KILL,
-           P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE, P.TASK_CANCEL,
+           P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS, P.HEARTBEAT, P.BYE, P.TASK_CANCEL, P.GROUP,
            P.LOCATE, P.PLACE}
 MAY_SEND = {
     "client": frozenset(_CLIENT),

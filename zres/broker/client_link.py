@@ -52,7 +52,8 @@ class ClientLink:
                  conn: Callable[[], tuple[str, str, str]] = lambda: ("", "", ""),
                  quotas: Quotas | None = None,
                  later: Callable[[bytes, Callable[[], None]], None] | None = None,
-                 refuse: Refuse | None = None, objects: Any = None) -> None:
+                 refuse: Refuse | None = None, objects: Any = None,
+                 groups: Any = None) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -80,6 +81,7 @@ class ClientLink:
         self._refuse = refuse
         # Results kept on agents (the broker's ``objects``), and references to them.
         self._objects = objects
+        self._groups = groups  # placement groups (``gangs.groups``), None in some tests
         self._refer: Callable[[Task], Any] = lambda task: graph.refer(task)
         # The ids new tasks have here, per client, as [first local id, first id, count].
         self._to_tell: dict[bytes, list[list[int]]] = {}
@@ -190,7 +192,8 @@ class ClientLink:
                 if known is not None and known.state in FINISHED:
                     self._tell(client.ident, known)  # (perhaps told before it was back)
             if sub.local in client.ids or (
-                    sub.actor and self._actors.sent_again(sub.actor["id"], client.ident)):
+                    sub.actor and self._actors.sent_again(sub.actor["id"], client.ident)) or (
+                    sub.group and self._groups.sent_again(sub.group["id"], client.ident)):
                 # Sent again after a restart, and kept before it: taken once (an actor's
                 # construction even if its client has let go of it since: the actor lives).
                 continue
@@ -206,6 +209,10 @@ class ClientLink:
             self._graph.add(task)
             client.ids[sub.local] = task.id
             _tell_id(told, sub.local, task.id)
+            if sub.placement is not None and (refused := self._groups.check_placement(
+                    task, sub.placement, client.role)) is not None:
+                self._graph.fail(task, "ValueError", refused)
+                continue
             if sub.job is not None:
                 self._jobs.add(task, sub.job)
             if sub.actor is not None and not self._actors.add_actor(task, sub.actor,
@@ -213,6 +220,8 @@ class ClientLink:
                 continue
             if sub.call is not None and not self._actors.add_call(task, sub.call,
                                                                    client.role):
+                continue
+            if sub.group is not None and not self._groups.add(task, sub.group):
                 continue
             deps = [client.ids.get(local, -1) for local in sub.deps]
             for dep in deps:

@@ -28,6 +28,9 @@ from .actors import ActorRouting
 from .agent_reports import AgentReports
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
+from .gangs.ranks import RankTable
+from .gangs.records import GroupState
+from .gangs.routing import GangRouting
 from .graph import TaskGraph
 from .jobs import JobTable
 from .lineage import Lineage
@@ -43,7 +46,7 @@ class CancelOutcome(enum.Enum):
     ASKED = "asked"            # its agent says whether its worker process had begun it
 
 
-class Dispatcher(AgentReports):
+class Dispatcher(AgentReports, GangRouting):
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
@@ -52,7 +55,7 @@ class Dispatcher(AgentReports):
                  on_changed: Callable[[Task], None] = lambda task: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
                  token: Callable[[str], str] = lambda subject: "",
-                 objects: ObjectDirectory | None = None) -> None:
+                 objects: ObjectDirectory | None = None, groups: Any = None) -> None:
         self._send = send
         # Results kept on agents, and what becomes of those lost with them (issue 29).
         self._objects = objects or ObjectDirectory(send, agents, b"", graph.get)
@@ -70,6 +73,11 @@ class Dispatcher(AgentReports):
         self._actors = actors
         self._jobs = jobs
         self._assigns = Batches(send, P.ASSIGN, "tasks")
+        # Gangs (issue 31): placement groups, and multi-node jobs' ranks (``gangs``).
+        self._groups = groups
+        self._ranks = self.ranks = RankTable(
+            send, graph, sched, agents, jobs, graph.new_id, self._assigns.add,
+            lambda: self._assigns.flush(self._ack), token, on_started)
 
     # -- queueing ---------------------------------------------------------------------
     def make_ready(self, task: Task) -> None:
@@ -77,7 +85,12 @@ class Dispatcher(AgentReports):
         if task.actor:
             self._actors.call_ready(task)
             return
-        reason = self._sched.infeasible_reason(task.units, where(task))
+        if task.group or self._ranks.is_gang(task):
+            self._queue_gang(task)
+            return
+        # (work placed in a bundle fits it: its group says whether the group can be placed)
+        reason = None if task.bundle else self._sched.infeasible_reason(task.units,
+                                                                         where(task))
         if reason is not None and task.strict:
             self._graph.fail(task, "InfeasibleError",
                              f"task {task.name} (id {task.id}) is infeasible: {reason}")
@@ -90,9 +103,17 @@ class Dispatcher(AgentReports):
     def _enqueue(self, task: Task) -> None:
         # An actor's construction holds its slot for good, and a command job is a process
         # of its own, usually long: neither waits in a slot's queue.
+        place: Any = where(task)
+        if task.bundle is not None:  # (it runs in a placement group's bundle)
+            place = self._groups.inside(task.bundle)
+            if place is None:
+                self._graph.fail(task, "ZresError", f"task {task.name} (id {task.id}) cannot "
+                                 f"run: {self._groups.ended_cause(task.bundle[0])}")
+                return
         self._sched.enqueue(task.id, task.units, task.priority, time.monotonic(),
-                            queueable=not task.creates and task.id not in self._jobs.active,
-                            kind=task.kind, where=where(task), owner=task.owner,
+                            queueable=not (task.creates or task.bundle)
+                            and task.id not in self._jobs.active,
+                            kind=task.kind, where=place, owner=task.owner,
                             near=self._objects.near(task))
 
     def warn_infeasible(self, task: Task, reason: str) -> None:
@@ -106,10 +127,14 @@ class Dispatcher(AgentReports):
     def recheck_feasibility(self) -> None:
         """Judge every queued task again against the agents there now."""
         for task_id in list(self._sched.waiting):
+            if self._sched.gang(task_id) is not None:
+                self._recheck_gang(task_id)
+                continue
             task = self._graph.get(task_id)
             if task is None:
                 continue  # an actor's restart: it waits for a fitting agent to join
-            reason = self._sched.infeasible_reason(task.units, where(task))
+            reason = None if task.bundle else self._sched.infeasible_reason(task.units,
+                                                                             where(task))
             if reason is None:
                 task.warned = ""
             elif task.strict:
@@ -128,6 +153,9 @@ class Dispatcher(AgentReports):
         actor = self._actors.actors.get(task.creates) if task.creates else None
         if task.held and task.state is TaskState.WAITING:
             return CancelOutcome.GOES_ON  # restored: its agent has not said if it runs
+        if task.id in self._ranks.gangs:  # (a multi-node job: its ranks are stopped)
+            return CancelOutcome.CANCELLED if self._ranks.cancel(task, force) \
+                else CancelOutcome.GOES_ON
         if actor is not None:
             if actor.state is not ActorState.PENDING and not force:
                 return CancelOutcome.GOES_ON  # its __init__ may be running
@@ -159,6 +187,15 @@ class Dispatcher(AgentReports):
         if actor is not None:
             self._actors.kill(actor, "its construction was cancelled")
             return
+        if task.id in self._ranks.gangs:  # (it ends cancelled once every rank is gone)
+            self._ranks.cancel(task, force=True)
+            return
+        if task.group:  # (a placement group's: the group goes with it)
+            self._graph.fail(task, "CancelledError", f"{task.name} (id {task.id}) was cancelled")
+            group = self._groups.groups.get(task.group)
+            if group is not None:
+                self._groups.end(group, GroupState.REMOVED, "its construction was cancelled")
+            return
         if task.actor:
             pass  # a call: failing it is enough (one sent finishes unobserved)
         elif task.state is TaskState.QUEUED:
@@ -174,6 +211,9 @@ class Dispatcher(AgentReports):
     def assign(self, grants: list[Grant]) -> None:
         """Send the scheduler's GRANTS to their agents, one batch per agent."""
         for grant in grants:
+            if grant.bundle is not None:  # (a gang's bundle: reserved, or a job's rank)
+                self._gang_placed(grant)
+                continue
             agent = self._agents.slot_owner[grant.slot]
             slot_index = agent.slots.index(grant.slot)
             opts: dict[str, Any] = {"priority": grant.priority, "seq": grant.seq}
@@ -235,8 +275,7 @@ class Dispatcher(AgentReports):
 
     def sent_to(self, agent: AgentRecord) -> set[int]:
         """Every grant, actor placement and call AGENT has been sent and not finished."""
-        granted = {t for s in agent.slots for t in self._sched.queued(s)}
-        granted.update(t for s in agent.slots for t in self._sched.slots[s].running)
+        granted = {t for s in agent.slots for t in self._sched.granted_on(s)}
         return granted | self._actors.held_on(agent.ident)
 
     def reconcile(self, agent: AgentRecord, holding: set[int], sent: set[int]) -> None:
@@ -255,6 +294,7 @@ class Dispatcher(AgentReports):
                 self.release(task_id)
                 self._requeue(task)
         self._actors.resend_unheld(agent.ident, holding, sent)
+        self._ranks.resend(agent, holding, sent)
         strays = sorted(t for t in holding if t not in granted or self._to_drop(t))
         if strays:
             self._send(agent.ident, P.CANCEL, {"ids": strays})
@@ -265,6 +305,8 @@ class Dispatcher(AgentReports):
         with a connection). Actors' placements and calls are never grants to drop."""
         if task_id in self._actors.placements or task_id in self._actors.call_actor:
             return False
+        if self._ranks.is_rank(task_id):
+            return self._ranks.dropping(task_id)
         task = self._graph.get(task_id)
         return task is None or task.state is not TaskState.RUNNING or task.cancelling
 
@@ -326,19 +368,20 @@ class Dispatcher(AgentReports):
             log.warning("agent_lost", agent=agent.name, why=why)
         self._send(agent.ident, P.UNKNOWN, {"ended": f"declared lost: {why}",
                                             "session": agent.session})
-        for slot_id in agent.slots:
-            for task_id in self._sched.remove_slot(slot_id):
-                actor = self._actors.placements.get(task_id)
-                if actor is not None:
-                    self._actors.lost(actor, f"its agent {agent.name} was lost ({why})", None)
-                    continue
-                task = self._graph.get(task_id)
-                if task is None or task.state is not TaskState.RUNNING:
-                    continue
-                if task.held or task.begun:
-                    self._lost(task, f"agent {agent.name} was lost ({why})")
-                else:
-                    self._requeue(task)  # it never started there
+        lost = [t for slot_id in agent.slots for t in self._sched.remove_slot(slot_id)]
+        self._bundles_lost(lost, f"agent {agent.name} was lost ({why})")
+        for task_id in lost:
+            actor = self._actors.placements.get(task_id)
+            if actor is not None:
+                self._actors.lost(actor, f"its agent {agent.name} was lost ({why})", None)
+                continue
+            task = self._graph.get(task_id)
+            if task is None or task.state is not TaskState.RUNNING:
+                continue
+            if task.held or task.begun:
+                self._lost(task, f"agent {agent.name} was lost ({why})")
+            else:
+                self._requeue(task)  # it never started there
         if recheck:
             self.recheck_feasibility()
 

@@ -152,4 +152,4 @@ class Identities:
 
 _CLIENT_KINDS = frozenset({P.HELLO, P.SUBMIT, P.RELEASE, P.CANCEL, P.WHY, P.RESUME,
                            P.STATUS, P.KILL, P.LOOKUP, P.JOBS, P.JOB_CANCEL, P.LOGS,
-                           P.TASK_CANCEL, P.LOCATE, P.PLACE})
+                           P.TASK_CANCEL, P.LOCATE, P.PLACE, P.GROUP})

@@ -24,7 +24,7 @@ from ..core.errors import ProtocolError
 # What anyone may see of a job (the dashboard, and keys other than its owner's and admins').
 PUBLIC_FIELDS = frozenset({"id", "name", "owner", "state", "reason", "agent", "units", "gpus",
                            "submitted", "started", "finished", "exit_code",
-                           "peak_memory"})
+                           "peak_memory", "nodes", "agents"})
 
 # How a failed job's error type reads in the table.
 FAILED_STATES = {"CancelledError": "cancelled", "InfeasibleError": "infeasible",
@@ -65,6 +65,11 @@ class JobRecord:
     # this key while it may run; the dict itself, shared by the jobs that have the same
     # (in memory only: a record names it by its key).
     export: dict[str, str] = field(default_factory=dict)
+    # A multi-node job (issue 31: ``gangs.ranks``): on NODES distinct agents, each rank
+    # [grant id, agent, state, exit code, GPUs], and where rank 0 listens [address, port].
+    nodes: int = 1
+    ranks: list[list[Any]] = field(default_factory=list)
+    master: list[Any] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "argv": self.argv, "units": self.units,
@@ -73,7 +78,10 @@ class JobRecord:
                 "finished": self.finished, "exit_code": self.exit_code, "error": self.error,
                 "peak_memory": self.peak_memory,
                 "reason": self.reason, "owner": self.owner, "cwd": self.run.get("cwd"),
-                "env": self.run.get("env"), "exported": self.exported}
+                "env": self.run.get("env"), "exported": self.exported, "nodes": self.nodes,
+                "agents": [r[1] for r in self.ranks] if self.nodes > 1 else [self.agent],
+                **({"ranks": [{"agent": r[1], "state": r[2], "exit_code": r[3], "gpus": r[4]}
+                              for r in self.ranks]} if self.nodes > 1 else {})}
 
     def record(self) -> dict[str, Any]:
         """What the state store keeps of it: every field but the exported environment
@@ -108,7 +116,7 @@ def ended_reason(outcome: str, state: str, code: Any, error: str) -> str:
 
 
 def check_job_spec(spec: Any) -> dict[str, Any]:
-    """Validate a job spec {argv, env, export, cwd, detached} off the wire."""
+    """Validate a job spec {argv, env, export, cwd, detached, nodes?} off the wire."""
     if not isinstance(spec, dict) or not isinstance(spec.get("argv"), list) \
             or not spec["argv"] or not all(isinstance(a, str) for a in spec["argv"]):
         raise ProtocolError("submit: a job needs argv, a non-empty array of strings")
@@ -127,5 +135,8 @@ def check_job_spec(spec: Any) -> dict[str, Any]:
     if any("=" in key or not key for key in [*env, *export]):
         raise ProtocolError("submit: a job's environment variable names must be non-empty "
                             "and hold no '='")
+    nodes = spec.get("nodes", 1)
+    if type(nodes) is not int or not 1 <= nodes <= 4096:
+        raise ProtocolError("submit: a job's nodes must be an int from 1 to 4096")
     return {"argv": spec["argv"], "env": env, "export": export, "cwd": spec.get("cwd"),
-            "detached": bool(spec.get("detached"))}
+            "detached": bool(spec.get("detached")), "nodes": nodes}

@@ -71,13 +71,17 @@ class JobTable:
         job = self.active[task.id] = JobRecord(
             task.id, task.name, spec["argv"], dict(task.units), spec["detached"], time.time(),
             {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]},
-            priority=task.priority, strict=task.strict)
+            priority=task.priority, strict=task.strict, nodes=spec.get("nodes", 1))
         job.owner = task.owner
         job.export, job.export_key = self.envs.take(spec["export"])
         job.exported = len(job.export)
         client = self._clients.get(task.client)
         if client is not None and not spec["detached"]:
             job.client, job.local = client.ident, task.local_id
+        self._keep(job)
+
+    def keep(self, job: JobRecord) -> None:
+        """Write JOB to the state store at the end of this loop turn."""
         self._keep(job)
 
     def _keep(self, job: JobRecord) -> None:
@@ -110,7 +114,8 @@ class JobTable:
             if job.state == "queued" and not job.detached and not job.client:
                 self.not_adopted(job, "the broker restarted, and the client that "
                                  "submitted it was gone with it", "cancelled")
-            elif job.state == "running" or (job.state == "queued" and job.held_on):
+            elif job.state == "running" or (job.state == "queued" and (job.held_on or any(
+                    rank[2] in ("sent", "held", "running") for rank in job.ranks))):
                 self.adopting[job.id] = job  # it runs, or may: its agent says which
             elif job.state == "queued":
                 self.active[job.id] = job
@@ -194,6 +199,10 @@ class JobTable:
         job.reason = ended_reason(outcome, job.state, code, job.error)
         if info.get("type") == "MemoryLimitError":  # (its agent's words: nothing of its own)
             job.error = job.reason = f"out of memory: {job.error}"
+        rank = info.get("rank")
+        if type(rank) is int:  # (a multi-node job: the rank that failed first)
+            job.reason = f"rank {rank} on {info.get('agent')}: {job.reason or job.state}"
+            job.error = job.error or job.reason
         self.done[job.id] = job
         self._keep(job)
         while len(self.done) > _FINISHED_KEPT:
@@ -220,8 +229,10 @@ class JobTable:
         if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):
             # Judged now, not when it was queued: an agent may have joined or left since.
             infeasible = self._infeasible(task.units)
-            entry["state"] = "infeasible" if infeasible else "queued"
-            entry["reason"] = infeasible or self._why(task)
+            entry["reason"] = reason = infeasible or self._why(task)
+            # (a multi-node job's gang may be infeasible as a whole: its why says so)
+            never = bool(infeasible) or reason.startswith("infeasible")
+            entry["state"] = "infeasible" if never else "queued"
         elif task is not None and job.state == "queued":  # granted into a slot's queue
             entry["reason"] = self._why(task)
         return entry
@@ -310,14 +321,27 @@ class JobTable:
             self._send(ident, P.LOGS_REPLY, {"req": req, "error": f"no job {job_id}"})
             return
         finished = job.finished is not None
-        agent = self._agents.named(job.agent)
+        # A multi-node job's log is its ranks': each on its agent, under its grant's id.
+        rank: Any = msg.body.get("rank")
+        agent_name, log_id = job.agent, job_id
+        if job.nodes > 1 and type(rank) is not int:
+            self._send(ident, P.LOGS_REPLY, {"req": req, "nodes": job.nodes, "data": b"",
+                                             "finished": finished, "state": job.state})
+            return
+        if job.nodes > 1 and not 0 <= rank < len(job.ranks):
+            self._send(ident, P.LOGS_REPLY, {"req": req, "error": f"job {job_id} has "
+                                             f"{job.nodes} ranks: there is no rank {rank}"})
+            return
+        if job.nodes > 1:
+            log_id, agent_name = job.ranks[rank][0], job.ranks[rank][1]
+        agent = self._agents.named(agent_name)
         if finished and job.started is None:  # (its owner's or an admin's: they may know)
             self._send(ident, P.LOGS_REPLY, {
                 "req": req, "finished": True, "state": job.state,
                 "error": f"job {job_id} has no log: it never started ({job.state}"
                          f"{': ' if job.error or job.reason else ''}"
                          f"{job.error or job.reason})"})
-        elif not job.agent:
+        elif not agent_name:
             entry = self._describe(job)
             self._send(ident, P.LOGS_REPLY, {"req": req, "data": b"", "finished": finished,
                                                "state": entry["state"],
@@ -325,12 +349,12 @@ class JobTable:
         elif agent is None:
             self._send(ident, P.LOGS_REPLY, {
                 "req": req, "finished": finished,
-                "error": f"job {job_id}'s log is on agent {job.agent}, which is not connected"})
+                "error": f"job {job_id}'s log is on agent {agent_name}, which is not connected"})
         else:
             token = next(self._tokens)
             # "finished" as of now: a job that had finished has its whole log on disk.
             self._log_requests[token] = (ident, req, job_id, finished)
-            self._send(agent.ident, P.LOGS, {"token": token, "job": job_id, "offset": offset})
+            self._send(agent.ident, P.LOGS, {"token": token, "job": log_id, "offset": offset})
 
     def on_logs_reply(self, ident: bytes, msg: P.Message, now: float) -> None:
         request = self._log_requests.pop(msg.body.get("token", -1), None)

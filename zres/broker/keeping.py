@@ -68,7 +68,8 @@ class TaskKeeper:
         record = _pack([task.client, task.owner, task.local_id, task.units, task.priority,
                         task.name, task.strict, task.kind, deps, task.creates, task.actor,
                         task.quiet, list(task.workers), task.allow_other_workers,
-                        task.detached, task.call_in, task.recompute, task.retry_oom])
+                        task.detached, task.call_in, task.recompute, task.retry_oom,
+                        task.group, list(task.bundle) if task.bundle else None])
         frames = [P.buffer(f) for f in task.payload]
         blob = None
         if frames and len(frames[0]) >= BLOB_MIN:  # (a function: the same for many tasks)
@@ -190,6 +191,8 @@ class TaskKeeper:
             task.call_in = int(more[4]) if len(more) >= 5 else -1
             task.recompute = len(more) >= 6 and bool(more[5])
             task.retry_oom = len(more) >= 7 and bool(more[6])
+            if len(more) >= 9:  # (placement groups: one it makes, or the bundle it runs in)
+                task.group, task.bundle = more[7], tuple(more[8]) if more[8] else None
             if outcome and (outcome != P.OK or result is not None or size):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []

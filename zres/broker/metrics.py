@@ -220,3 +220,25 @@ class _SnapshotCollector(Collector):
         for state, count in sorted(by_state.items()):
             actors.add_metric([state], count)
         yield actors
+        yield from _gangs(snap)
+
+
+def _gangs(snap: dict[str, Any]) -> Iterator[Any]:
+    """Placement groups by state, and their bundles by the agent holding them."""
+    groups = GaugeMetricFamily("zres_placement_groups", "Placement groups, by state",
+                               labels=["state"])
+    bundles = GaugeMetricFamily("zres_placement_group_bundles", "Placement group bundles "
+                                "reserved, by the agent holding them", labels=["agent"])
+    states: dict[str, int] = {}
+    agents: dict[str, int] = {}
+    for group in snap.get("placement_groups", []):
+        states[group["state"]] = states.get(group["state"], 0) + 1
+        for bundle in group["bundles"]:
+            if bundle["agent"]:
+                agents[bundle["agent"]] = agents.get(bundle["agent"], 0) + 1
+    for state, count in sorted(states.items()):
+        groups.add_metric([state], count)
+    for agent, count in sorted(agents.items()):
+        bundles.add_metric([agent], count)
+    yield groups
+    yield bundles

@@ -9,10 +9,11 @@ stopped as a forced cancel stops them: what has not begun never runs, what runs 
 where it runs (an exception raised in its call, its worker process killed if it has not
 ended two seconds later, a job's process group terminated), and its resources come back
 once its agent says it is gone; meanwhile it is listed as running, its client gone. Its
-unnamed actors end (``ActorRouting.drop_owned_by``). What it detached (``detached=True``,
-``Client(detach=True)``, detached jobs), and the tasks that work waits for, run on, listed
-with its owner and ``client gone``, and named actors live on, until their owner (or an
-admin) stops them by id: ``task_cancel``, a one-off request (``zres cancel --task ID``).
+unnamed actors end (``ActorRouting.drop_owned_by``), and so do its unnamed placement
+groups (``gangs``). What it detached (``detached=True``, ``Client(detach=True)``,
+detached jobs), and the tasks that work waits for, run on, listed with its owner and
+``client gone``, and named actors live on, until their owner (or an admin) stops them
+by id: ``task_cancel``, a one-off request (``zres cancel --task ID``).
 
 A client restored after a broker restart has the reconnect window to come back; its tasks
 run on meanwhile, and are stopped when it expires as any gone client's are. A task that
@@ -47,7 +48,8 @@ class Orphans:
     def __init__(self, send: Send, graph: TaskGraph, dispatch: Callable[[], Dispatcher],
                  actors: ActorRouting, jobs: JobTable, keeper: TaskKeeper,
                  forget: Callable[[bytes], None],
-                 later: Callable[[bytes, Callable[[], None]], None] | None = None) -> None:
+                 later: Callable[[bytes, Callable[[], None]], None] | None = None,
+                 groups: Any = None) -> None:
         self._send = send
         self._graph = graph
         self._dispatch = dispatch  # (made after this)
@@ -58,12 +60,15 @@ class Orphans:
         # LATER(ident, work): go on at the loop's next round (see ``backlog``): a client
         # leaving a million tasks holds nobody up.
         self._later = later
+        self._groups = groups  # placement groups: its unnamed ones go with it (``gangs``)
 
     def client_gone(self, client: ClientRecord, event: str) -> None:
         """CLIENT is gone (EVENT says how): stop what it leaves behind, but what it
         detached, which runs on, marked as its client gone."""
         self._forget(client.ident)
         self._actors.drop_owned_by(client.ident, client.name)
+        if self._groups is not None:
+            self._groups.drop_owned_by(client.ident, client.name)
         tasks = [t for t in map(self._graph.get, client.ids.values()) if t is not None]
         client.ids.clear()  # (nothing is told to it any more, nor kept as its)
         for task in tasks:

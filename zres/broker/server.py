@@ -38,6 +38,8 @@ from .client_link import ClientLink
 from .clients import ClientRegistry
 from .collector import Collector
 from .dispatch import Dispatcher
+from .gangs.groups import GroupTable
+from .gangs.keeping import GroupKeeper
 from .graph import TaskGraph
 from .identity import Identities
 from .intake import Handler, Intake
@@ -138,7 +140,13 @@ class Broker(Intake):
         self.actors = ActorRouting(self._send, self.graph, self.sched,
                                    release=lambda task_id: self.dispatch.release(task_id),
                                    changed=lambda actor: self.actor_keeper.changed(actor),
-                                   load=self.keeper.payload, sender=self.acting)
+                                   load=self.keeper.payload, sender=self.acting,
+                                   inside=lambda bundle: self.groups.inside(bundle))
+        self.groups = GroupTable(self._send, self.graph, self.sched, self.agents,
+                                 self.graph.new_id, sender=self.acting,
+                                 end=lambda *a: self.dispatch.end_in_group(*a),
+                                 changed=lambda group: self.gang_keeper.changed(group))
+        self.gang_keeper = GroupKeeper(store, self.groups, self.sched)
         self.actor_keeper = ActorKeeper(store, self.actors, self.graph, self.sched, self._send)
         self.explain = Explainer(self.graph, self.sched, self.agents, self.actors)
         self.jobs = JobTable(self._send, self.graph, self.clients, self.agents,
@@ -155,15 +163,16 @@ class Broker(Intake):
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks},
              **self.objects.relay_field()},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
-            refuse=self._refused, objects=self.objects)
+            refuse=self._refused, objects=self.objects, groups=self.groups)
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
                                self.jobs, self.keeper, self.client_link.forget,
-                               later=self.backlog.next)
+                               later=self.backlog.next, groups=self.groups)
         self.dispatch = Dispatcher(self._send, self.graph, self.sched, self.agents,
                                    self.actors, self.jobs, self.cancels,
                                    on_started=self.client_link.started,
                                    on_changed=self.keeper.changed, load=self.keeper.payload,
-                                   token=self.gate.token, objects=self.objects)
+                                   token=self.gate.token, objects=self.objects,
+                                   groups=self.groups)
         self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
@@ -173,7 +182,8 @@ class Broker(Intake):
         self.adoption = Adoption(self.graph, self.sched, self.jobs,
                                  grace=max(60.0, 10 * heartbeat_timeout),
                                  clients=self.clients, reconnect=reconnect,
-                                 actors=self.actor_keeper)
+                                 actors=self.actor_keeper,
+                                 gangs=(self.gang_keeper, self.dispatch.ranks, self.groups))
         self.keeper.kept_on_agents = self.objects.restored
         if store is not None:
             self.adoption.restore(store)
@@ -215,7 +225,7 @@ class Broker(Intake):
             P.HOLDING: self.link.on_holding, P.DRAIN: self.link.on_drain,
             P.HEARTBEAT: self.beats.on_heartbeat, P.BYE: self._on_bye,
             P.RESOURCES: self.link.on_resources, P.KILL: self.actors.on_kill,
-            P.LOOKUP: self.actors.on_lookup,
+            P.LOOKUP: self.actors.on_lookup, P.GROUP: self.groups.on_group,
             P.JOBS: self.jobs.on_jobs, P.JOB_CANCEL: self.jobs.on_cancel,
             P.LOGS: self.jobs.on_logs, P.LOGS_REPLY: self.jobs.on_logs_reply,
             P.OUTPUT: OutputRouter(self._send, self.agents, self.graph, self.clients).on_output,
@@ -420,6 +430,7 @@ class Broker(Intake):
         """Describe agents, task counts and every task that cannot run, as plain data."""
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
+                "placement_groups": self.groups.describe(),
                 "loop": {"turns": self._traffic.turns,
                          "longest_turn": round(self._traffic.longest_turn, 4)},
                 "state": self.store.describe() if self.store is not None else None,

@@ -8,12 +8,17 @@ on as the same cluster:
 - the job table: every command job with what it needs to run (its command, resources,
   priority) and how it ended; the environments jobs exported from their submitters, each
   once however many queued and running jobs use it (``envs``, named by a digest that the
-  jobs' records hold: see ``job_envs``);
+  jobs' records hold: see ``job_envs``); a multi-node job's record also keeps its ranks
+  ([grant id, agent, state, exit code, GPUs]) and its master's [address, port];
 - the Python tasks its clients hold: each one's call (the pickled payload), options,
   dependencies and owner, whether an agent holds it, and how it ended, with its result
-  when that is small (``keeping``);
-- the actors: each one's class, options, placement and construction call
-  (``actor_keeping``; their constructions and calls are kept as Python tasks).
+  when that is small, the placement group it makes or the bundle it runs in
+  (``keeping``);
+- the actors: each one's class, options, placement (and bundle) and construction call
+  (``actor_keeping``; their constructions and calls are kept as Python tasks);
+- the live placement groups, as one map in ``meta`` (``placement_groups``: id -> record:
+  bundles, strategy, owner, restarts, state, and where each bundle is: agent, slot
+  index, GPU positions; see ``gangs.keeping``).
 
 Changes are collected during a loop turn and committed once at its end (group commit).
 A commit that changes jobs or ids is fsynced (``synchronous=FULL``: it survives a power

@@ -11,6 +11,7 @@ from ..core.errors import ProtocolError
 from ..core.limits import LimitExceeded, Limits, check_count, check_name, check_units
 from ..core.resources import Units
 from .actor_records import check_actor_spec
+from .gangs.records import check_group_spec, check_placement
 from .job_records import check_job_spec
 
 
@@ -37,6 +38,8 @@ class Submission:
     detached: bool = False               # it outlives its client (a job: its spec says)
     recompute: bool = False              # a lost result of its runs it again, retries or not
     retry_oom: bool = False              # stopped for its memory, it spends a retry (if any)
+    group: dict[str, Any] | None = None  # it makes this placement group (issue 31)
+    placement: tuple[str, int] | None = None  # it runs in this bundle: (group id, index)
 
 
 class SubmitReader:
@@ -130,7 +133,7 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
     extra = rest[0] if rest else {}
     if not (isinstance(local, int) and isinstance(priority, int)
             and isinstance(retries, int) and isinstance(deps, list)
-            and (payload or "job" in extra  # a command job carries no call, and one too
+            and (payload or "job" in extra or "group" in extra  # (neither carries a call)
                  or type(extra.get("payload")) is int)  # big to travel, an input's place
             and all(type(d) is int for d in deps) and isinstance(extra, dict)):
         raise ProtocolError("submit: malformed task")
@@ -155,7 +158,9 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
                       for w in workers),
         allow_other_workers=extra.get("allow_other_workers") is True,
         detached=extra.get("detached") is True, call_in=_call_in(extra, deps),
-        recompute=extra.get("recompute") is True, retry_oom=extra.get("retry_oom") is True)
+        recompute=extra.get("recompute") is True, retry_oom=extra.get("retry_oom") is True,
+        group=check_group_spec(extra["group"], limits) if "group" in extra else None,
+        placement=check_placement(extra["placement"]) if "placement" in extra else None)
 
 
 def kind_of(function: Any) -> int:

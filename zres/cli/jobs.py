@@ -3,7 +3,8 @@
     zres submit -r "GPU=1" --name aaa -- python train.py --lr 0.1   # prints the job id
     zres submit --shell 'python train.py | tee out.txt'               # run by /bin/sh -c
     zres jobs [--all] [--json]
-    zres logs JOB [--follow]
+    zres submit --nodes 2 -r "GPU=8" -- torchrun ...                 # one rank per agent
+    zres logs JOB [--follow] [--rank K]
     zres cancel JOB
     zres wait [JOB ...]            # exit status 1 if any did not succeed, naming it
     zres run-queue --once          # wait for every queued job
@@ -50,6 +51,10 @@ def add_parsers(sub: Any) -> None:
     submit.add_argument("--priority", type=int, default=0,
                         help="higher starts first; equal ones in the order queued "
                         "(default 0)")
+    submit.add_argument("--nodes", "-N", type=int, default=1, metavar="N",
+                        help="run the command once on each of N distinct agents, all started "
+                        "together once all fit (a multi-node job: each copy gets its "
+                        "NODE_RANK, NNODES and MASTER_ADDR/PORT; default 1)")
     submit.add_argument("--retries", type=int, default=0,
                         help="run again elsewhere if its agent is lost (default 0)")
     submit.add_argument("--infeasible", choices=["warn", "error"], default="warn",
@@ -74,6 +79,8 @@ def add_parsers(sub: Any) -> None:
     logs = sub.add_parser("logs", help="print a job's output")
     logs.add_argument("job", type=int, help="the job's id (zres submit printed it)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    logs.add_argument("--rank", type=int, metavar="K", help="a multi-node job: only rank K's "
+                      "output (default: every rank's, each line prefixed [rank K])")
     _broker_option(logs)
 
     cancel = sub.add_parser("cancel", help="stop a job (SIGTERM, then SIGKILL), or a task "
@@ -144,7 +151,8 @@ def submit(args: argparse.Namespace) -> int:
                                          resources=units_to_float(resources), env=env,
                                          export=export, cwd=cwd, name=args.name,
                                          retries=args.retries, priority=args.priority,
-                                         infeasible=args.infeasible, detached=True)
+                                         infeasible=args.infeasible, detached=True,
+                                         nodes=args.nodes)
                    for argv in commands]
         ids = client.job_ids(futures)
         # One that was never sent (over a limit of the broker's) says why.
@@ -199,7 +207,8 @@ def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
         duration = ((finished or now) - started) if started else None
         exit_code = job.get("exit_code")
         rows.append((str(job["id"]), job.get("name", ""), job.get("owner") or "-", job["state"],
-                     format_units(job.get("units", {})) or "-", job.get("agent") or "-",
+                     format_units(job.get("units", {})) or "-",
+                     ",".join(a for a in job.get("agents") or [job.get("agent")] if a) or "-",
                      ",".join(job.get("gpus", [])) or "-",
                      time.strftime("%H:%M:%S", time.localtime(started)) if started else "-",
                      f"{duration:.1f}s" if duration is not None else "-",
@@ -221,12 +230,18 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 def logs(args: argparse.Namespace) -> int:
     """Print a job's log (a job that ended without starting has none: why is said on
-    stderr, exit status 1)."""
+    stderr, exit status 1); a multi-node job's ranks' logs, interleaved line by line as
+    they come, each line prefixed ``[rank K]`` (``--rank K``: that rank's alone)."""
     offset = 0
+    body: dict[str, Any] = {"job": args.job}
+    if args.rank is not None:
+        body["rank"] = args.rank
     while True:
-        reply = _request(args, P.LOGS, {"job": args.job, "offset": offset})
+        reply = _request(args, P.LOGS, {**body, "offset": offset})
         if "error" in reply:
             raise ZresError(reply["error"])
+        if reply.get("nodes", 1) > 1 and args.rank is None:
+            return _rank_logs(args, reply["nodes"])
         data = reply.get("data", b"")
         if data:
             sys.stdout.buffer.write(data)
@@ -238,6 +253,35 @@ def logs(args: argparse.Namespace) -> int:
                 print(f"zres logs: job {args.job} has not started: {reply['state']}"
                       + (f": {reply['reason']}" if reply.get("reason") else ""),
                       file=sys.stderr)
+            return 0
+        time.sleep(_POLL)
+
+
+def _rank_logs(args: argparse.Namespace, nodes: int) -> int:
+    """Print every rank's log of a multi-node job, whole lines each prefixed [rank K]."""
+    offsets, partial = [0] * nodes, [b""] * nodes
+    while True:
+        got, ended = False, True
+        for rank in range(nodes):
+            reply = _request(args, P.LOGS, {"job": args.job, "rank": rank,
+                                            "offset": offsets[rank]})
+            if "error" in reply:
+                raise ZresError(reply["error"])
+            data = reply.get("data", b"")
+            offsets[rank] += len(data)
+            got = got or bool(data)
+            ended = ended and bool(reply.get("finished") or reply.get("state") in _FINAL)
+            *lines, partial[rank] = (partial[rank] + data).split(b"\n")
+            for line in lines:
+                sys.stdout.buffer.write(b"[rank %d] %s\n" % (rank, line))
+        sys.stdout.flush()
+        if got:
+            continue  # (more may be there now)
+        if not args.follow or ended:
+            for rank, rest in enumerate(partial):
+                if rest:
+                    sys.stdout.buffer.write(b"[rank %d] %s\n" % (rank, rest))
+            sys.stdout.flush()
             return 0
         time.sleep(_POLL)
 

@@ -104,6 +104,7 @@ def render_status(status: dict[str, Any]) -> str:
                                 f"  calls: {actor['running']} sent, {actor['queued']} queued"
                                 f"  restarts left: {actor['restarts_left']}{why}"))
         lines += _cut(actors, len(actors), " actors")
+    lines += _placement_groups(status.get("placement_groups", []))
     groups = status.get("groups", [])
     if groups:
         lines += ["", "waiting and queued:"]
@@ -123,6 +124,23 @@ def render_status(status: dict[str, Any]) -> str:
                                 else "") + _running_notes(t))
                        for t in running], max(counts.get("running", 0), len(running)))
     return "\n".join(lines)
+
+
+def _placement_groups(groups: list[dict[str, Any]]) -> list[str]:
+    """Each placement group: its state, strategy, and each bundle and where it is."""
+    if not groups:
+        return []
+    shown = []
+    for group in groups:
+        label = f"{group['name'] or group['id'][:8]}"
+        bundles = "  ".join(f"[{i}] {_request(b['units'])}" + (f" on {b['agent']}"
+                                                                if b["agent"] else "")
+                            for i, b in enumerate(group["bundles"]))
+        owner = f"  owner {group['owner']}" if group.get("owner") else ""
+        why = f"  {group['reason']}" if group.get("reason") else ""
+        shown.append(_wrap(f"{label:<20} {group['state']} {group['strategy']}{owner}  "
+                           f"restarts left: {group['restarts_left']}  {bundles}{why}"))
+    return ["", "placement groups:", *_cut(shown, len(shown), " placement groups")]
 
 
 def _running_notes(task: dict[str, Any]) -> str:

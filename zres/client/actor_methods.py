@@ -13,6 +13,7 @@ from ..core.errors import NotOwnerError
 from .actors import ActorHandle
 from .annotations import current_annotations
 from .futures import Future
+from .groups import placement_option
 
 
 class ActorMethods:
@@ -34,7 +35,8 @@ class ActorMethods:
               max_concurrency: int = 1, restarts: int = 0, name: str | None = None,
               priority: int | None = None, infeasible: str | None = None,
               get_if_exists: bool = False, shared: bool = False,
-              detached: bool | None = None, **kwargs: Any) -> ActorHandle:
+              detached: bool | None = None, placement: tuple[Any, int] | None = None,
+              **kwargs: Any) -> ActorHandle:
         """Start CLS(*ARGS, **KWARGS) on an agent with RESOURCES free; return its handle.
 
         The actor holds RESOURCES until it ends, and no CPU unless RESOURCES names CPU.
@@ -50,7 +52,8 @@ class ActorMethods:
         GET_IF_EXISTS (with NAME, as Ray's): return the live actor called NAME if there is
         one (made by anyone, with whatever arguments, and that this key may call), else
         make this one; the broker decides, so clients racing to make it get one actor.
-        Without it, a NAME in use is a ValueError.
+        Without it, a NAME in use is a ValueError. PLACEMENT: (a placement group, a bundle
+        index): it lives in that bundle, holding RESOURCES of it (default: all of it).
         """
         if not inspect.isclass(cls):
             raise TypeError(f"actor() needs a class, not {type(cls).__name__}")
@@ -71,7 +74,12 @@ class ActorMethods:
         # keep a CPU from tasks (Ray's hold none while alive either). One that computes
         # says so: resources={"CPU": 1}.
         asked = current_annotations().get("resources") if resources is None else resources
+        where_in = None
+        if placement is not None:
+            where_in, asked = placement_option(placement, asked, cpu=0)
         opts = self._options({"CPU": 0, **(asked or {})}, 0, priority, infeasible, None)
+        if where_in is not None:
+            opts["placement"] = where_in
         actor_id = uuid.uuid4().hex
         methods = sorted(m for m in dir(cls)
                          if not m.startswith("__") and callable(getattr(cls, m, None)))

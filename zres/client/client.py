@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from .. import config
-from ..core import objects as O
 from ..core import protocol as P
-from ..core import transfer as T
 from ..core.address import wait_for_answer
 from ..core.context import task_token
 from ..core.errors import ZresError
@@ -27,7 +25,7 @@ from ..core.limits import priority_error
 from ..core.relaying import mode_of
 from ..core.report import in_user_units  # (what users read)
 from ..core.resources import mapping_to_units, task_request, units_to_float
-from ..core.serialize import CallPickler, dumps
+from ..core.serialize import CallPickler
 from . import html, registry
 from .actor_methods import ActorMethods
 from .annotations import current_annotations
@@ -37,8 +35,10 @@ from .dask_methods import DaskMethods
 from .executor import Executor
 from .fetching import Fetcher
 from .futures import Future, R, gather
+from .groups import GroupMethods, PlacementGroup, placement_option
 from .io import IOThread
 from .job_methods import JobMethods
+from .putting import PutMethods
 from .shipping import ModuleType, Shipping
 
 _INFEASIBLE_MODES = ("warn", "error")
@@ -46,7 +46,8 @@ CALL_INLINE = 1 << 20  # bytes of a call that travel with it; a bigger one is pu
 _ROLES = ("admin", "client")  # the keys a client connects with: the first found
 
 
-class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
+class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, GroupMethods,
+             PutMethods):
     """A connection to a zres cluster, with Dask's conventions: ``submit`` and ``map``
     return futures, and take ``resources``, ``priority``, ``retries``, ``key`` and
     ``infeasible`` themselves. ``executor()`` gives a standard concurrent.futures
@@ -134,7 +135,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                key: str | None = None, workers: str | Iterable[str] | None = None,
                allow_other_workers: bool = False, pure: bool | None = None,
                detached: bool | None = None, recompute: bool = False,
-               retry_oom: bool = False, **kwargs: Any) -> Future[R]:
+               retry_oom: bool = False, placement: tuple[Any, int] | None = None,
+               **kwargs: Any) -> Future[R]:
         """Run FN(*ARGS, **KWARGS) on an agent whose free resources cover RESOURCES.
 
         KEY names the task in status and errors (default: the function's name and id).
@@ -147,20 +149,24 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         lost with that agent while still needed, it runs again even with no retries left
         (its body may then run more than once; see README's *Data*). RETRY_OOM: stopped for
         its memory (``MemoryLimitError``), it spends a retry and runs again, if it has one
-        (by default it fails: it would most likely fail again; see README's *Limits*). (For
-        a function taking one of these keywords itself, use ``executor()``.)
+        (by default it fails: it would most likely fail again; see README's *Limits*).
+        PLACEMENT: (a placement group, a bundle index): it runs in that bundle, drawing on
+        it alone (RESOURCES, or the whole bundle). (For a function taking one of these
+        keywords itself, use ``executor()``.)
         """
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
-                            workers, allow_other_workers, detached, recompute, retry_oom)
+                            workers, allow_other_workers, detached, recompute, retry_oom,
+                            placement)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 resources: Mapping[str, Any] | None = None, retries: int | None = None,
                 priority: int | None = None, infeasible: str | None = None,
                 key: str | None = None, workers: str | Iterable[str] | None = None,
                 allow_other_workers: bool = False, detached: bool | None = None,
-                recompute: bool = False, retry_oom: bool = False) -> Future:
+                recompute: bool = False, retry_oom: bool = False,
+                placement: Any = None) -> Future:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached, recompute, retry_oom)
+                             allow_other_workers, detached, recompute, retry_oom, placement)
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
@@ -175,15 +181,16 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             key: str | None = None, workers: str | Iterable[str] | None = None,
             allow_other_workers: bool = False, pure: bool | None = None,
             detached: bool | None = None, recompute: bool = False, retry_oom: bool = False,
-            **kwargs: Any) -> list[Future[R]]:
+            placement: tuple[Any, int] | None = None, **kwargs: Any) -> list[Future[R]]:
         """Submit FN over zipped ITERABLES in one batch; return the futures (as Dask does).
 
-        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED, RECOMPUTE and
-        RETRY_OOM as for ``submit``. (``executor().map`` is the standard's: an iterator of
-        results, with ``timeout``.)
+        KWARGS go to every call; WORKERS, ALLOW_OTHER_WORKERS, PURE, DETACHED, RECOMPUTE,
+        RETRY_OOM and PLACEMENT as for ``submit``. (``executor().map`` is the standard's: an
+        iterator of results, with ``timeout``.)
         """
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
-                         workers, allow_other_workers, detached, recompute, retry_oom)
+                         workers, allow_other_workers, detached, recompute, retry_oom,
+                         placement)
 
     def _map(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
              kwargs: dict[str, Any], resources: Mapping[str, Any] | None = None,
@@ -191,9 +198,10 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
              infeasible: str | None = None, key: str | None = None,
              workers: str | Iterable[str] | None = None,
              allow_other_workers: bool = False, detached: bool | None = None,
-             recompute: bool = False, retry_oom: bool = False) -> list[Future]:
+             recompute: bool = False, retry_oom: bool = False,
+             placement: Any = None) -> list[Future]:
         opts = self._options(resources, retries, priority, infeasible, key, workers,
-                             allow_other_workers, detached, recompute, retry_oom)
+                             allow_other_workers, detached, recompute, retry_oom, placement)
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
@@ -220,7 +228,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                  key: str | None = None, workers: str | Iterable[str] | None = None,
                  allow_other_workers: bool = False,
                  detached: bool | None = None, recompute: bool = False,
-                 retry_oom: bool = False) -> dict[str, Any]:
+                 retry_oom: bool = False, placement: Any = None) -> dict[str, Any]:
         self._check_open()
         for label, flag in (("detached", detached), ("recompute", recompute),
                             ("retry_oom", retry_oom)):
@@ -228,6 +236,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                 raise TypeError(f"{label} must be True or False, not {type(flag).__name__}")
         ann = current_annotations()
         resources = ann.get("resources") if resources is None else resources
+        where_in, resources = (None, resources) if placement is None else \
+            placement_option(placement, resources)
         retries = ann.get("retries", 0) if retries is None else retries
         priority = ann.get("priority", 0) if priority is None else priority
         infeasible = ann.get("infeasible", self.infeasible) if infeasible is None else infeasible
@@ -245,7 +255,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
                 "strict": infeasible == "error",
                 "where": _where(workers, allow_other_workers),
                 "detached": self.detach if detached is None else detached,
-                "recompute": recompute, "retry_oom": retry_oom}
+                "recompute": recompute, "retry_oom": retry_oom, "placement": where_in}
 
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
@@ -274,6 +284,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         for flag in ("recompute", "retry_oom"):
             if opts.get(flag):
                 extra = {**(extra or {}), flag: True}
+        if opts.get("placement"):
+            extra = {**(extra or {}), "placement": opts["placement"]}
         if extra:
             item.append(extra)
         with self._io.lock:  # against close() and a broker loss failing what is pending
@@ -281,43 +293,6 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
             self._io.pending[local] = future
             self._io.outbox.append((P.SUBMIT, item, frames))
         return future
-
-    def _put(self, frames: list[Any], name: str) -> Future:
-        """Put FRAMES (a pickled value) on an agent the broker chooses, uploaded straight
-        there; return its future (a task of this client's that ends once the agent has it
-        whole; its result is the value). A failed upload is tried on another agent."""
-        size = O.object_size(frames)
-        why: Exception | None = None
-        for _ in range(3):
-            local = next(self._ids)
-            future: Future[Any] = Future(self, local, name)
-            with self._io.lock:
-                self._check_open()
-                self._io.pending[local] = future
-            reply = self._io.request(P.PLACE, {"local": local, "size": size},
-                                     self._io.broker_timeout)
-            if "error" in reply:
-                self._io.pending.pop(local, None)
-                raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
-            future._id = reply["id"]
-            try:
-                self._fetcher.upload(T.Holder(*reply["at"]), reply["id"], reply["token"],
-                                     frames)
-                return future
-            except T.TransferError as exc:
-                why = exc  # (the agent went, or could not keep it: stop that one, try again)
-                self._io.ask(P.CANCEL, {"ids": [local], "force": True})
-        raise ZresError(f"{name} could not be put on an agent: {why}")
-
-    def scatter(self, data: Any) -> Any:
-        """Put DATA on the cluster once, for many tasks to read (Dask's ``scatter``, Ray's
-        ``put``): a future whose result is DATA, kept on an agent; a list, tuple or dict is
-        put item by item (a list of futures back). Pass the future to ``submit``."""
-        if isinstance(data, (list, tuple)):
-            return type(data)(self.scatter(item) for item in data)
-        if isinstance(data, dict):
-            return {key: self.scatter(value) for key, value in data.items()}
-        return self._put(dumps(data), f"scatter-{type(data).__name__}")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -337,8 +312,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods):
         """Return the results of FUTURES, keeping their list/tuple/dict structure."""
         return gather(futures, timeout)
 
-    def why(self, future: Future, timeout: float = 10.0) -> str:
-        """Ask the broker why FUTURE's task is not running yet."""
+    def why(self, future: Future | PlacementGroup, timeout: float = 10.0) -> str:
+        """Ask the broker why FUTURE's task is not running yet (a placement group: why
+        its bundles are not all reserved yet)."""
+        if isinstance(future, PlacementGroup):
+            future = future.ready()
         if future.done():  # (finished, error or cancelled; where, what memory it used)
             return future._ended_words()
         return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])

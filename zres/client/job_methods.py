@@ -34,7 +34,8 @@ class JobMethods:
                        export: str | Mapping[str, str] = "ALL",
                        cwd: str | os.PathLike[str] | None = None, name: str | None = None,
                        retries: int | None = None, priority: int | None = None,
-                       infeasible: str | None = None, detached: bool = False) -> Future:
+                       infeasible: str | None = None, detached: bool = False,
+                       nodes: int = 1) -> Future:
         """Queue a command as a job; return a future of its ``CommandResult``.
 
         It runs on an agent with RESOURCES free, in a process group of its own, with
@@ -48,7 +49,14 @@ class JobMethods:
         sbatch's ``--export``: "ALL", the default, all of it but zres's own ``ZRES_*``
         variables; "NONE"; "VAR,VAR=value,...", those only, "ALL,..." all and those; or a
         mapping, exactly that), then ENV. A DETACHED job outlives this client.
+
+        NODES > 1: the command runs once on each of NODES distinct agents with RESOURCES
+        free, all started together once all fit, each with ``NODE_RANK`` (0..NODES-1),
+        ``NNODES``, ``WORLD_SIZE`` and rank 0's ``MASTER_ADDR`` and ``MASTER_PORT`` (and the
+        same with ``ZRES_``); one failing rank stops the others, and the job fails naming it.
         """
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise ValueError(f"nodes must be an int >= 1, got {nodes!r}")
         if shell:
             if not isinstance(argv, str) or not argv.strip():
                 raise ValueError(f"shell=True takes a command line (a non-empty string), "
@@ -72,8 +80,10 @@ class JobMethods:
             raise ValueError("argv, env and cwd cannot hold a NUL character")
         opts = self._options(resources, retries, priority, infeasible, name)
         # The agent runs the command itself: nothing is pickled, the spec travels as is.
-        spec = {"argv": args, "env": extra_env, "export": exported,
+        spec: dict[str, Any] = {"argv": args, "env": extra_env, "export": exported,
                 "cwd": None if cwd is None else os.fspath(cwd), "detached": bool(detached)}
+        if nodes > 1:
+            spec["nodes"] = nodes
         future = self._make_future(args[0], label, [], [], opts, {"job": spec})
         self._io.wake()
         return future

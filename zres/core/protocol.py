@@ -42,10 +42,18 @@ client -> broker
                live one)); {call: actor id} makes it a method call (payload: method name,
                arguments), failed (NotOwnerError) if the actor is another owner's and not
                shared
-               {job: {argv, env, export?, cwd, detached}} makes it a command job (no
+               {job: {argv, env, export?, cwd, detached, nodes?}} makes it a command job (no
                payload); export: the variables taken from the submitter's environment
                (kept once per distinct map), env: its own, which win; a detached job
-               outlives the client that submitted it
+               outlives the client that submitted it; nodes: N > 1 runs it on N distinct
+               agents at once (a multi-node job: see assign's job)
+               {group: {id, name, bundles: [units...], strategy, restarts, detached}} makes
+               it a placement group's construction (no payload; quiet): it ends, with no
+               result, once every bundle is reserved (strategy PACK | SPREAD | STRICT_PACK |
+               STRICT_SPREAD; restarts: reserved again whole after a lost bundle, -1 always)
+               {placement: [group id, index]} places the task (or actor) in that bundle of
+               one of its owner's groups: it draws on the bundle alone (refused, ValueError,
+               if it asks more than the bundle, or the group is another's or has ended)
                {workers: [agent name...], allow_other_workers?: bool} (a Python task):
                it runs only on agents of those names (infeasible while none of them
                could), or, allow_other_workers, on one of them when one fits, else
@@ -63,10 +71,16 @@ client -> broker
                error for those, words quoting nothing of it for others)
     job_cancel {job}                             only its owner or an admin key may: else
                                                  refused, naming the owner
-    logs       {job, offset}                     -> logs_reply {data, finished, state,
-                                                 reason?, error?} (its owner or an admin
-                                                 key only; error: none, as for a job that
-                                                 ended without starting, saying why)
+    logs       {job, offset, rank?}              -> logs_reply {data, finished, state,
+                                                 reason?, error?, nodes?} (its owner or an
+                                                 admin key only; error: none, as for a job
+                                                 that ended without starting, saying why;
+                                                 nodes: a multi-node job, whose log is each
+                                                 rank's: ask with rank)
+    group      {op: remove, id} | {op: lookup, name}  -> group_reply {req, state?, group?:
+                                                 {id, name, bundles, strategy}, error?}: end
+                                                 a placement group (its owner or an admin
+                                                 key only), or find a live one by name
     task_cancel {task: id}                       stop a task by the broker's id, wherever
                                                  it is, as a forced cancel does (a one-off
                                                  request: zres cancel --task) ->
@@ -123,6 +137,8 @@ broker -> client
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
+               status_reply's placement_groups: [{id, name, owner, state, strategy,
+               restarts_left, starts, cause, reason?, bundles: [{units, agent}]}]
                status_reply's owners: [{owner, holds, grants, weight, usage, share, charge,
                waiting, quota, queued_quota}] in fair-share order (zres.scheduler.owners)
     job_cancel_reply {error?}
@@ -170,6 +186,8 @@ agent -> broker
                granted again. The broker reads a report in that order, all of it at once.
                A result's info.stored: SIZE says it stays in the agent's store (no frames);
                stored?: [[id, size]...]: copies it now holds (inputs fetched, uploads).
+               master?: [[id, address, port]...]: rank 0 of a multi-node job listens there
+               (the broker sends the other ranks with it)
     holding    {session, tasks: [id...], resumed} after a resumption (welcome{resumed: N}),
                                                 once the reports are sent again: every
                                                 grant the agent holds
@@ -191,7 +209,10 @@ broker -> agent
                grants start when room frees there (direct ones fit now); actor {actor: id,
                concurrency}: start a process of its own that constructs the actor and then
                serves its calls; job {argv, env, cwd}: a command job the agent runs (env:
-               its exported variables, then its own, then ZRES_TASK_TOKEN, with keys);
+               its exported variables, then its own, then ZRES_TASK_TOKEN, with keys; a
+               multi-node job's rank also has job_id (its job's: ZRES_JOB_ID), rank, and
+               master: true for rank 0, whose agent picks an address and free port, puts
+               them in its MASTER_ADDR/MASTER_PORT and reports them: master);
                token: the task's (or actor's) token, put in its context for the clients
                made in it; refs?: {dep index: ref} inputs kept on agents (their count -1:
                the worker reads them in place, or fetches them into this agent's store);
@@ -341,6 +362,9 @@ PLACE = "place"
 PLACE_REPLY = "place_reply"
 LOCATE = "locate"
 LOCATE_REPLY = "locate_reply"
+# Gangs: placement groups (issue 31).
+GROUP = "group"
+GROUP_REPLY = "group_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
@@ -348,7 +372,8 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    LOOKUP_REPLY, CALL, KILL_ACTOR, ACTOR_EXIT, JOBS, JOBS_REPLY, JOB_CANCEL,
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
                    ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY,
-                   GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY})
+                   GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY,
+                   GROUP, GROUP_REPLY})
 
 # Task outcomes.
 OK = "ok"

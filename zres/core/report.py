@@ -32,6 +32,10 @@ def in_user_units(report: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("waiting", "groups", "running", "actors", "jobs"):
         if key in report:
             out[key] = [entry_in_user_units(entry) for entry in report[key]]
+    if "placement_groups" in report:  # (each bundle's request, and where it is)
+        out["placement_groups"] = [
+            {**group, "bundles": [entry_in_user_units(b) for b in group["bundles"]]}
+            for group in report["placement_groups"]]
     if "owners" in report:  # (what each holds, and its quota: see zres.scheduler.owners)
         out["owners"] = [{**owner, "holds": units_to_float(owner["holds"]),
                           "quota": units_to_float(owner["quota"]) if owner["quota"] else None}

@@ -120,6 +120,10 @@ class Task:
     # (submit(retry_oom=True)); by default it fails, as it would most likely fail again.
     retry_oom: bool = False
     call_in: int = -1        # the input its call was put in (too big to travel inline)
+    # Gangs (issue 31): the placement group it makes (its construction: it ends once
+    # every bundle is reserved), or the bundle it runs in, (group id, index).
+    group: str = ""
+    bundle: tuple[str, int] | None = None
 
 
 def state_word(task: Task) -> str:

@@ -14,7 +14,9 @@ request could ever fit), ``index`` (slots sorted by room), ``fit`` (the best slo
 task now), ``durations`` (how long each kind of task takes, for pipelining and backfill),
 ``reservations`` (where a starving task reserves, and what that keeps from later tasks),
 ``pipelining`` (which slot's queue a blocked task joins), ``explain`` (why a task waits,
-in words).
+in words); ``reserving`` (the reservations the scheduler makes and ends); ``gangs``,
+``gang_fit`` and ``ganging`` (gangs: bundles on several slots reserved all at once, and the
+tasks placed inside them).
 
 Rules
 - Order: owners by fair share, least charge first (``owners``: recent use, decaying with a
@@ -74,6 +76,16 @@ Rules
   starving task, or one an earlier blocked task could use, takes none. Only tasks of a
   *kind* (the caller's label, e.g. the function) whose recent runs took under
   ``SHORT_TASK`` are queued, and a task of a kind never seen is taken to be long.
+- Gangs (placement groups, multi-node jobs): several bundles, each a request for one slot,
+  placed all at once by a strategy (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD) or not at
+  all: nothing is held until every bundle fits, so two gangs never deadlock on halves. A
+  gang waits in the queue like a task (fair share, priority, its owner's quota for all its
+  bundles), reserves a slot per bundle once it starves, and is infeasible when no agents
+  could ever hold it. A task placed inside a bundle draws on that bundle alone, waits for
+  its gang and for room in its bundle, and is charged nothing (its gang holds it). A slot
+  holding a bundle takes no queued grants. A gang that did not fit is tried again only
+  once a slot has gained room (or a fence was in its way), and only after the index says
+  enough slots have room for its bundles: a waiting gang costs a pass O(log n).
 - Closed slots (an agent draining, or whose connection closed) take no new grant; what
   runs there is not disturbed.
 """

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.resources import Units, fits
 from . import explain
-from .records import Slot, Waiting, Workers, workers_of
+from .gangs import Gang
+from .records import Inside, Slot, Waiting, Workers, workers_of
 
 
 class Asking:
@@ -16,6 +17,7 @@ class Asking:
 
     if TYPE_CHECKING:  # (the scheduler's own, used here)
         table: Any
+        gangs: Any
         queue: Any
         owners: Any
         slots: dict[int, Slot]
@@ -27,6 +29,8 @@ class Asking:
         def _fence_of(self, slot: Slot, task: Waiting, own: bool = True) -> Any: ...
 
         def _expected_end(self, task: Waiting) -> float | None: ...
+
+        def _why_gang(self, task: Waiting, tail: Any, name: Callable[[int], str]) -> str: ...
 
     def infeasible_reason(self, units: Units, where: Workers | None = None) -> str | None:
         """Say why no registered slot could ever run UNITS (on the agents WHERE names, if
@@ -48,6 +52,10 @@ class Asking:
             return "running" if grant is not None else "not waiting"
         if not self.slots:
             return "no agent has joined the broker yet"
+        tail = task.shape[-1] if task.shape else None
+        if type(tail) is Gang or type(tail) is Inside:  # (see ``ganging``)
+            never = self.gangs.never(tail) if type(tail) is Gang else None
+            return f"infeasible: {never}" if never else self._why_gang(task, tail, name)
         where = workers_of(task.shape)
         reason = self.infeasible_reason(task.units, where)
         if reason is not None:

@@ -100,6 +100,11 @@ class FreeIndex:
         index, start = pivot
         return (index[i][1] for i in range(start, len(index)))
 
+    def with_room(self, name: str, amount: int) -> int:
+        """How many slots have room for AMOUNT of NAME (O(log n))."""
+        index = self._by_name.get(name, [])
+        return len(index) - bisect.bisect_left(index, (amount, -1))
+
     def most_free(self, name: str) -> Iterator[int]:
         """Ids of the slots offering NAME, most room first."""
         index = self._by_name.get(name, [])

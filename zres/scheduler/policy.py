@@ -14,18 +14,21 @@ from .asking import Asking
 from .devices import could_ever_fit, devices_at, taken_by
 from .durations import Durations
 from .fit import best_slot
+from .ganging import Ganging
+from .gangs import Gang, GangBook
 from .order import PassOrder
 from .owners import DEFAULT_HALF_LIFE, Owners, Quotas, weight_of
 from .pipelining import QueueChoice
 from .queue import WaitingQueue
-from .records import Grant, Shape, Slot, Waiting, Workers, add_to, workers, workers_of
-from .reservations import Fence, drop_fence, fence, held_fences, soonest_slot
+from .records import Grant, Inside, Shape, Slot, Waiting, Workers, add_to, workers, workers_of
+from .reservations import Fence, held_fences
+from .reserving import Reserving
 from .table import NewSlot, SlotTable
 
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 
 
-class Scheduler(Asking):
+class Scheduler(Asking, Reserving, Ganging):
     """Resource table plus waiting queue; every method is plain bookkeeping."""
 
     def __init__(self, starvation_after: float = 5.0, prefetch: int = 0,
@@ -40,6 +43,7 @@ class Scheduler(Asking):
         self.queue = WaitingQueue(self._forget_shape)
         self._queues = QueueChoice(self.table)
         self.running: dict[int, Grant] = {}     # every grant, started or queued on a slot
+        self.gangs = GangBook(self.table, self.running)  # gangs, their bundles (``ganging``)
         # Shapes that failed to fit everywhere in an earlier pass: such a shape can only
         # fit on a slot that has gained room since, so a pass probes just those instead of
         # every candidate (a pass after one task ends is O(1) slots).
@@ -48,6 +52,7 @@ class Scheduler(Asking):
         self._reservation_epoch = 0                   # bumps when a reservation ends
         self._changed = False                         # since the last pass
         self._now = 0.0                               # the time of the latest pass
+        self._gains = True                            # slots gained room since the last
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
@@ -61,15 +66,19 @@ class Scheduler(Asking):
         self._topology_changed()
 
     def remove_slot(self, slot_id: int) -> list[int]:
-        """Drop a slot; return the tasks granted to it, started or queued (their grants go:
-        read ``running`` or ``queued`` first to tell which)."""
+        """Drop a slot; return the tasks granted to it, started or queued, and the gangs'
+        bundles there and the tasks inside them (their grants go: read ``running`` or
+        ``queued`` first to tell which; ``gangs.bundles`` for the bundles, whose gangs the
+        caller lets go of or queues again: ``remove_gang``)."""
+        granted = self.granted_on(slot_id)  # (and the tasks inside its gangs' bundles)
         (slot,) = self.table.remove([slot_id])
-        granted = [*slot.running, *slot.queue]
         for task in granted:
             grant = self.running.pop(task)
-            self.owners.give(grant.owner, grant.units, grant.weight, self._now)
-        if slot.reserved_by in self.waiting:
-            self.waiting[slot.reserved_by].reserved_slot = None
+            if not grant.within:  # (one inside a bundle: the bundle's grant held it)
+                self.owners.give(grant.owner, grant.units, grant.weight, self._now)
+        self.gangs.slot_gone(slot_id)
+        if slot.reserved_by in self.waiting:  # (its holder reserves afresh: all or none)
+            self._unreserve(self.waiting[slot.reserved_by])
         self._reserved.discard(slot_id)
         self._topology_changed()
         return sorted(granted)
@@ -101,7 +110,7 @@ class Scheduler(Asking):
         for slot_id in list(self._reserved):  # a slot that can no longer fit its reserver
             slot = self.slots[slot_id]
             task = self.waiting.get(slot.reserved_by) if slot.reserved_by is not None else None
-            if task is None or not could_ever_fit(slot, task.units):
+            if task is None or not could_ever_fit(slot, self._held_units(slot, task)):
                 if task is not None:
                     self._unreserve(task)
                 slot.reserved_by = None
@@ -176,10 +185,14 @@ class Scheduler(Asking):
             add_to(slot.short_taken, grant.taken)
 
     def adopt(self, task_id: int, slot_id: int, units: Units, positions: list[int],
-              priority: int = 0, owner: str = "") -> bool:
+              priority: int = 0, owner: str = "", where: Inside | None = None) -> bool:
         """Take UNITS on SLOT_ID (GPU POSITIONS) for TASK_ID of OWNER, which runs there
         already (a job a restarted broker takes back); False if they are not free for it.
-        It counts toward OWNER's quota, over it or not."""
+        It counts toward OWNER's quota, over it or not. WHERE: it ran inside that bundle
+        (taken back already, on that slot): it takes its room there."""
+        if where is not None:
+            return self.adopt_inside(task_id, where.gang, where.index, units, positions,
+                                     priority, owner)
         slot = self.slots.get(slot_id)
         if slot is None or task_id in self.running:
             return False
@@ -198,11 +211,15 @@ class Scheduler(Asking):
         """Give a finished task's resources back to its slot (or drop it from the slot's
         queue if it never started); NOW (default: the latest pass's time) ends its
         owner's charge for it."""
-        grant = self.running.pop(task_id, None)
+        grant = self.running.get(task_id)
         slot = self.slots.get(grant.slot) if grant else None
-        if grant is None or slot is None:
-            return
+        if grant is None or slot is None or task_id in self.gangs.bundles:
+            return  # (a gang's bundle is let go of with its gang: ``remove_gang``)
+        del self.running[task_id]
         self._changed = True
+        if grant.within:
+            self.gangs.release_inside(grant)
+            return
         self.owners.give(grant.owner, grant.units, grant.weight,
                          self._now if now is None else now)
         if not grant.started:
@@ -226,6 +243,7 @@ class Scheduler(Asking):
         grants: list[Grant] = []
         blocked: list[Waiting] = []
         gained = [self.slots[i] for i in sorted(self.table.gained) if i in self.slots]
+        self._gains = bool(gained)  # (a gang that did not fit tries again only then)
         if self.prefetch:
             self._queues.touched(self.table.gained | self.table.queue_freed)
             self.table.queue_freed.clear()
@@ -241,12 +259,16 @@ class Scheduler(Asking):
         while (task := order.next(granted)) is not None:
             granted = False
             shape = task.shape
+            tail = shape[-1] if shape else None
+            if type(tail) is Gang or type(tail) is Inside:  # (see ``ganging``)
+                granted = self._place_gang(task, tail, fences, grants, now)
+                continue
             if capped and self.owners.over_quota(task.owner, task.units) is not None:
                 # It waits for its owner's quota, and reserves nothing meanwhile (that
                 # would idle what others can use); the owner's other lanes and other
                 # owners go on.
                 if fences:
-                    drop_fence(fences, task)
+                    self._drop_fence(fences, task)
                 self._unreserve(task)
                 continue
             grant, fenced = None, False
@@ -267,7 +289,7 @@ class Scheduler(Asking):
                 continue  # its lane is blocked this pass; others go on
             self.queue.take(task)
             if fences:
-                drop_fence(fences, task)
+                self._drop_fence(fences, task)
             self._unreserve(task)
             grants.append(grant)
             granted = True
@@ -368,44 +390,3 @@ class Scheduler(Asking):
         """When TASK would end if it started now, by its kind's recent runs (None: unknown)."""
         expected = self.durations.expected(task.kind)
         return None if expected is None else self._now + expected
-
-    def _fence_of(self, slot: Slot, task: Waiting, own: bool = True) -> Fence:
-        """What TASK's reservation of SLOT keeps from the tasks after it, now (OWN: from
-        its owner's too)."""
-        return fence(slot, task.units, task.id, (self.running[t] for t in slot.running),
-                     self.durations, self._now, task.owner, own)
-
-    def _fence(self, task: Waiting, fences: dict[int, Fence], now: float) -> None:
-        """Keep a starving task's reserved slot from being taken by tasks after it.
-
-        TASK is blocked in this pass: it starves once it has been blocked for
-        ``starvation_after`` seconds, counted from the first pass that found it so."""
-        if task.blocked_since is None:
-            task.blocked_since = now
-        if task.reserved_slot is None:
-            if (now - task.blocked_since < self.starvation_after
-                    or task.reserve_failed == self._reservation_epoch):
-                return
-            choice = soonest_slot(task.units, self._fitting(task), self.table, fences,
-                                  workers_of(task.shape))
-            if choice is None:
-                task.reserve_failed = self._reservation_epoch
-                return
-            task.reserved_slot = choice.id
-            choice.reserved_by = task.id
-            self._reserved.add(choice.id)
-        held = fences.get(task.reserved_slot)
-        if held is None:
-            fences[task.reserved_slot] = self._fence_of(self.slots[task.reserved_slot], task)
-        else:
-            held.own = True  # (the pass has reached its holder)
-
-    def _unreserve(self, task: Waiting) -> None:
-        slot = self.slots.get(task.reserved_slot) if task.reserved_slot is not None else None
-        if slot is not None and slot.reserved_by == task.id:
-            slot.reserved_by = None
-            self._reserved.discard(slot.id)
-            self.table.gained.add(slot.id)
-            self._queues.touched([slot.id])  # (it may take queued grants in this pass)
-            self._reservation_epoch += 1
-        task.reserved_slot = None

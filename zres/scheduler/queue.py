@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable, Hashable
 
 from ..core.resources import Units
-from .records import Lane, Shape, Waiting, Workers, shape_of
+from .records import Lane, Shape, Waiting, shape_of
 
 _COMPACT_MIN = 64  # a lane's heap is rebuilt once most of at least this many are stale
 
@@ -40,10 +40,11 @@ class WaitingQueue:
         self._on_forget = on_forget
 
     def add(self, task_id: int, units: Units, priority: int, queueable: bool,
-            kind: Hashable | None, where: Workers | None = None, owner: str = "",
+            kind: Hashable | None, where: Hashable | None = None, owner: str = "",
             near: tuple[str, ...] = ()) -> Waiting:
         """Queue a task behind every task of OWNER of higher or equal priority; WHERE: the
-        agents it may run on (None: any)."""
+        agents it may run on (Workers; None: any), the bundle it is placed in (Inside), or
+        the gang it is (see ``gangs``)."""
         self._seq += 1
         shape = shape_of(units, where)
         shape, units = self._shapes.setdefault(shape, (shape, dict(units)))

@@ -25,6 +25,15 @@ class Workers:
     loose: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Inside:
+    """The bundle a task is placed in: bundle INDEX of gang GANG, whose resources alone it
+    draws on (see ``gangs``)."""
+
+    gang: int
+    index: int
+
+
 def workers(names: Collection[str] | None, loose: bool = False) -> Workers | None:
     """The placement of a task asking for agents NAMES (None or none: any agent)."""
     return Workers(frozenset(names), loose) if names else None
@@ -50,6 +59,7 @@ class Slot:
     queued_taken: Units = field(default_factory=dict)
     short_taken: Units = field(default_factory=dict)
     open: bool = True            # takes new grants (not while its agent drains or is away)
+    bundles: int = 0             # gangs' bundles held here: it takes no queued grants
 
 
 @dataclass(slots=True)
@@ -92,9 +102,15 @@ class Grant:
     since: float = 0.0           # when it started (as the scheduler was told the time)
     owner: str = ""              # its task's owner, charged for it from grant to release
     weight: float = 0.0          # its dominant share of the cluster when granted (``owners``)
+    # A gang's (``gangs``): this grant *is* bundle (gang, index), a reservation on the slot
+    # (or a multi-node job's rank); or its task draws on the bundle of grant WITHIN alone
+    # (0: none), whose resources that grant holds.
+    bundle: tuple[int, int] | None = None
+    within: int = 0
 
 
-def shape_of(units: Mapping[str, int], where: Workers | None = None) -> Shape:
+def shape_of(units: Mapping[str, int], where: Hashable | None = None) -> Shape:
+    """The shape of a request for UNITS; WHERE (Workers, Inside, or a gang) is appended."""
     shape = tuple(sorted(units.items()))
     return shape if where is None else (*shape, where)
 

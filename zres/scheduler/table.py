@@ -44,6 +44,7 @@ class SlotTable:
         self.queue_freed: set[int] = set()     # ... that gained one since the last pass
         self._could_fit: dict[Shape, set[int]] = {}
         self._infeasible: dict[Shape, str | None] = {}
+        self.epoch = 0                         # bumps whenever slots change (see changed)
 
     def add(self, new: Iterable[NewSlot]) -> list[Slot]:
         """Register slots (many at once cost O(n log n), not O(n^2))."""
@@ -138,7 +139,8 @@ class SlotTable:
     def unqueue(self, slot: Slot, grant: Grant) -> None:
         """GRANT, queued on SLOT, is gone unstarted (given back, or cancelled)."""
         del slot.queue[grant.task]
-        self.queue_room.add(slot.id)
+        if not slot.bundles:  # (a slot holding a gang's bundle takes no queued grants)
+            self.queue_room.add(slot.id)
         self.index.queued(slot, grant.taken, -1)
         self.gained.add(slot.id)
 
@@ -146,8 +148,9 @@ class SlotTable:
         """GRANT, queued on SLOT (no GPUs), has started: what its queue kept for it is in
         use now. Its room is unchanged, and so is the index."""
         del slot.queue[grant.task]
-        self.queue_room.add(slot.id)
-        self.queue_freed.add(slot.id)
+        if not slot.bundles:
+            self.queue_room.add(slot.id)
+            self.queue_freed.add(slot.id)
         for name, amount in grant.taken.items():
             slot.free[name] -= amount
         add_to(slot.queued_taken, grant.taken, -1)
@@ -163,6 +166,7 @@ class SlotTable:
 
     def changed(self) -> None:
         """A slot was added, removed or resized: what was cached may be wrong now."""
+        self.epoch += 1
         self._infeasible.clear()
         self._could_fit.clear()
 

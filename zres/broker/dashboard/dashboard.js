@@ -127,6 +127,10 @@ function render(status) {
   fillTable("actors", status.actors.map((a) => [
     `${a.cls}(${a.name || a.id.slice(0, 8)})`, a.reason ? `${a.state}: ${a.reason}` : a.state,
     a.agent || "-", a.request, `${a.running} sent, ${a.queued} queued`]), "no actors");
+  fillTable("placement-groups", (status.placement_groups || []).map((g) => [
+    g.name || g.id.slice(0, 8), g.owner || "-", g.reason ? `${g.state}: ${g.reason}` : g.state,
+    g.strategy, g.bundles.map((b, i) => `[${i}] ${b.request} on ${b.agent || "-"}`)
+      .join(", ")]), "no placement groups");
   document.body.dataset.ready = "1";
 }
 

@@ -1,0 +1,108 @@
+"""Gangs under faults (token resources ``gpu`` stand for GPUs): an agent killed under
+placement groups and multi-node jobs, and a broker restarted under them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import zres
+from tests.conftest import process_gone, wait_until
+from tests.tasks import hold
+from zres import get_task_context
+
+pytestmark = pytest.mark.timeout(120)
+
+# Each rank notes its pid (by agent, rank and job), then waits for the file $OUT/go.
+RANK = ('echo $$ > "$OUT/pid-$ZRES_AGENT-$NODE_RANK-$ZRES_JOB_ID"; '
+        'while [ ! -e "$OUT/go" ]; do sleep 0.05; done')
+
+
+def where() -> str:
+    return get_task_context().agent
+
+
+def group(client: zres.Client, pg: zres.PlacementGroup) -> dict:
+    (found,) = [g for g in client.status()["placement_groups"] if g["id"] == pg.id]
+    return found
+
+
+def job(client: zres.Client, future: zres.Future) -> dict:
+    (found,) = [j for j in client.jobs(all=True) if j["id"] == future.id]
+    return found
+
+
+def pids(out: Path, agent: str, job_id: int) -> list[int]:
+    return [int(p.read_text()) for p in out.glob(f"pid-{agent}-*-{job_id}")]
+
+
+def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path):
+    """Agent a dies under two placement groups (restarts=1: reserved again, whole, on b;
+    no restarts: it fails) and two 2-node jobs: the one with a retry is queued again
+    whole (infeasible on b alone) and runs again once a third agent joins, the other
+    fails naming its lost rank, its rank on b stopped."""
+    cluster = make_cluster(agents=[{"gpu": 4}] * 2, names=["a", "b"])
+    client = make_client(cluster.address)
+    pg = client.placement_group([{"gpu": 1}] * 2, strategy="SPREAD", restarts=1)
+    doomed = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD")
+    pg.ready().result(30)
+    doomed.ready().result(30)
+    env = {"OUT": str(tmp_path)}
+    again = client.submit_command(["sh", "-c", RANK], nodes=2, resources={"gpu": 1},
+                                  retries=1, env=env)
+    once = client.submit_command(["sh", "-c", RANK], nodes=2, resources={"gpu": 1}, env=env)
+    wait_until(lambda: all(len(pids(tmp_path, a, f.id or -1)) == 1 for a in "ab"
+                           for f in (again, once)), message="both jobs' ranks started")
+    cluster.agents["a"].kill()
+    with pytest.raises(zres.AgentLostError, match=r"rank \d of job \d+ was lost"):
+        once.result(30)
+    assert process_gone(pids(tmp_path, "b", once.id)[0]), "its rank on b was stopped"
+    assert "lost" in job(client, once)["reason"]
+    wait_until(lambda: group(client, pg)["state"] == "ready"
+               and [b["agent"] for b in group(client, pg)["bundles"]] == ["b", "b"],
+               message="the group reserved again, whole, on b")
+    assert group(client, pg)["restarts_left"] == 0 and group(client, pg)["starts"] == 2
+    assert client.submit(where, placement=(pg, 0)).result(30) == "b"
+    # (no restarts: it failed, and work sent to it is told why)
+    assert doomed.id not in [g["id"] for g in client.status()["placement_groups"]]
+    with pytest.raises(ValueError, match=r"bundle \d was lost with agent a.*no restarts"):
+        client.submit(where, placement=(doomed, 1)).result(30)
+    # (requeued whole: on b alone, its two ranks could never be placed, and it says so)
+    wait_until(lambda: job(client, again)["state"] == "infeasible", message="requeued whole")
+    assert "2 distinct agents" in job(client, again)["reason"]
+    cluster.add_agent({"gpu": 3}, name="c")
+    wait_until(lambda: pids(tmp_path, "c", again.id), message="run again, on b and c")
+    (tmp_path / "go").touch()
+    assert again.result(30).exit_code == 0
+    assert sorted(job(client, again)["agents"]) == ["b", "c"]
+    pg.remove()
+
+
+def test_a_broker_restart_keeps_groups_and_running_gangs(make_cluster, make_client,
+                                                          tmp_path):
+    cluster = make_cluster(agents=[{"gpu": 2}] * 2, names=["a", "b"])
+    client = make_client(cluster.address)
+    pg = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD", name="kept")
+    pg.ready().result(30)
+    agents = [b["agent"] for b in group(client, pg)["bundles"]]
+    inside = client.submit(hold, str(tmp_path / "go"), str(tmp_path / "inside"),
+                           placement=(pg, 0))
+    gang = client.submit_command(["sh", "-c", RANK], nodes=2, resources={"gpu": 1},
+                                 env={"OUT": str(tmp_path)})
+    wait_until(lambda: (tmp_path / "inside").exists() and gang.id is not None
+               and all(pids(tmp_path, a, gang.id) for a in "ab"), message="all started")
+    cluster.restart_broker()
+    wait_until(lambda: group(client, pg)["state"] == "ready", message="the group taken back")
+    assert [b["agent"] for b in group(client, pg)["bundles"]] == agents
+    wait_until(lambda: job(client, gang)["state"] == "running", message="the job taken back")
+    # bundle 1 is free for more; bundle 0's task still holds it (taken back into it)
+    assert client.submit(where, placement=(pg, 1)).result(30) == agents[1]
+    assert "bundle 0" in client.why(client.submit(where, placement=(pg, 0)))
+    (tmp_path / "go").touch()
+    assert inside.result(30) == "released"
+    assert gang.result(30).exit_code == 0
+    assert [r["state"] for r in job(client, gang)["ranks"]] == ["done", "done"]
+    pg.remove()
+    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
+                           for s in a["slots"]), message="everything given back")

@@ -1,0 +1,63 @@
+"""The putting face of ``zres.Client``: values placed on an agent once, for many tasks to
+read (``scatter``, and calls too big to travel with their task), uploaded straight there,
+never through the broker."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, cast
+
+from ..core import objects as O
+from ..core import protocol as P
+from ..core import transfer as T
+from ..core.errors import ZresError
+from ..core.serialize import dumps
+from .futures import Future, Owner
+
+
+class PutMethods:
+    """Mixed into ``Client``: scatter, and the puts behind it."""
+
+    if TYPE_CHECKING:  # (the client's own, used here)
+        _io: Any
+        _ids: itertools.count[int]
+        _fetcher: Any
+
+        def _check_open(self) -> None: ...
+
+    def _put(self, frames: list[Any], name: str) -> Future:
+        """Put FRAMES (a pickled value) on an agent the broker chooses, uploaded straight
+        there; return its future (a task of this client's that ends once the agent has it
+        whole; its result is the value). A failed upload is tried on another agent."""
+        size = O.object_size(frames)
+        why: Exception | None = None
+        for _ in range(3):
+            local = next(self._ids)
+            future: Future[Any] = Future(cast(Owner, self), local, name)
+            with self._io.lock:
+                self._check_open()
+                self._io.pending[local] = future
+            reply = self._io.request(P.PLACE, {"local": local, "size": size},
+                                     self._io.broker_timeout)
+            if "error" in reply:
+                self._io.pending.pop(local, None)
+                raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
+            future._id = reply["id"]
+            try:
+                self._fetcher.upload(T.Holder(*reply["at"]), reply["id"], reply["token"],
+                                     frames)
+                return future
+            except T.TransferError as exc:
+                why = exc  # (the agent went, or could not keep it: stop that one, try again)
+                self._io.ask(P.CANCEL, {"ids": [local], "force": True})
+        raise ZresError(f"{name} could not be put on an agent: {why}")
+
+    def scatter(self, data: Any) -> Any:
+        """Put DATA on the cluster once, for many tasks to read (Dask's ``scatter``, Ray's
+        ``put``): a future whose result is DATA, kept on an agent; a list, tuple or dict is
+        put item by item (a list of futures back). Pass the future to ``submit``."""
+        if isinstance(data, (list, tuple)):
+            return type(data)(self.scatter(item) for item in data)
+        if isinstance(data, dict):
+            return {key: self.scatter(value) for key, value in data.items()}
+        return self._put(dumps(data), f"scatter-{type(data).__name__}")
