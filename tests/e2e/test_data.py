@@ -5,8 +5,10 @@ again if it may, else says so; a broker restart loses none of it and runs nothin
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
+import time
 import urllib.request
 from pathlib import Path
 
@@ -115,6 +117,32 @@ def test_a_big_result_outlives_a_broker_restart_and_its_task_runs_once(
     assert waiting.result(60) == BIG
     assert result.result(60) == made(BIG)
     assert open(mark).read() == "ran\n", "the task ran again after the broker restarted"
+
+
+def made_when(release: str, n: int) -> bytes:
+    while not os.path.exists(release):
+        time.sleep(0.01)
+    return made(n)
+
+
+def test_a_big_result_made_while_the_broker_was_away_reaches_its_client(
+        make_cluster, make_client, tmp_path: Path):
+    """A task whose big result its agent kept while no broker was there: its agent says
+    so when it registers again, and the client fetches it (it was told "ok" with neither
+    the result's bytes nor where they were, and failed unpickling nothing)."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    release = tmp_path / "release"
+    result = client.submit(made_when, str(release), BIG, resources={"a": 1})
+    wait_until(lambda: result.running() and result.id is not None, message="it to start")
+    cluster.broker.kill()
+    cluster.broker.wait(10)
+    release.touch()
+    wait_until(lambda: glob.glob(f"/dev/shm/zres-{os.geteuid()}-*/{result.id}") or glob.glob(
+        os.path.join(cluster.state_dir, "agent-agent-a", "objects", str(result.id))),
+        message="its result kept by its agent")
+    cluster.restart_broker()
+    assert result.result(60) == made(BIG)
 
 
 def total(array: np.ndarray) -> float:

@@ -46,12 +46,13 @@ class Adoption:
 
     def __init__(self, graph: TaskGraph, sched: Scheduler, jobs: JobTable,
                  grace: float, clients: ClientRegistry, reconnect: float,
-                 actors: ActorKeeper, gangs: Any = None) -> None:
+                 actors: ActorKeeper, objects: Any = None, gangs: Any = None) -> None:
         # Python tasks an agent held when the broker went: task id -> (task, its inputs'
         # ids, the agent's name).
         self.tasks: dict[int, tuple[Task, list[int], str]] = {}
         self._graph = graph
         self._actors = actors
+        self._objects = objects  # (where results kept on agents are: ``objects``)
         # Gangs (issue 31): the placement groups' keeper, the multi-node jobs' ranks, the
         # groups (where work placed in a bundle is taken back).
         self._gangs: Any
@@ -200,6 +201,8 @@ class Adoption:
             return  # malformed: ignored whole
         for (task_id, outcome, _, info), result in zip(
                 items, P.split_frames(frames, [i[2] for i in items])):
+            if isinstance(info, dict):
+                outcome, info = self._kept(task_id, agent, str(outcome), info)
             if self._ranks is not None and self._ranks.is_rank(task_id) \
                     and isinstance(info, dict):
                 self._ranks.ended_away(agent, task_id, str(outcome), result, info)
@@ -217,6 +220,21 @@ class Adoption:
                 continue
             if isinstance(info, dict):  # an actor's construction or call, perhaps
                 self._actors.ended(agent, task_id, str(outcome), result, info)
+
+    def _kept(self, task_id: int, agent: AgentRecord, outcome: str,
+              info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A result AGENT kept while the broker was away (INFO's ``stored``: its size) is
+        recorded there, as a report's is (``agent_reports``); one over the limit fails its
+        task, naming it. Returns the outcome and info to record."""
+        size = info.pop("stored", None)
+        entry = self.tasks.get(task_id)
+        task = entry[0] if entry is not None else self._graph.get(task_id)
+        if outcome != P.OK or type(size) is not int or size <= 0 or task is None \
+                or self._objects is None:
+            return outcome, info
+        refused = self._objects.stored(task, agent.name, size)
+        return (outcome, info) if refused is None else (
+            P.FAILED, {"type": "ZresError", "message": refused})
 
     def _waiting(self, task_id: int, agent: str) -> Task | None:
         """The Python task TASK_ID if it waits for AGENT's word (it may have ended or been

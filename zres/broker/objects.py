@@ -61,6 +61,9 @@ class ObjectDirectory:
                     f"broker's limit of {self.limit} (max_object_bytes)")
         task.size, task.held_at = size, [agent]
         self.by_agent.setdefault(agent, set()).add(task.id)
+        pending = self._to_free.get(agent)
+        if pending and task.id in pending:  # (offered on its return, its end read after)
+            pending.remove(task.id)
         return None
 
     def place(self, task: Task, size: int) -> T.Holder | None:

@@ -182,7 +182,7 @@ class Broker(Intake):
         self.adoption = Adoption(self.graph, self.sched, self.jobs,
                                  grace=max(60.0, 10 * heartbeat_timeout),
                                  clients=self.clients, reconnect=reconnect,
-                                 actors=self.actor_keeper,
+                                 actors=self.actor_keeper, objects=self.objects,
                                  gangs=(self.gang_keeper, self.dispatch.ranks, self.groups))
         self.keeper.kept_on_agents = self.objects.restored
         if store is not None:
