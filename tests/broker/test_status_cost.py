@@ -88,3 +88,32 @@ def test_the_tasks_of_a_submit_share_their_function_and_request(tmp_path):
     finally:
         client.close()
         broker.close()
+
+
+def test_a_queued_task_holds_little_of_its_own(tmp_path):
+    """A queued task holds no record of what only some tasks have (where it ran, its
+    result kept on agents, ...), and the tasks of a map named "{function}-{local}" by
+    default share that name's head (issue 28: at most 1 KB of the broker per queued
+    task); every name reads as its client gave it, in status and after a restart."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    client, _ = hello(broker)
+    try:
+        names = [f"noop-{i}" for i in range(1, 99)] + ["noop-7", "custom"]
+        items = [[i, {"foo": UNIT}, 0, 0, [], 1, name, False]
+                 for i, name in enumerate(names, 1)]
+        client.send(P.SUBMIT, {"tasks": items}, [b"args%d" % i for i in range(1, 101)])
+        client.take(P.ACCEPTED)
+        tasks = sorted((broker.graph.tasks[i] for i in broker.sched.waiting),
+                       key=lambda t: t.local_id)
+        assert [t.name for t in tasks] == names
+        assert len({id(t.label) for t in tasks[:98]}) == 1, "each task holds its own name"
+        assert all(t.more is None for t in tasks), "a queued task holds a record of more"
+        assert sorted(w["name"] for w in broker.status()["waiting"]) == sorted(names)
+    finally:
+        client.close()
+        broker.close()
+    restarted = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    try:
+        assert sorted(t.name for t in restarted.graph.tasks.values()) == sorted(names)
+    finally:
+        restarted.close()
