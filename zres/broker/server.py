@@ -421,7 +421,8 @@ class Broker(Intake):
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
                 "loop": {"turns": self._traffic.turns,
-                         "longest_turn": round(self._traffic.longest_turn, 4)},
+                         "longest_turn": round(self._traffic.longest_turn, 4),
+                         "longest_turn_cpu": round(self._traffic.longest_cpu, 4)},
                 "state": self.store.describe() if self.store is not None else None,
                 "relay": self.relay.status() if self.relay is not None else None}
 
