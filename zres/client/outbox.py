@@ -24,7 +24,7 @@ from .outcomes import settle
 STOP = "stop"  # an outbox entry: a task to cancel with force (sent batched, as CANCEL)
 
 
-_RELEASES = 10_000  # task ids per release message
+_RELEASES = 2_000   # task ids per release message
 WINDOW = 20_000     # tasks sent and not yet acknowledged, at most (a few seconds of a
 #                     broker's work: it never waits for the next, nor holds a flood)
 
@@ -102,8 +102,9 @@ class OutboxSender:
                 self._send(kind, {**body, "req": req})
         flush_submits()
         self._send_stops(stops)
-        # (in messages of at most 10,000: a million futures let go of at once is taken by
-        # the broker over several turns, not in one that holds everyone else up)
+        # (in messages of at most 2,000: a million futures let go of at once is taken by
+        # the broker over several turns, not in one that holds everyone else up; 10,000
+        # of finished tasks took 130-160 ms of the broker's loop, measured at a million)
         for start in range(0, len(releases), _RELEASES):
             self._send(P.RELEASE, {"ids": releases[start:start + _RELEASES]})
 
