@@ -76,3 +76,31 @@ def test_a_client_that_leaves_a_huge_graph_holds_nobody_up(tmp_path):
         for peer in (big, other):
             peer.close()
         broker.close()
+
+
+def test_the_longest_turn_is_told_in_the_loops_own_cpu_time_too(tmp_path):
+    """status()["loop"] tells the longest turn's wall time and, apart, the longest turn's
+    CPU time in the loop's thread: on a machine busy with other work a turn waits for a
+    CPU far longer than it works, and the two tell those apart (bench/scale.py)."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    schedule = broker.sched.schedule
+    try:
+        def asleep(now: float) -> object:  # (a turn that waits, using no CPU)
+            time.sleep(0.3)
+            return schedule(now)
+
+        def working(now: float) -> object:  # (a turn that works 0.1 s of CPU)
+            end = time.thread_time() + 0.1
+            while time.thread_time() < end:
+                pass
+            return schedule(now)
+
+        broker.sched.needs_pass = lambda: True  # type: ignore[method-assign]
+        for slow in (asleep, working):
+            broker.sched.schedule = slow  # type: ignore[method-assign]
+            broker.poll_once(time.monotonic())
+        loop = broker.status()["loop"]
+        assert loop["longest_turn"] >= 0.3
+        assert 0.1 <= loop["longest_turn_cpu"] < 0.3
+    finally:
+        broker.close()

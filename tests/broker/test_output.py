@@ -27,8 +27,9 @@ def _router() -> tuple[OutputRouter, list[tuple[bytes, str, dict[str, Any]]], Cl
     for ident, local, task_id in ((b"alice", 1, 10), (b"bob", 1, 11)):
         clients.hello(ident, ident.decode(), 0.0)
         clients.get(ident).ids[local] = task_id  # type: ignore[union-attr]
-        graph.add(Task(task_id, ident, local, {}, 0, 0, f"job-{task_id}", False, [], [],
-                       agent="node-a"))
+        task = Task(task_id, ident, local, {}, 0, 0, f"job-{task_id}", False, [], [])
+        task.agent = "node-a"
+        graph.add(task)
     router = OutputRouter(lambda ident, kind, body=None, frames=(): sent.append(
         (ident, kind, body or {})), agents, graph, clients)
     return router, sent, clients

@@ -88,3 +88,64 @@ def test_the_tasks_of_a_submit_share_their_function_and_request(tmp_path):
     finally:
         client.close()
         broker.close()
+
+
+def test_a_queued_task_holds_little_of_its_own(tmp_path):
+    """A queued task holds no record of what only some tasks have (where it ran, its
+    result kept on agents, ...), and the tasks of a map named "{function}-{local}" by
+    default share that name's head (issue 28: at most 1 KB of the broker per queued
+    task); every name reads as its client gave it, in status and after a restart."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    client, _ = hello(broker)
+    try:
+        names = [f"noop-{i}" for i in range(1, 99)] + ["noop-7", "custom"]
+        items = [[i, {"foo": UNIT}, 0, 0, [], 1, name, False]
+                 for i, name in enumerate(names, 1)]
+        client.send(P.SUBMIT, {"tasks": items}, [b"args%d" % i for i in range(1, 101)])
+        client.take(P.ACCEPTED)
+        tasks = sorted((broker.graph.tasks[i] for i in broker.sched.waiting),
+                       key=lambda t: t.local_id)
+        assert [t.name for t in tasks] == names
+        assert len({id(t.label) for t in tasks[:98]}) == 1, "each task holds its own name"
+        assert all(t.more is None for t in tasks), "a queued task holds a record of more"
+        assert sorted(w["name"] for w in broker.status()["waiting"]) == sorted(names)
+    finally:
+        client.close()
+        broker.close()
+    restarted = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
+    try:
+        assert sorted(t.name for t in restarted.graph.tasks.values()) == sorted(names)
+    finally:
+        restarted.close()
+
+
+def test_the_first_agent_judges_each_shape_of_request_once_not_each_task(monkeypatch):
+    """With no agent nothing is infeasible; the first to join judges the queued tasks
+    again: once per shape of request, and task by task only those of a shape it cannot
+    run (a million feasible tasks held the loop for a second, judged one by one). Those
+    are told, and a strict one fails; the rest run."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    judged: list[object] = []
+    judge = broker.sched.infeasible_reason
+    monkeypatch.setattr(broker.sched, "infeasible_reason",
+                        lambda *args: judged.append(args) or judge(*args))
+    try:
+        items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"q{i}", False] for i in range(1, 301)]
+        items += [[i, {"bar": UNIT}, 0, 0, [], 2, f"b{i}", i == 303] for i in (301, 302, 303)]
+        client.send(P.SUBMIT, {"tasks": items}, [b"f", b"a"] * len(items))
+        client.take(P.ACCEPTED)
+        judged.clear()
+        register(agent, session=1)  # one slot: foo=1, CPU=1
+        assert len(judged) <= 2 + 3, f"{len(judged)} judgings: the 300 that can run judged " \
+            "one by one"
+        warned = sorted(client.take(P.WARN).body["id"] for _ in range(2))
+        assert warned == [301, 302]
+        failed = {i[0]: i[3]["type"] for i in client.take(P.RESULTS).body["results"]}
+        assert failed == {303: "InfeasibleError"}
+        agent.take(P.ASSIGN)
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()

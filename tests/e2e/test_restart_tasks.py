@@ -13,6 +13,7 @@ import pytest
 
 import zres
 from tests.conftest import wait_until
+from zres.client import outbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,15 +73,24 @@ def test_running_queued_and_waiting_tasks_live_through_a_broker_kill(make_cluste
                                            "queued-2"]), "a task ran twice, or not at all"
 
 
-def test_a_submission_the_broker_never_read_is_sent_again(make_cluster, make_client):
+def test_a_submission_the_broker_never_read_is_sent_again(make_cluster, make_client,
+                                                          monkeypatch):
+    """... and a client sends a broker that reads nothing at most a window of tasks: the
+    rest of a large map waits in the client, and every task of it runs after the broker
+    is killed and started again."""
+    monkeypatch.setattr(outbox, "WINDOW", 500, raising=False)
     cluster = make_cluster(agents=[{"foo": 1}])
     client = make_client(cluster.address)
     assert client.submit(inc, 0).result(30) == 1
     os.kill(cluster.broker.pid, signal.SIGSTOP)  # it reads nothing more, then dies
     future = client.submit(inc, 41)
-    wait_until(lambda: client._io.unacked, message="the submission to be sent")
+    flood = client.map(inc, range(3_000))
+    wait_until(lambda: len(client._io.unacked) >= 500, message="a window to be sent")
+    assert len(client._io.outbox) >= 3_001 - 500, \
+        "more than a window of tasks was sent to a broker that acknowledged none"
     cluster.restart_broker()
     assert future.result(60) == 42
+    assert [f.result(60) for f in flood] == list(range(1, 3_001))
 
 
 def test_tasks_submitted_while_the_client_reconnects_are_kept(make_cluster, make_client):

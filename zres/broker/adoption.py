@@ -112,7 +112,8 @@ class Adoption:
     def _task(self, job: JobRecord) -> Task:
         task = Task(job.id, job.client, job.local, dict(job.units), job.priority, 0,
                     job.name, job.strict, [], [], holders=1 if job.client else 0,
-                    owner=job.owner, detached=job.detached, client_gone=not job.client)
+                    owner=job.owner)
+        task.detached, task.client_gone = job.detached, not job.client
         if job.client:  # its client waits for it: it is given back when that one returns
             self._clients.restore(job.client, job.owner, self._reconnect).ids[job.local] = \
                 job.id

@@ -199,7 +199,8 @@ class ClientLink:
                 continue
             task = Task(self._graph.new_id(), client.ident, sub.local, sub.units,
                         sub.priority, sub.retries, sub.name, sub.strict, sub.payload, (),
-                        kind=sub.kind, quiet=sub.quiet, owner=client.owner)
+                        kind=sub.kind, owner=client.owner)
+            task.quiet, task.numbered = sub.quiet, sub.numbered
             task.workers, task.allow_other_workers = sub.workers, sub.allow_other_workers
             task.call_in = sub.call_in
             task.detached = sub.detached or bool(sub.job and sub.job["detached"])

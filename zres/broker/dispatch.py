@@ -22,7 +22,7 @@ from ..core import protocol as P
 from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
-from ..scheduler.records import Grant, Workers, workers
+from ..scheduler.records import Grant, Shape, Workers, workers, workers_of
 from .actor_records import ActorState
 from .actors import ActorRouting
 from .agent_reports import AgentReports
@@ -78,6 +78,7 @@ class Dispatcher(AgentReports, GangRouting):
         self._ranks = self.ranks = RankTable(
             send, graph, sched, agents, jobs, graph.new_id, self._assigns.add,
             lambda: self._assigns.flush(self._ack), token, on_started)
+        self._warned: set[int] = set()  # tasks told they were infeasible (some may be gone)
 
     # -- queueing ---------------------------------------------------------------------
     def make_ready(self, task: Task) -> None:
@@ -121,12 +122,23 @@ class Dispatcher(AgentReports, GangRouting):
         if task.warned == reason:
             return
         task.warned = reason
+        self._warned.add(task.id)
         log.warning("task_infeasible", task=task.name, id=task.id, reason=reason)
         self._send(task.client, P.WARN, {"id": task.local_id, "reason": reason})
 
     def recheck_feasibility(self) -> None:
-        """Judge every queued task again against the agents there now."""
-        for task_id in list(self._sched.waiting):
+        """Judge the queued tasks again against the agents there now: each shape of request
+        once (its tasks fit or fail alike), then task by task only the tasks of a shape
+        that cannot run and those told before that theirs could not (the first agent to
+        join a million queued tasks held the loop for a second, judging each)."""
+        queue, waiting = self._sched.queue, self._sched.waiting
+        never = {lane for lane in queue.lanes()
+                 if self._sched.infeasible_reason(*_request(lane[1])) is not None}
+        ids = {task_id for task_id in self._warned if task_id in waiting}
+        ids.update(task_id for lane in never for task_id in queue.members(lane))
+        ids.update(self._sched.gangs.gangs)  # (few; each judged whole, across agents)
+        self._warned = set()
+        for task_id in sorted(ids):  # (in the order they came)
             if self._sched.gang(task_id) is not None:
                 self._recheck_gang(task_id)
                 continue
@@ -399,6 +411,12 @@ class Dispatcher(AgentReports, GangRouting):
     def capacity_changed(self) -> None:
         """An agent's capacity changed."""
         self.recheck_feasibility()
+
+
+def _request(shape: Shape) -> tuple[dict[str, int], Workers | None]:
+    """The resources and the agents (None: any) of a request of SHAPE."""
+    where = workers_of(shape)
+    return dict(shape[:-1] if where is not None else shape), where
 
 
 def where(task: Task) -> Workers | None:

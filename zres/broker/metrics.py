@@ -33,18 +33,25 @@ class Traffic:
     by the loop."""
 
     __slots__ = ("messages_in", "bytes_in", "messages_out", "bytes_out", "turns",
-                 "longest_turn")
+                 "longest_turn", "longest_cpu", "_cpu")
 
     def __init__(self) -> None:
         self.messages_in = self.bytes_in = self.messages_out = self.bytes_out = 0
         self.turns = 0
         self.longest_turn = 0.0   # seconds: what one turn of the loop took at most
+        # ... of the loop's own CPU time: on a machine busy with other work a turn may wait
+        # for a CPU far longer than it works (both are what a message waits behind).
+        self.longest_cpu = 0.0
+        self._cpu = time.thread_time()
 
     def turned(self, seconds: float) -> None:
         """Count one turn of the loop that took SECONDS."""
         self.turns += 1
         if seconds > self.longest_turn:
             self.longest_turn = seconds
+        cpu, self._cpu = time.thread_time() - self._cpu, time.thread_time()
+        if cpu > self.longest_cpu:
+            self.longest_cpu = cpu
 
 
 class Snapshots:

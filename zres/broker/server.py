@@ -432,7 +432,8 @@ class Broker(Intake):
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
                 "placement_groups": self.groups.describe(),
                 "loop": {"turns": self._traffic.turns,
-                         "longest_turn": round(self._traffic.longest_turn, 4)},
+                         "longest_turn": round(self._traffic.longest_turn, 4),
+                         "longest_turn_cpu": round(self._traffic.longest_cpu, 4)},
                 "state": self.store.describe() if self.store is not None else None,
                 "relay": self.relay.status() if self.relay is not None else None}
 

@@ -24,9 +24,10 @@ class Submission:
     priority: int
     retries: int
     deps: list[int]
-    name: str
+    name: str                            # (as a Task's ``label``)
+    numbered: bool                       # ... and its ``numbered``
     strict: bool
-    payload: list[Any]
+    payload: tuple[Any, ...]
     kind: int                            # see kind_of
     actor: dict[str, Any] | None = None  # it constructs this actor
     call: str | None = None              # it calls a method of this actor
@@ -94,8 +95,9 @@ class _Shared:
     def __init__(self) -> None:
         self._frames: dict[bytes, tuple[bytes, int]] = {}  # small frame -> itself, kind
         self._units: dict[tuple[tuple[str, int], ...], Units] = {}
+        self._names: dict[str, str] = {}
 
-    def payload(self, frames: list[Any]) -> list[Any]:
+    def payload(self, frames: list[Any]) -> tuple[Any, ...]:
         """FRAMES with each small one as bytes, the same bytes for equal ones (a large
         one stays the frame it came as: no copy)."""
         out = []
@@ -108,7 +110,15 @@ class _Shared:
             if known is None:
                 known = self._frames[data] = (data, -1)
             out.append(known[0])
-        return out
+        return tuple(out)  # (a third smaller than a list)
+
+    def name(self, name: str, local: int) -> tuple[str, bool]:
+        """NAME, of the task LOCAL, as a ``Task``'s label and numbered: a map's tasks,
+        named "{function}-{local}" by default, share their label."""
+        head, dash, tail = name.rpartition("-")
+        if dash and tail == str(local):
+            return self._names.setdefault(head, head), True
+        return name, False
 
     def kind(self, function: Any) -> int:
         """``kind_of`` FUNCTION, worked out once per distinct function of this submit."""
@@ -127,7 +137,7 @@ class _Shared:
 _SMALL = 16 * 1024  # frames up to this many bytes are copied into bytes and shared
 
 
-def _submission(item: list[Any], payload: list[Any], limits: Limits,
+def _submission(item: list[Any], payload: tuple[Any, ...], limits: Limits,
                 shared: _Shared) -> Submission:
     local, units, priority, retries, deps, _, name, strict, *rest = item
     extra = rest[0] if rest else {}
@@ -148,7 +158,7 @@ def _submission(item: list[Any], payload: list[Any], limits: Limits,
         raise ProtocolError("submit: workers must be a list of agent names")
     return Submission(
         local, shared.units(check_units(units, limits, "submit")), priority, max(retries, 0),
-        deps, check_name(name, limits, "submit: a task's name"),
+        deps, *shared.name(check_name(name, limits, "submit: a task's name"), local),
         bool(strict), payload, shared.kind(payload[0]) if payload else 0,
         actor=check_actor_spec(extra["actor"], limits.name_bytes) if "actor" in extra else None,
         call=call,

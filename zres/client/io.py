@@ -75,6 +75,10 @@ class IOThread(OutboxSender):
         # Submissions sent and not yet acknowledged as kept by a broker that keeps its
         # state: sent again should it restart before writing them.
         self.unacked: deque[tuple[str, Any, Any]] = deque()
+        # Submits sent and not yet taken by the broker: (last local id, tasks), and their
+        # tasks in all (at most ``outbox.WINDOW``).
+        self.in_flight: deque[tuple[int, int]] = deque()
+        self.flying = 0
         self.keeps = True       # whether the broker keeps its state (says its welcome)
         self.cluster: str | None = None
         self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
@@ -239,6 +243,8 @@ class IOThread(OutboxSender):
             while self.unacked and type(upto) is int and self.unacked[0][1][0] <= upto:
                 self.unacked.popleft()
             self._learn_ids(msg.body.get("ids"))
+            if type(upto) is int:
+                self._acknowledged(upto)
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.HEARTBEAT:
@@ -298,6 +304,8 @@ class IOThread(OutboxSender):
             future = self.pending.pop(task_id, None)
             if future is not None:
                 settle(future, exception=ZresError(f"task {future.label}: {why}"))
+        if kind == P.SUBMIT and isinstance(ids, list):  # (taken: more may go)
+            self._acknowledged(max((i for i in ids if type(i) is int), default=-1))
         reply = self.requests.pop(msg.body.get("req", -1), None)
         if reply is not None:
             reply.set_exception(ZresError(why))
@@ -324,6 +332,7 @@ class IOThread(OutboxSender):
         self.relay = (str(relay[0]), str(relay[1])) if isinstance(relay, list) \
             and len(relay) == 2 else None
         self._welcomed = True
+        self._sent_again()
         self.wake()  # send what waited for this welcome
         if not keeps:
             self.unacked.clear()

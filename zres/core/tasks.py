@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .resources import Units
@@ -52,23 +53,10 @@ NO_INFO: dict[str, Any] = _NoInfo()
 
 
 @dataclass(slots=True)
-class Task:
-    id: int
-    client: bytes            # routing id of the submitting client
-    local_id: int            # the client's own id for it
-    units: Units
-    priority: int
-    retries: int             # retries left for losses while running
-    name: str
-    strict: bool             # fail at once if infeasible, rather than wait
-    payload: list[Any]       # opaque frames: the pickled call
-    # What a task holds besides (its dependencies, dependents, result, outcome's info)
-    # starts as the one shared empty value: a million queued tasks hold none of their own.
-    deps: Sequence[int]
-    state: TaskState = TaskState.WAITING
-    missing: int = 0         # dependencies not finished yet
-    dependents: Sequence[int] = ()
-    holders: int = 1         # the client's reference plus each unfinished dependent
+class TaskMore:
+    """What a task holds once it has run or ended, or was asked for something few tasks
+    ask for: made the first time one of these is set (a queued task has none: ``Task``)."""
+
     outcome: str = ""
     result: Sequence[Any] = ()
     info: dict[str, Any] = field(default_factory=lambda: NO_INFO)
@@ -76,54 +64,144 @@ class Task:
     warned: str = ""         # the infeasibility reason last reported, if any
     actor: str = ""          # for a method call: the actor it goes to
     creates: str = ""        # for an actor's construction: the actor it makes
-    kind: int = 0            # hash of the pickled function: tasks of a kind run alike
-    # The agents it runs on, by name (Dask's workers=; none: any); allow_other_workers:
-    # it only prefers them.
+    # The agents it runs on, by name (Dask's workers=; none: any); its flag
+    # allow_other_workers: it only prefers them.
     workers: tuple[str, ...] = ()
-    allow_other_workers: bool = False
     started_at: float = 0.0  # when its grant started, by the broker's clock
     attempt: int = 0         # grants so far: the current one's number
-    # What its agent has said of the current grant: handed to a worker process (so it may
-    # have started), and begun. A lost agent's other grants never started: they go again
-    # with no retry spent.
-    held: bool = False
-    begun: bool = False
-    # A forced cancel is stopping it where it runs: it ends cancelled once its agent says
-    # it is gone (its resources free then), never retried.
-    stopping: bool = False
-    # Its client asked to cancel it once it was held: its agent says whether it had begun
-    # (it runs on) or not (it ends cancelled, and so it does if it comes back unstarted).
-    cancelling: bool = False
-    # Written to the broker's state store (a client's Python task): restored after a
-    # restart.
-    kept: bool = False
-    # Its client wants to know when it ends, not its result (a Dask graph's intermediate,
-    # which only its dependents read): a success is told without the result's frames.
-    quiet: bool = False
-    # The name of the key that submitted it (for a client made inside a task: that task's
-    # owner); "" without keys.
-    owner: str = ""
-    # It outlives its client (submit(detached=True), Client(detach=True), a detached job):
-    # when its client goes it runs on, listed, for its owner to find and cancel by id.
-    detached: bool = False
-    # Its client went (closed, killed, silent) before it ended: nobody waits for it.
-    client_gone: bool = False
     # A result kept on agents (issue 29): its size in bytes (0: none such, its frames are
     # in ``result``) and the agents holding a copy, the one that made it first.
     size: int = 0
     held_at: Sequence[str] = ()
     lost: str = ""           # why its result kept on agents is gone for good ("": it is not)
-    # Its result, lost with its agents, is made again even with no retries left (opted in
-    # with submit(recompute=True): its body may run more than once).
-    recompute: bool = False
-    # Stopped for its memory (MemoryLimitError), it runs again if it has retries left
-    # (submit(retry_oom=True)); by default it fails, as it would most likely fail again.
-    retry_oom: bool = False
     call_in: int = -1        # the input its call was put in (too big to travel inline)
     # Gangs (issue 31): the placement group it makes (its construction: it ends once
     # every bundle is reserved), or the bundle it runs in, (group id, index).
     group: str = ""
     bundle: tuple[str, int] | None = None
+
+
+_NONE = TaskMore()  # (never written to: read as every field's default)
+_PLAIN = (str, int, float, tuple)  # (types whose values equal to a default can stand for it)
+
+
+def _more(name: str) -> Any:
+    """A ``Task`` attribute kept in its ``TaskMore``, read as the default while it has none."""
+    default = getattr(_NONE, name)
+    read = attrgetter(name)
+
+    def get(task: Task) -> Any:
+        more = task.more
+        return default if more is None else read(more)
+
+    def put(task: Task, value: Any) -> None:
+        more = task.more
+        if more is None:
+            if value is default or (type(value) is type(default)
+                                    and type(default) in _PLAIN and value == default):
+                return  # (the default, unchanged: nothing to make)
+            more = task.more = TaskMore()
+        setattr(more, name, value)
+    return property(get, put)
+
+
+def _flag(bit: int) -> Any:
+    """A ``Task`` attribute (a bool) kept as BIT of its ``flags``."""
+
+    def get(task: Task) -> bool:
+        return task.flags & bit != 0
+
+    def put(task: Task, value: bool) -> None:
+        task.flags = task.flags | bit if value else task.flags & ~bit
+    return property(get, put)
+
+
+@dataclass(slots=True)
+class Task:
+    """A task the broker holds. A million of them may wait at once (issue 28: at most
+    1 KB of the broker each), so what few tasks have is in ``more``, made when first set,
+    and its yes-or-no attributes are bits of one int; both read and written as
+    attributes of their own names."""
+
+    id: int
+    client: bytes            # routing id of the submitting client
+    local_id: int            # the client's own id for it
+    units: Units
+    priority: int
+    retries: int             # retries left for losses while running
+    # Its name; or, with ``numbered``, what comes before "-{local_id}" in it (a map's
+    # tasks are named so by default: they share this one string): see ``name``.
+    label: str
+    strict: bool             # fail at once if infeasible, rather than wait
+    payload: Sequence[Any]   # opaque frames: the pickled call
+    # Its dependencies and dependents start as the one shared empty value: a million
+    # queued tasks hold none of their own.
+    deps: Sequence[int]
+    state: TaskState = TaskState.WAITING
+    missing: int = 0         # dependencies not finished yet
+    dependents: Sequence[int] = ()
+    holders: int = 1         # the client's reference plus each unfinished dependent
+    kind: int = 0            # hash of the pickled function: tasks of a kind run alike
+    # The name of the key that submitted it (for a client made inside a task: that task's
+    # owner); "" without keys.
+    owner: str = ""
+    # The attributes made by _flag below; the usual ones in the low bits, so that their
+    # usual sums are Python's shared small ints rather than an int object per task.
+    flags: int = 0
+    more: TaskMore | None = None
+
+    outcome = _more("outcome")
+    result = _more("result")
+    info = _more("info")
+    agent = _more("agent")
+    warned = _more("warned")
+    actor = _more("actor")
+    creates = _more("creates")
+    workers = _more("workers")
+    started_at = _more("started_at")
+    attempt = _more("attempt")
+    size = _more("size")
+    held_at = _more("held_at")
+    lost = _more("lost")
+    call_in = _more("call_in")
+    group = _more("group")
+    bundle = _more("bundle")
+    # (Dask's allow_other_workers: it only prefers its ``workers``)
+    allow_other_workers = _flag(128)
+    # What its agent has said of the current grant: handed to a worker process (so it may
+    # have started), and begun. A lost agent's other grants never started: they go again
+    # with no retry spent.
+    held = _flag(8)
+    begun = _flag(16)
+    # A forced cancel is stopping it where it runs: it ends cancelled once its agent says
+    # it is gone (its resources free then), never retried.
+    stopping = _flag(256)
+    # Its client asked to cancel it once it was held: its agent says whether it had begun
+    # (it runs on) or not (it ends cancelled, and so it does if it comes back unstarted).
+    cancelling = _flag(512)
+    # Written to the broker's state store (a client's Python task): restored after a
+    # restart.
+    kept = _flag(1)
+    # Its client wants to know when it ends, not its result (a Dask graph's intermediate,
+    # which only its dependents read): a success is told without the result's frames.
+    quiet = _flag(4)
+    # It outlives its client (submit(detached=True), Client(detach=True), a detached job):
+    # when its client goes it runs on, listed, for its owner to find and cancel by id.
+    detached = _flag(32)
+    # Its client went (closed, killed, silent) before it ended: nobody waits for it.
+    client_gone = _flag(1024)
+    # Its result, lost with its agents, is made again even with no retries left (opted in
+    # with submit(recompute=True): its body may run more than once).
+    recompute = _flag(64)
+    # Stopped for its memory (MemoryLimitError), it runs again if it has retries left
+    # (submit(retry_oom=True)); by default it fails, as it would most likely fail again.
+    retry_oom = _flag(2048)
+    numbered = _flag(2)   # (see ``label``)
+
+    @property
+    def name(self) -> str:
+        """Its name, as its client gave it."""
+        return f"{self.label}-{self.local_id}" if self.flags & 2 else self.label
 
 
 def state_word(task: Task) -> str:

@@ -128,6 +128,10 @@ class WaitingQueue:
     def lanes(self) -> list[Lane]:
         return list(self.by_lane)
 
+    def members(self, lane: Lane) -> list[int]:
+        """The ids of LANE's tasks, in no particular order."""
+        return [entry[2] for entry in self.by_lane.get(lane, ()) if self._live(entry)]
+
     def ahead(self, task: Waiting) -> tuple[int, bool]:
         """How many tasks of TASK's lane come before it, and whether that is exact: a lane
         of more than AHEAD_SAMPLE tasks is sampled (evenly, AHEAD_SAMPLE of them), so one
