@@ -96,6 +96,8 @@ def test_daemons_render_json_lines_on_stderr(tmp_path):
         assert proc.stderr is not None
         first = json.loads(proc.stderr.readline())
         line = json.loads(proc.stderr.readline())
+        if line["event"] == "memory_limits":  # (how it limits memory, said at its start)
+            line = json.loads(proc.stderr.readline())
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)
