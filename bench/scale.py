@@ -10,8 +10,9 @@ directory) and one agent of two threads, all on loopback, and submits no-op task
   task (submit to the last result), the broker's longest loop turn.
 - ``queued``: N tasks submitted before any agent joins, so that all of them wait at the
   broker: its resident memory per queued task, the client's per future, the time to hand
-  them all over (until the broker has kept the last) and the longest loop turn meanwhile;
-  then an agent joins and runs them: the time per task from its joining, and the longest
+  them all over (until the broker has kept the last) and the longest loop turn meanwhile,
+  how long another client's status and a why take with all of them queued; then an agent
+  joins and runs them: the time per task from its joining, and the longest
   loop turn over the whole run.
 - ``chains``: N tasks in chains of 10, each task taking the result of the one before.
 
@@ -95,6 +96,16 @@ def queued(n: int) -> dict[str, Any]:
         time.sleep(1.0)  # (the broker's last turn of them, and its allocator, settle)
         broker_queued, client_queued = rss(cluster.broker.pid), rss()
         arrived = loop(client)  # (the longest turns while they arrived)
+        # What another user waits for a status and a why while all of them are queued.
+        with zres.Client(cluster.address) as other:
+            asked = []
+            for _ in range(5):
+                began = time.perf_counter()
+                other.status(timeout=120)
+                asked.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        client.why(futures[-1], timeout=120)
+        why = time.perf_counter() - began
         joined = time.perf_counter()
         cluster.add_agent({}, name="agent-0")
         zres.wait(futures)
@@ -108,6 +119,7 @@ def queued(n: int) -> dict[str, Any]:
             "ingest_seconds": round(ingest, 2),
             "broker_bytes_per_task": round((broker_queued - broker_idle) / n),
             "client_bytes_per_future": round((client_queued - client_idle) / n),
+            "status_ms": [round(a * 1e3, 1) for a in asked], "why_ms": round(why * 1e3, 1),
             "ingest_longest_turn_ms": round(arrived["longest_turn"] * 1e3, 1),
             "ingest_longest_turn_cpu_ms": round(arrived.get("longest_turn_cpu", 0.0) * 1e3, 1),
             "run_seconds": round(ran, 2), "us_per_task": round(ran / n * 1e6, 1),
@@ -168,7 +180,9 @@ def main() -> None:
                   f"{row['ingest_seconds']} s (longest turn {row['ingest_longest_turn_ms']} "
                   f"ms, {row['ingest_longest_turn_cpu_ms']} ms CPU); ran "
                   f"{row['us_per_task']:.1f} us/task, longest turn {row['longest_turn_ms']} "
-                  f"ms ({row['longest_turn_cpu_ms']} ms CPU)", flush=True)
+                  f"ms ({row['longest_turn_cpu_ms']} ms CPU); with all queued, another "
+                  f"client's status {min(row['status_ms'])}-{max(row['status_ms'])} ms, a why "
+                  f"{row['why_ms']} ms", flush=True)
     if args.chains:
         row = chains(args.chains)
         results["chains"].append(row)

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from ..core import keys, versions
+from ..core import keys, versions, wakeup
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
@@ -109,6 +109,7 @@ class Agent(Draining, Fencing):
         self._silent = False
         self._deferred = DeferredGrants()        # grants that came while the lease lapsed
         self._stopping = False
+        self._woken: int | None = None  # (see run)
         self.exit_code = 0
         self.refused: str | None = None  # why the broker refused our key, if it did
 
@@ -118,6 +119,7 @@ class Agent(Draining, Fencing):
         for sig in (signal.SIGINT, signal.SIGTERM):
             # Only a flag: the loop sends; a handler must not interleave a message.
             signal.signal(sig, lambda *_: self._ask_drain())
+        self._woken = wakeup.wake_on_signals(self.poller)  # (heard at once, not at the timeout)
         log.info("agent_started", agent=self.name, broker=self.broker_address,
                  slots=[format_units(s.units) for s in self.slots], state=self.files.path,
                  leftovers_removed=self.files.left)  # (an agent of this name was killed)
@@ -153,6 +155,8 @@ class Agent(Draining, Fencing):
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
         """Move messages between broker and workers; heartbeat; reap dead workers."""
         events = dict(self.poller.poll(int(timeout * 1000)))
+        if self._woken is not None and self._woken in events:
+            wakeup.drain(self._woken)
         if self._connection.monitor in events:
             self._on_connection_events()
         if self.broker in events:

@@ -23,6 +23,7 @@ import zmq
 from ..core import keys
 from ..core import protocol as P
 from ..core.errors import ProtocolError
+from ..core.wakeup import Waker
 from .session import Session
 
 
@@ -40,6 +41,7 @@ class HeartbeatThread:
         self._stall = stall
         self.turned_at = time.monotonic()   # written by the loop, read here
         self._stop = threading.Event()
+        self._waker = Waker()  # (a stop heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-heartbeat",
                                         daemon=True)
 
@@ -48,8 +50,10 @@ class HeartbeatThread:
 
     def stop(self) -> None:
         self._stop.set()
+        self._waker.wake()
         if self._thread.is_alive():
             self._thread.join(2 * self._interval + 1.0)
+        self._waker.close()
 
     def turned(self, now: float) -> None:
         """The agent's loop turned at NOW."""
@@ -61,10 +65,13 @@ class HeartbeatThread:
         sock.setsockopt(zmq.SNDHWM, 4)  # (a beat that cannot go is stale by the next one)
         keys.secure(sock, self._key)
         sock.connect(self._address)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         try:
             due = time.monotonic()
             while not self._stop.is_set():
-                if sock.poll(max(1, int((due - time.monotonic()) * 1000))):
+                if sock in dict(poller.poll(max(1, int((due - time.monotonic()) * 1000)))):
                     self._receive(sock)
                 now = time.monotonic()
                 if now < due:

@@ -22,6 +22,7 @@ from zmq.utils.monitor import recv_monitor_message
 from ..core import protocol as P
 from ..core.limits import Limits
 from ..core.report import in_user_units
+from ..core.wakeup import wake_on_signals
 from ..logs import get_logger
 from ..scheduler.owners import DEFAULT_HALF_LIFE, Quotas
 from ..scheduler.policy import Scheduler
@@ -234,8 +235,9 @@ class Broker(Intake):
     # -- loop -----------------------------------------------------------------------
     def run(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until stop() or SIGINT/SIGTERM; call READY once signals are handled."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM):  # (heard at once: see wakeup)
             signal.signal(sig, lambda *_: self.stop())
+        wake_on_signals(self.poller)
         if ready is not None:
             ready()
         self._collector.start(time.monotonic())
@@ -266,8 +268,7 @@ class Broker(Intake):
         """Handle what has arrived (for a bounded time), run the scheduler, send batches,
         check heartbeats."""
         start = time.monotonic()
-        # (The loop did not run for that long, stopped or stalled: peers were not silent,
-        # we were not listening.)
+        # (Not run for that long, stopped or stalled: peers were not silent, we were deaf.)
         self.beats.stalled(start - self._last_turn)
         events = dict(self.poller.poll(int(timeout * 1000)))
         busy_from = time.monotonic()  # (a turn's length leaves out its wait for messages)

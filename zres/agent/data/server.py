@@ -25,6 +25,7 @@ from ...core import objects as O
 from ...core import protocol as P
 from ...core import transfer as T
 from ...core.errors import ProtocolError
+from ...core.wakeup import Waker
 from ...logs import get_logger
 from .store import ObjectStore
 
@@ -58,6 +59,7 @@ class DataServer:
         self._mapped: OrderedDict[int, Any] = OrderedDict()
         self._uploads: OrderedDict[tuple[bytes, int], O.ObjectWriter] = OrderedDict()
         self._stop = threading.Event()
+        self._waker = Waker()  # (a stop heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-data", daemon=True)
 
     def start(self) -> None:
@@ -65,8 +67,10 @@ class DataServer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._waker.wake()
         if self._thread.is_alive():
             self._thread.join(5)
+        self._waker.close()
         for writer in self._uploads.values():
             writer.abandon()
         self._sock.close(0)
@@ -82,8 +86,9 @@ class DataServer:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(200):
+            if self._sock not in dict(poller.poll(200)):
                 continue
             for _ in range(256):
                 try:
