@@ -165,6 +165,8 @@ class LocalCluster:
                 self.broker.stdout.close()
             self.broker = None
         keys.forget(getattr(self, "address", ""))
+        from .agent.data.store import forget_stores
+        forget_stores(self.state_dir)  # (an agent killed left its store in /dev/shm)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:

@@ -8,7 +8,6 @@ import os
 import stat
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,7 +71,7 @@ def ref(server: DataServer, object_id: int, size: int, token: bytes | None = Non
                  (T.Holder("a", server.address, server.key),))
 
 
-def test_objects_are_fetched_in_chunks_with_their_token_only(served):
+def test_objects_are_fetched_in_chunks_with_their_token_only(served, tmp_path):
     store, server, transfers = served
     big = os.urandom(3 * T.CHUNK + 12345)  # (several chunks, the last a short one)
     sizes = {1: put_local(store, 1, big), 2: put_local(store, 2, {"small": [1, 2]})}
@@ -82,7 +81,7 @@ def test_objects_are_fetched_in_chunks_with_their_token_only(served):
         transfers.fetch([ref(server, 1, sizes[1], token=T.token(SECRET, "get", 2))])
     with pytest.raises(T.TransferError, match="missing"):
         transfers.fetch([ref(server, 3, 100)])
-    replica = str(Path(store.memory_dir).parent / "replica")
+    replica = str(tmp_path / "replica")
     transfers.fetch_to(ref(server, 1, sizes[1]), replica)
     assert loads(O.read_object(replica)) == big
 

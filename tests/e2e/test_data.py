@@ -263,3 +263,19 @@ def test_an_agent_nobody_reaches_has_its_results_fetched_through_the_brokers_rel
     again = never.submit(made, BIG, resources={"a": 1})
     with pytest.raises(TimeoutError, match="agent-a at tcp://127.0.0.1:1 did not answer"):
         again.result(1)
+
+
+def test_a_local_cluster_whose_agent_was_killed_leaves_no_store_in_memory():
+    """An agent killed keeps its store's memory tier (/dev/shm: memory) for its next
+    start; a local cluster, whose agents never start again, removes it as it closes."""
+    def mine() -> set[str]:
+        return set(glob.glob(f"/dev/shm/zres-{os.geteuid()}-*"))
+    before = mine()
+    with zres.LocalCluster(agents=[{"a": 1}]) as cluster, \
+            zres.Client(cluster.address) as client:
+        assert len(client.submit(made, BIG).result(60)) == BIG
+        made_here = mine() - before
+        assert made_here, "no store in /dev/shm (this test means nothing here)"
+        cluster.agents["agent-0"].kill()
+        cluster.agents["agent-0"].wait(10)
+    assert not made_here & mine()

@@ -28,6 +28,7 @@ from ..files import private_dir, safe_name
 
 log = get_logger("zres.agent")
 _SHM = "/dev/shm"
+SHM_NOTE = "object-store"  # (a file in the agent's state directory: see ``forget_stores``)
 MIN_BUDGET = 64 << 20
 
 
@@ -48,6 +49,10 @@ class ObjectStore:
         self.memory_dir = _memory_dir(state_dir, self.budget)
         for path in (self.memory_dir, self.spill_dir):
             os.close(private_dir(path, "the agent's object store"))
+        # (where it is, beside its state: whoever removes the state removes it too, as a
+        # local cluster does, whose agents may have been killed: /dev/shm is memory)
+        with open(os.path.join(state_dir, SHM_NOTE), "w") as fh:
+            fh.write(self.memory_dir)
             _empty(path)
         self.in_shm = self.memory_dir.startswith(_SHM + "/")
         self._objects: dict[int, _Entry] = {}
@@ -201,3 +206,18 @@ def _unlink(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     except FileNotFoundError:
         pass
+
+
+def forget_stores(state_root: str) -> None:
+    """Remove the memory tiers of the object stores of agents whose state directories are
+    under STATE_ROOT (about to be removed: a local cluster's), stopped or killed."""
+    for root, _, files in os.walk(state_root):
+        if SHM_NOTE in files:
+            try:
+                with open(os.path.join(root, SHM_NOTE)) as fh:
+                    where = fh.read()
+            except OSError:
+                continue
+            if os.path.dirname(where) == _SHM and os.path.basename(where).startswith(
+                    f"zres-{os.geteuid()}-"):
+                shutil.rmtree(where, ignore_errors=True)
