@@ -18,13 +18,20 @@ from zres.core.resources import UNIT
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_a_huge_submit_is_taken_across_turns_and_holds_nobody_up(tmp_path):
+def two_clients(tmp_path) -> tuple[Broker, Peer, Peer]:
+    """A broker keeping its state in TMP_PATH, with two clients welcomed: one to flood it,
+    one whose requests must not wait behind the flood."""
     broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
     big, _ = hello(broker)
     other = Peer(broker, ident=b"client-2")
+    other.send(P.HELLO, {"client": "other"})
+    other.take(P.WELCOME)
+    return broker, big, other
+
+
+def test_a_huge_submit_is_taken_across_turns_and_holds_nobody_up(tmp_path):
+    broker, big, other = two_clients(tmp_path)
     try:
-        other.send(P.HELLO, {"client": "other"})
-        other.take(P.WELCOME)
         count = 20_000
         items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"t{i}", False] for i in range(1, count + 1)]
         big.send(P.SUBMIT, {"tasks": items}, [b"fn", b"args"] * count)
@@ -52,12 +59,8 @@ def test_a_huge_submit_is_taken_across_turns_and_holds_nobody_up(tmp_path):
 
 
 def test_a_client_that_leaves_a_huge_graph_holds_nobody_up(tmp_path):
-    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)))
-    big, _ = hello(broker)
-    other = Peer(broker, ident=b"client-2")
+    broker, big, other = two_clients(tmp_path)
     try:
-        other.send(P.HELLO, {"client": "other"})
-        other.take(P.WELCOME)
         count = 20_000
         for start in range(0, count, 1000):
             items = [[i, {"foo": UNIT}, 0, 0, [], 2, f"t{i}", False]

@@ -40,8 +40,7 @@ class HeartbeatThread:
         self._interval = interval
         self._stall = stall
         self.turned_at = time.monotonic()   # written by the loop, read here
-        self._stop = threading.Event()
-        self._waker = Waker()  # (a stop heard at once)
+        self._waker = Waker()  # (its stop, heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-heartbeat",
                                         daemon=True)
 
@@ -49,8 +48,7 @@ class HeartbeatThread:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._waker.wake()
+        self._waker.stop()
         if self._thread.is_alive():
             self._thread.join(2 * self._interval + 1.0)
         self._waker.close()
@@ -70,7 +68,7 @@ class HeartbeatThread:
         poller.register(self._waker.fd, zmq.POLLIN)
         try:
             due = time.monotonic()
-            while not self._stop.is_set():
+            while not self._waker.stopped:
                 if sock in dict(poller.poll(max(1, int((due - time.monotonic()) * 1000)))):
                     self._receive(sock)
                 now = time.monotonic()

@@ -224,16 +224,13 @@ class Adoption:
 
     def _kept(self, task_id: int, agent: AgentRecord, outcome: str,
               info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """A result AGENT kept while the broker was away (INFO's ``stored``: its size) is
-        recorded there, as a report's is (``agent_reports``); one over the limit fails its
-        task, naming it. Returns the outcome and info to record."""
-        size = info.pop("stored", None)
+        """A result AGENT kept while the broker was away is recorded where it is, as a
+        report's is (``objects.kept``); one over the limit fails its task, naming it.
+        Returns the outcome and info to record."""
         entry = self.tasks.get(task_id)
         task = entry[0] if entry is not None else self._graph.get(task_id)
-        if outcome != P.OK or type(size) is not int or size <= 0 or task is None \
-                or self._objects is None:
-            return outcome, info
-        refused = self._objects.stored(task, agent.name, size)
+        refused = None if task is None or self._objects is None else \
+            self._objects.kept(task, agent.name, outcome, info)
         return (outcome, info) if refused is None else (
             P.FAILED, {"type": "ZresError", "message": refused})
 

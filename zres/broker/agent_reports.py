@@ -155,12 +155,10 @@ class AgentReports:
                 info: dict[str, Any]) -> None:
         """TASK ended on AGENT: its result travelled (FRAMES), or INFO says its worker
         stored it there (kept, unless over the limit: then the task fails naming it)."""
-        size = info.pop("stored", None)
-        if outcome == P.OK and type(size) is int and size > 0:
-            refused = self._objects.stored(task, agent.name, size)
-            if refused is not None:
-                self._graph.fail(task, "ZresError", refused)
-                return
+        refused = self._objects.kept(task, agent.name, str(outcome), info)
+        if refused is not None:
+            self._graph.fail(task, "ZresError", refused)
+            return
         self._graph.finish(task, str(outcome), frames, info)
 
 

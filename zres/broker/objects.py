@@ -52,6 +52,14 @@ class ObjectDirectory:
         self.limit = limit  # bytes an object may have (the broker's max_object_bytes)
 
     # -- where copies are ---------------------------------------------------------------
+    def kept(self, task: Task, agent: str, outcome: str, info: dict[str, Any]) -> str | None:
+        """TASK ended with OUTCOME on AGENT, which says in INFO (``stored``, taken out) that
+        it kept the result: recorded there (see ``stored``); return why not, or None."""
+        size = info.pop("stored", None)
+        if outcome != P.OK or type(size) is not int or size <= 0:
+            return None
+        return self.stored(task, agent, size)
+
     def stored(self, task: Task, agent: str, size: int) -> str | None:
         """TASK's result (SIZE bytes) was made on AGENT and stays there; or, over the
         limit, it is freed there: return why (its task fails saying so)."""

@@ -39,18 +39,21 @@ def drain(fd: int) -> None:
 
 
 class Waker:
-    """A descriptor a thread polls beside its sockets, made readable by ``wake`` from
-    another thread: a thread told to stop hears it at once, not at its poll's timeout."""
+    """A thread's stop flag, and a descriptor it polls beside its sockets that ``stop``
+    (from another thread) makes readable: it hears the stop at once, not at its poll's
+    timeout."""
 
     def __init__(self) -> None:
+        self.stopped = False
         self.fd, self._write = os.pipe()
         os.set_blocking(self.fd, False)
         os.set_blocking(self._write, False)
 
-    def wake(self) -> None:
+    def stop(self) -> None:
+        self.stopped = True
         try:
             os.write(self._write, b"!")
-        except (BlockingIOError, OSError):
+        except OSError:
             pass  # (woken already, or closed)
 
     def close(self) -> None:

@@ -58,16 +58,14 @@ class DataServer:
         self.served = 0                    # bytes sent, for the agent's reports
         self._mapped: OrderedDict[int, Any] = OrderedDict()
         self._uploads: OrderedDict[tuple[bytes, int], O.ObjectWriter] = OrderedDict()
-        self._stop = threading.Event()
-        self._waker = Waker()  # (a stop heard at once)
+        self._waker = Waker()  # (its stop, heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-data", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._waker.wake()
+        self._waker.stop()
         if self._thread.is_alive():
             self._thread.join(5)
         self._waker.close()
@@ -87,7 +85,7 @@ class DataServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)
-        while not self._stop.is_set():
+        while not self._waker.stopped:
             if self._sock not in dict(poller.poll(200)):
                 continue
             for _ in range(256):
