@@ -6,13 +6,15 @@ session; the broker acknowledges them cumulatively, and the agent sends again th
 acknowledged when it reconnects, so none is lost to a broken connection, and none counts
 twice (the broker skips numbers it has seen).
 
-A hand-off (a task to a worker, a command job started, an actor fed) waits until the
-broker has acknowledged the report saying it is ``held``: the broker always knows that a
-task may have started before it can have, whatever happens to the agent, its connection
+A hand-off (a queued grant to a worker, a command job started, an actor fed) waits until
+the broker has acknowledged the report saying it is ``held``: the broker always knows that
+a task may have started before it can have, whatever happens to the agent, its connection
 or its messages in between. And it waits while the agent's lease has lapsed (an
 acknowledgement that arrives after the broker may have given up on the agent starts
 nothing), and goes on at the next turn past a turn's budget (200 jobs to start never keep
-the loop from its other work).
+the loop from its other work). A direct grant (one that fits its slot now) waits for no
+acknowledgement: the broker counted it held, and kept that, before it sent it; it is
+still reported held, and handed over only while the lease holds (``running``).
 """
 
 from __future__ import annotations

@@ -5,14 +5,16 @@ once) or *queued* (pipelining: start when room frees here). Queued grants start 
 priority first, each when it fits beside what runs; one that does not fit is passed over
 (backfill) until it has waited ``starve`` seconds.
 
-The rule that keeps every attempt fenced: nothing starts that the broker has not been told
-about first. Before a task is handed to a worker process, a ``held`` event naming it goes
-out ahead of the hand-off; the broker counts a held task as possibly started, and every
-other grant of a lost agent as never started. While one worker process runs everything
-a slot runs, the agent hands it up to ``DELEGATE`` queued grants (also reported as held)
-that it starts on its own the moment room frees, with no round trip. When a worker dies,
-its start log says which of its tasks had started (lost) and which had not (they run in a
-new process, uncharged). Nothing starts while the lease has lapsed.
+The rule that keeps every attempt fenced: nothing starts that the broker does not count
+as possibly started. A direct grant is counted so from its assignment (the broker keeps
+that before it sends the grant), so it goes to a worker process the moment it arrives. A
+queued grant is handed over only once the broker has acknowledged the report saying it is
+``held``; the broker counts every other grant of a lost agent as never started. Both are
+reported held. While one worker process runs everything a slot runs, the agent hands it
+up to ``DELEGATE`` queued grants (reported held, handed over once acknowledged) that it
+starts on its own the moment room frees, with no round trip. When a worker dies, its start
+log says which of its tasks had started (lost) and which had not (they run in a new
+process, uncharged). Nothing starts while the lease has lapsed.
 """
 
 from __future__ import annotations
@@ -193,7 +195,8 @@ class TaskRunner(HandingBack):
         self._send(worker, grant, {"cpus": cores} if cores else {})
 
     def _send(self, worker: Worker, grant: Grant, extra: dict[str, Any]) -> None:
-        """Send GRANT to WORKER once the broker has heard it is held (see reports)."""
+        """Send GRANT to WORKER: a direct grant now (the broker counted it held before it
+        sent it), a queued one once the broker has heard it is held (see reports)."""
         item = [grant.item[0], grant.item[1], grant.item[2],
                 {**grant.item[3], "taken": grant.taken, "run": grant.run, **extra}]
 
@@ -201,7 +204,10 @@ class TaskRunner(HandingBack):
             if self.grants.get(grant.task) is grant:  # not cancelled or given back meanwhile
                 grant.sent = True
                 self._pool.send(worker, item, grant.frames)
-        self._events.then(send)
+        if grant.direct:
+            send()
+        else:
+            self._events.then(send)
 
     def _delegate_to(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
         """The process that may hold SLOT's queued grants: the one running all it runs
