@@ -143,6 +143,7 @@ class Adoption:
         for task_id in returned:
             if self._waiting(task_id, agent.name) is not None:
                 self._again(task_id, None)  # it never began there
+        self._actors.given_back(agent, returned)
         carried = body.get("carried")
         whole = type(carried) is int and carried == agent.previous  # (see the docstring)
         for task_id in [i for i, (_, _, on) in self.tasks.items() if on == agent.name]:
