@@ -18,9 +18,9 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.fixture
 def pipelining() -> Iterator[Broker]:
-    broker = Broker("tcp://127.0.0.1:0", prefetch=4)
-    yield broker
-    broker.close()
+    pipelined = Broker("tcp://127.0.0.1:0", prefetch=4)
+    yield pipelined
+    pipelined.close()
 
 
 def test_a_task_cancelled_while_its_held_report_was_away_is_cancelled_again(
