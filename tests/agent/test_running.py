@@ -83,6 +83,9 @@ class Events:
     def held(self, task_id: int) -> None:
         self.heard.append(task_id)
 
+    def fenced(self, task_id: int) -> None:  # (a direct grant: said with the next report)
+        self.heard.append(task_id)
+
     def then(self, action: Callable[[], None]) -> None:
         self.waiting.append(action)
 

@@ -14,7 +14,9 @@ acknowledgement that arrives after the broker may have given up on the agent sta
 nothing), and goes on at the next turn past a turn's budget (200 jobs to start never keep
 the loop from its other work). A direct grant (one that fits its slot now) waits for no
 acknowledgement: the broker counted it held, and kept that, before it sent it; it is
-still reported held, and handed over only while the lease holds (``running``).
+handed over only while the lease holds (``running``), and reported held with the next
+report that goes (its start, or its result: no message of its own, which would only
+wake the broker while the task runs).
 """
 
 from __future__ import annotations
@@ -51,11 +53,18 @@ class Reports:
                                               "exits": [], "returned": [], "stored": [],
                                               "master": []}
         self._frames: list[Any] = []
+        self._quiet = 0  # direct grants' held: news enough for no report of its own
 
     # -- gathering (what the runner and the actors call: runner.Events) ---------------
     def held(self, task_id: int) -> None:
         """TASK_ID is handed to a worker process: it may start any moment."""
         self._fields["held"].append(task_id)
+
+    def fenced(self, task_id: int) -> None:
+        """TASK_ID, a direct grant, is handed to a worker: held, said with the next report
+        that goes (the broker counted it held before it sent it: nothing waits for it)."""
+        self._fields["held"].append(task_id)
+        self._quiet += 1
 
     def started(self, task_id: int) -> None:
         self._fields["started"].append(task_id)
@@ -96,7 +105,7 @@ class Reports:
     def take(self, session: int) -> list[Any] | None:
         """Return the next report as a message (None if nothing happened); keep it until
         it is acknowledged."""
-        if not any(self._fields.values()):
+        if sum(map(len, self._fields.values())) <= self._quiet:
             return None
         self._seq += 1
         body: dict[str, Any] = {"seq": self._seq, "session": session}

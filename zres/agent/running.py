@@ -183,13 +183,13 @@ class TaskRunner(HandingBack):
                                        "seq": grant.key[1], "since": grant.since})
 
     def _hand_over(self, grant: Grant) -> None:
-        """Start GRANT in its slot's worker process, or its own (it is reported held
-        first)."""
+        """Start GRANT in its slot's worker process, or its own (it is reported held: a
+        queued one first, a direct one with the next report)."""
         worker = solo.start(self._pool, self.memory, grant, self.slots[grant.slot].spec.nthreads) \
             if solo.is_solo(grant) else self.worker(grant.slot, grant.devices)
         grant.run = next(self._runs)
         self._run(grant, worker)
-        self._events.held(grant.task)
+        (self._events.fenced if grant.direct else self._events.held)(grant.task)
         cores = self.cpus.take(grant.slot, grant.task, grant.taken.get(CPU, 0)) \
             if self.cpus is not None else []
         self._send(worker, grant, {"cpus": cores} if cores else {})
