@@ -82,15 +82,18 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
         self._agents = agents
         self._actors = actors
         self._jobs = jobs
-        # A scheduling pass's grants, sent once the turn's commit holds them (send_assigns).
+        # A scheduling pass's grants of tasks, sent once the turn's commit holds them
+        # (send_assigns); those that start only once the broker has heard them held (an
+        # actor's construction, a multi-node job's rank) go as they are made: before the
+        # commit that keeps where they went (a broker killed in its fsync would have kept
+        # an actor's place, never sent).
         self._assigns = Batches(send, P.ASSIGN, "tasks")
-        # Gangs (issue 31): placement groups, and multi-node jobs' ranks (``gangs``), whose
-        # grants (command jobs: held only once their agent says) go when they are made.
+        gated = self._gated = Batches(send, P.ASSIGN, "tasks")
+        # Gangs (issue 31): placement groups, and multi-node jobs' ranks (``gangs``).
         self._groups = groups
-        ranks = self._rank_assigns = Batches(send, P.ASSIGN, "tasks")
         self._ranks = self.ranks = RankTable(
-            send, graph, sched, agents, jobs, graph.new_id, ranks.add,
-            lambda: ranks.flush(self._ack), token, on_started)
+            send, graph, sched, agents, jobs, graph.new_id, gated.add,
+            lambda: gated.flush(self._ack), token, on_started)
         self._warned: set[int] = set()  # tasks told they were infeasible (some may be gone)
 
     # -- queueing ---------------------------------------------------------------------
@@ -218,7 +221,7 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
                 token = self._token(f"a{actor.id}:{actor.key}")
                 if token:
                     opts["token"] = token
-                self._assigns.add(agent.ident, [
+                self._gated.add(agent.ident, [
                     grant.task, slot_index, grant.units, grant.gpus, actor.spawn_counts[0],
                     actor.spawn_counts[1], opts], actor.spawn)
                 continue
@@ -251,7 +254,7 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
             self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
                                             len(task.payload), counts, opts],
                               [*task.payload, *inputs])
-        self._rank_assigns.flush(self._ack)
+        self._gated.flush(self._ack)
 
     def send_assigns(self) -> None:
         """Send the grants made since the last call: only once the state store holds what
