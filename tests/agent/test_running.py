@@ -53,6 +53,9 @@ class FakePool:
         return worker
 
     def send(self, worker: FakeWorker, item: list[Any], frames: list[Any]) -> None:
+        if not worker.ready:  # (as the real pool: sent once the process says it is ready)
+            worker.backlog.append(([item], frames))
+            return
         self.sent.append((item[0], item[3]))
         self.log.append(("run", item[0]))
 
@@ -237,6 +240,22 @@ def test_a_grant_cancelled_before_its_worker_is_ready_is_never_sent():
     assert events.results[2][1]["type"] == "CancelledError"
     events.ack()
     assert 2 not in [t for t, _ in pool.sent], "a cancelled grant was handed over"
+
+
+def test_a_direct_grant_cancelled_while_its_process_starts_never_runs():
+    # The broker asks (a direct grant may have begun the moment it arrived): one still in
+    # the backlog of a process that is starting has not, and is cancelled for good.
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    (worker,) = pool.by_slot.values()
+    run.free(1)
+    worker.ready = False  # (it died, and a new one is starting, say)
+    run.add([grant(2, direct=True)])
+    assert worker.backlog and 2 not in [t for t, _ in pool.sent]
+    run.cancel(2)
+    assert worker.backlog == [] and events.results[2][1]["type"] == "CancelledError"
+    assert run.slots[0].used.get("CPU", 0) == 0 and 2 not in run.grants
+    run.cancel(1)  # (ended: nothing to do)
 
 
 def test_a_grant_given_back_while_its_worker_starts_is_never_sent():

@@ -283,7 +283,8 @@ class TaskRunner(HandingBack):
                 self.free(task_id)
             self._report_cancelled(task_id)
             return
-        if worker is None or not (force or task_id in state.delegated):
+        starting = worker is not None and not worker.ready and worker.proc.returncode is None
+        if worker is None or not (force or task_id in state.delegated or starting):
             return  # a running call, not forced: it finishes unobserved
         if worker.ready and worker.proc.returncode is None:
             # The worker drops a queued grant unless it has started it, and says which;
@@ -305,7 +306,8 @@ class TaskRunner(HandingBack):
             self._report_cancelled(task_id)
             self._end_delegation_if_done(grant.slot)
         elif worker.proc.returncode is None:
-            # Forced, and its process is still starting: it waits in the backlog, unstarted.
+            # Its process is still starting (a direct grant's: the broker asks, as it may
+            # have begun): it waits in the backlog, unstarted.
             worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
             self.free(task_id)
             self._report_cancelled(task_id)
