@@ -174,8 +174,8 @@ class AgentRegistry:
         # Each agent name's session, kept across the broker's restarts (KEEP_SESSIONS
         # writes them, with the grants made to it): a restarted broker tells an agent that
         # carries its old session's work from one that began anew.
-        self.sessions: dict[str, int] = {str(n): s for n, s in (sessions or {}).items()
-                                         if type(s) is int}
+        self.sessions: dict[str, int] = {str(n): s for n, s in (
+            sessions.items() if isinstance(sessions, dict) else ()) if type(s) is int}
         self._keep_sessions = keep_sessions
 
     @classmethod
