@@ -4,10 +4,12 @@ client that comes back, and what it makes of the tasks an agent held when it wen
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tests.broker.test_agent_link import Peer, report
@@ -209,8 +211,18 @@ def test_a_direct_grant_sent_as_the_broker_died_is_kept_as_perhaps_begun(tmp_pat
     client, _ = hello(broker)
     agent = Peer(broker)
     register(agent, session=1)
+    unkept: list[bool] = []  # (for each assign sent: whether the store had news unwritten)
+    send_raw = broker._send_raw
+    broker._send_raw = lambda ident, frames: (  # type: ignore[method-assign]
+        unkept.append(broker.store.dirty()) if P.decode(frames).kind == P.ASSIGN else None,
+        send_raw(ident, frames))[-1]
     submit(client, 1)
     [(task, *_)] = agent.take(P.ASSIGN).body["tasks"]  # (and no word from the agent)
+    assert unkept == [False], "a direct grant was sent before the commit that keeps it"
+    # Written before it was sent: as another process reads the database now.
+    with sqlite3.connect(broker.store.path) as db:
+        (state,) = db.execute("SELECT state FROM tasks WHERE id = ?", (task,)).fetchone()
+    assert msgpack.unpackb(state)[1] == "node", "sent before it was kept as held there"
     broker = restarted(broker, tmp_path, client, agent)
     client, _ = hello(broker)
     agent = Peer(broker)
