@@ -186,7 +186,8 @@ agent -> broker
                broker's messages, sent again after a resumption until acknowledged. held: handed
                to a worker process, so possibly started (reported before the hand-off,
                which waits for this report's ack; a direct grant's waits for nothing: the
-               broker counted it held from its assign, and needs no ack for it);
+               broker counted it held from its assign; its held goes with the agent's
+               next report, its start or its result, and needs no ack);
                started: its body began; returned: granted here and never started, to be
                granted again. The broker reads a report in that order, all of it at once.
                A result's info.stored: SIZE says it stays in the agent's store (no frames);
