@@ -236,3 +236,29 @@ def test_a_direct_grant_reported_held_needs_no_acknowledgement(broker: Broker):
     finally:
         agent.close()
         client.close()
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_direct_grant_that_crosses_its_agents_goodbye_runs_again_uncharged(
+        broker: Broker, told: bool):
+    """The goodbye comes after the agent's last report, which says held every direct grant
+    it handed over: with every report read, one never said held never reached a worker
+    there. With a report missing (lost with a connection), it may have: it is charged."""
+    agent, client = connected(broker)
+    other = Peer(broker)
+    try:
+        register(agent, session=5)
+        submit(client, 1)
+        (task,) = [t[0] for t in agent.take(P.ASSIGN).body["tasks"]]
+        agent.send(P.BYE, {"session": 5, "seq": 0 if told else 1})
+        if told:
+            register(other, session=6)
+            assert [t[0] for t in other.take(P.ASSIGN).body["tasks"]] == [task]
+            assert broker.graph.tasks[task].retries == 0
+        else:
+            (item,) = client.take(P.RESULTS).body["results"]
+            assert item[3]["type"] == "AgentLostError"
+    finally:
+        agent.close()
+        client.close()
+        other.close()

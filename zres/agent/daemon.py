@@ -299,8 +299,8 @@ class Agent(Draining, Fencing):
         if type(ack) is int:
             self.reports.acked(ack)
 
-    def _send_report(self) -> None:
-        message = self.reports.take(self.session.id)
+    def _send_report(self, last: bool = False) -> None:
+        message = self.reports.take(self.session.id, last)
         if message is not None:
             P.send(self.broker, message)
 

@@ -102,10 +102,11 @@ class Reports:
         self._fields["returned"].append(task_id)
 
     # -- sending ----------------------------------------------------------------------
-    def take(self, session: int) -> list[Any] | None:
-        """Return the next report as a message (None if nothing happened); keep it until
-        it is acknowledged."""
-        if sum(map(len, self._fields.values())) <= self._quiet:
+    def take(self, session: int, last: bool = False) -> list[Any] | None:
+        """Return the next report as a message (None if nothing happened, or only direct
+        grants were handed over, unless it is the LAST before a goodbye); keep it until it
+        is acknowledged."""
+        if sum(map(len, self._fields.values())) <= (0 if last else self._quiet):
             return None
         self._seq += 1
         body: dict[str, Any] = {"seq": self._seq, "session": session}

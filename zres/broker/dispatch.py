@@ -369,10 +369,10 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
 
     # -- agents coming and going ----------------------------------------------------------
     def lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True,
-                   left: bool = False) -> None:
-        """AGENT is gone (LEFT: it said goodbye): what never started there goes again,
-        uncharged; what may have started spends a retry or fails; its actors restart or
-        die."""
+                   left: bool = False, told: bool = False) -> None:
+        """AGENT is gone (LEFT: it said goodbye; TOLD: after every report it sent, the
+        broker has them all): what never started there goes again, uncharged; what may
+        have started spends a retry or fails; its actors restart or die."""
         self._agents.remove(agent, why)
         self._assigns.drop(agent.ident)  # (made for its session: never for a later one)
         self.lineage.lost(self._objects.lost(agent.name), f"agent {agent.name} ({why})")
@@ -392,7 +392,9 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
             task = self._graph.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
                 continue
-            if task.held or task.begun:
+            if task.begun or task.held and not (told and task.unheard):
+                # (its reports, all read, say held all it handed over: a direct grant they
+                # never said held never reached a worker there)
                 self._lost(task, f"agent {agent.name} was lost ({why})")
             else:
                 self._requeue(task)  # it never started there

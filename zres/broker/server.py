@@ -416,8 +416,9 @@ class Broker(Intake):
 
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self.agents.get(ident)
-        if agent is not None:
-            self.dispatch.lose_agent(agent, "it shut down", recheck=False, left=True)
+        if agent is not None:  # (TOLD: after its last report, which the broker has)
+            self.dispatch.lose_agent(agent, "it shut down", recheck=False, left=True,
+                                     told=msg.body.get("seq") == agent.seq)
         else:
             self.clients.leave(ident)
 

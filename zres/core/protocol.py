@@ -198,7 +198,13 @@ agent -> broker
                                                 once the reports are sent again: every
                                                 grant the agent holds
     drain      {session}                        stopping: grant nothing more here
-    bye        {session}                        gone; what it did not report is lost
+    bye        {session, seq}                   gone; what it did not report is lost. seq:
+                                                its last report's: after its last report
+                                                (which says held every direct grant it
+                                                handed over), so if the broker took every
+                                                one, a direct grant not said held never
+                                                reached a worker there (granted again,
+                                                uncharged)
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
     output     {session, items: [[id, stream, data]]}  what tasks printed, as the worker
                                                 sent it, passed on at once (so before the
