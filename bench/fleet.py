@@ -12,8 +12,9 @@ the agents' key (CURVE), speaking the real protocol: it registers a session (one
 broker's echoes of those are late, on a second socket of its own, as a real agent's
 heartbeat thread does (``side``; counted in ``fleet.side_beats``), and answers each
 grant at once with a no-op's result. ``--answer acked`` (the default) answers as a real
-agent does: a report saying the grants are held, then, once the broker has acknowledged
-it, one saying they started and ended; ``once`` says all of it in one report. The fake
+agent does: a direct grant (it fits now) held, started and ended in one report; a queued
+one (pipelined) held in a report, then, once the broker has acknowledged it, started and
+ended in another; ``once`` says all of it in one report for either. The fake
 agents run no code: their CPU is the fleet's, not the broker's.
 
 A client then maps a no-op over ``--tasks`` tasks and waits for all. Reported, per size:

@@ -53,6 +53,7 @@ class FakeAgent:
         self.seq = 0
         self.unacked: collections.deque[tuple[int, list[int]]] = collections.deque()
         self.held: list[int] = []     # the next report's
+        self.gated: list[int] = []    # ... of those, the queued grants (start once acked)
         self.ended: list[int] = []    # started and ended: the next report's
 
     def register(self) -> None:
@@ -95,8 +96,8 @@ class FakeAgent:
             body["results"] = [[i, P.OK, len(self.fleet.result), {}] for i in self.ended]
             frames = self.fleet.result * len(self.ended)
             self.fleet.done += len(self.ended)
-        self.unacked.append((self.seq, self.held if self.fleet.answer == "acked" else []))
-        self.held, self.ended = [], []
+        self.unacked.append((self.seq, self.gated))
+        self.held, self.ended, self.gated = [], [], []
         self.send(P.encode(P.REPORT, body, frames))
 
     def acked(self, ack: Any) -> None:
@@ -138,6 +139,11 @@ class FakeAgent:
             self.fleet.touched.add(self)
             if self.fleet.answer == "once":
                 self.ended.extend(ids)
+            else:  # (as a real agent: a direct grant starts at once, a queued one once acked)
+                queued = {item[0] for item in msg.body["tasks"]
+                          if isinstance(item[-1], dict) and item[-1].get("queued")}
+                self.ended.extend(i for i in ids if i not in queued)
+                self.gated.extend(i for i in ids if i in queued)
         elif msg.kind == P.UNKNOWN:
             # Declared lost (or forgotten): a real agent stops that session's work and
             # registers anew.
@@ -242,8 +248,8 @@ class Fleet:
             print("muted", flush=True)
         elif words[0] == "leave":
             for agent in self.agents:
-                if agent.registered:
-                    agent.send(P.encode(P.BYE, {"session": agent.session}))
+                if agent.registered:  # (after its last report: SEQ)
+                    agent.send(P.encode(P.BYE, {"session": agent.session, "seq": agent.seq}))
                 agent.new_session()  # (not registered: it neither beats nor answers)
             print("left", flush=True)
         elif words[0] == "join":
@@ -263,7 +269,8 @@ class Fleet:
     def close(self) -> None:
         self.counts()
         for agent in self.agents:
-            P.send_now(agent.sock, P.encode(P.BYE, {"session": agent.session}))
+            P.send_now(agent.sock, P.encode(P.BYE, {"session": agent.session,
+                                                   "seq": agent.seq}))
         self.ctx.destroy(linger=0)
 
 

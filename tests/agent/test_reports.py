@@ -51,3 +51,18 @@ def test_a_deferred_grant_can_be_cancelled_and_the_rest_keep_their_frames():
     assert [t[0] for t in first.body["tasks"]] == [1, 3]
     assert first.frames == [b"a1", b"a2", b"c1", b"c2"]
     assert second.frames == [b"d1"] and deferred.ids() == []
+
+
+def test_a_direct_grants_held_goes_with_the_next_report_not_one_of_its_own():
+    """The broker counted it held before it sent it: a report for that alone would only
+    wake the broker while the task runs. It goes with the next news (its start)."""
+    reports = Reports()
+    reports.fenced(1)
+    assert reports.take(7) is None, "a report sent for a direct grant's held alone"
+    reports.started(1)
+    message = reports.take(7)
+    assert message is not None
+    body = P.decode(message).body
+    assert body["held"] == [1] and body["started"] == [1]
+    reports.held(2)  # (a queued grant: its hand-off waits for this report's ack)
+    assert P.decode(reports.take(7)).body["held"] == [2]  # type: ignore[arg-type]

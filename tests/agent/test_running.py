@@ -1,6 +1,7 @@
 """The agent's task runner, with its worker processes stood in for: which grants start, in
 what order, what is handed to a worker to start on its own, and what the broker is told
-first (nothing is handed over before the broker has heard it is held)."""
+first (a direct grant, counted held by the broker from its assignment, goes at once; any
+other is handed over only once the broker has heard it is held)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ class FakePool:
         return worker
 
     def send(self, worker: FakeWorker, item: list[Any], frames: list[Any]) -> None:
+        if not worker.ready:  # (as the real pool: sent once the process says it is ready)
+            worker.backlog.append(([item], frames))
+            return
         self.sent.append((item[0], item[3]))
         self.log.append(("run", item[0]))
 
@@ -80,6 +84,9 @@ class Events:
         self.results: dict[int, tuple[str, dict[str, Any]]] = {}
 
     def held(self, task_id: int) -> None:
+        self.heard.append(task_id)
+
+    def fenced(self, task_id: int) -> None:  # (a direct grant: said with the next report)
         self.heard.append(task_id)
 
     def then(self, action: Callable[[], None]) -> None:
@@ -125,12 +132,28 @@ def started(pool: FakePool) -> list[int]:
     return [t for t, ctx in pool.sent if not ctx.get("queued")]
 
 
-def test_nothing_is_handed_over_before_the_broker_acknowledges_it():
+def test_a_direct_grant_goes_at_once_and_a_queued_one_once_acknowledged():
+    # The broker kept that a direct grant may have begun before it sent it: no round trip
+    # (it is still reported held). A grant the agent starts on its own word (queued at
+    # the broker, fitting here now) waits for the broker to hear it.
     run, pool, events = runner(CPU=2)
     run.add([grant(1, direct=True)])
-    assert events.heard == [1] and pool.sent == [], "sent before the broker heard"
+    assert events.heard == [1] and started(pool) == [1], "a direct grant waited for an ack"
+    run.add([grant(2)])
+    assert events.heard == [1, 2] and started(pool) == [1], "sent before the broker heard"
     events.ack()
-    assert started(pool) == [1]
+    assert started(pool) == [1, 2]
+
+
+def test_a_direct_grant_starts_nothing_while_the_lease_has_lapsed():
+    pool, events, lease = FakePool(), Events(), [False]
+    run = TaskRunner([SlotSpec({"CPU": 2 * UNIT}, [], 4)], pool, events,  # type: ignore[arg-type]
+                     lambda: lease[0])
+    run.add([grant(1, direct=True)])
+    assert pool.sent == [] and events.heard == [], "handed over with the lease lapsed"
+    lease[0] = True
+    run.lease_renewed()
+    assert events.heard == [1] and started(pool) == [1]
 
 
 def test_queued_grants_start_by_priority_and_fitting_ones_pass_a_blocked_one():
@@ -195,7 +218,7 @@ def test_a_queued_grant_cancelled_before_its_hand_off_is_acknowledged_never_reac
 
 def test_a_grant_cancelled_before_its_hand_off_is_acknowledged_frees_what_it_took():
     run, pool, events = runner(CPU=1)
-    run.add([grant(1, direct=True)])
+    run.add([grant(1)])  # (queued at the broker: the agent starts it, once acknowledged)
     run.cancel(1)
     events.ack()
     assert ("run", 1) not in pool.log, "the cancelled grant reached its worker and ran"
@@ -217,6 +240,22 @@ def test_a_grant_cancelled_before_its_worker_is_ready_is_never_sent():
     assert events.results[2][1]["type"] == "CancelledError"
     events.ack()
     assert 2 not in [t for t, _ in pool.sent], "a cancelled grant was handed over"
+
+
+def test_a_direct_grant_cancelled_while_its_process_starts_never_runs():
+    # The broker asks (a direct grant may have begun the moment it arrived): one still in
+    # the backlog of a process that is starting has not, and is cancelled for good.
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    (worker,) = pool.by_slot.values()
+    run.free(1)
+    worker.ready = False  # (it died, and a new one is starting, say)
+    run.add([grant(2, direct=True)])
+    assert worker.backlog and 2 not in [t for t, _ in pool.sent]
+    run.cancel(2)
+    assert worker.backlog == [] and events.results[2][1]["type"] == "CancelledError"
+    assert run.slots[0].used.get("CPU", 0) == 0 and 2 not in run.grants
+    run.cancel(1)  # (ended: nothing to do)
 
 
 def test_a_grant_given_back_while_its_worker_starts_is_never_sent():

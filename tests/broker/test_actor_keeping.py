@@ -111,6 +111,27 @@ def test_an_actor_its_agent_no_longer_has_restarts_or_dies(tmp_path, restarts):
         broker.close()
 
 
+def test_an_actor_whose_construction_its_agent_gives_back_is_placed_again(tmp_path):
+    """Its construction waited for the broker that went (the broker keeps where it placed
+    an actor before it sends it): it never began, and is placed again, no restart
+    spent."""
+    placement, _ = placed_when_the_broker_went(tmp_path, restarts=0, up=False)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        register(agent, session=2, actors=[], returned=[placement])
+        [(again, *_, opts)] = agent.take(P.ASSIGN).body["tasks"]
+        assert opts["actor"] == "a1", "given back, it was lost (no restarts: dead)"
+        report(agent, 1, 2, [b"none"], held=[again], results=[[again, P.OK, 1, {}]])
+        call(client, 2)
+        assert len(calls(agent)) == 1, "the new instance takes no calls"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
 def test_a_construction_that_ended_unheard_is_told_with_the_offer(tmp_path):
     placement, _ = placed_when_the_broker_went(tmp_path, up=False)
     broker = broker_on(tmp_path)

@@ -178,3 +178,87 @@ def test_a_submit_refused_records_none_of_its_tasks(broker: Broker):
     finally:
         agent.close()
         client.close()
+
+
+def test_a_direct_grant_counts_as_begun_when_its_agent_is_lost(broker: Broker):
+    """Its agent hands it to a worker the moment it arrives, asking nothing: lost with its
+    agent, it may have begun (as Ray counts a task leased to a dead node), so with no
+    retries it fails, saying so."""
+    agent, client = connected(broker)
+    try:
+        register(agent, session=5)
+        submit(client, 1)
+        agent.take(P.ASSIGN)
+        register(agent, session=6)  # a new session: the old one's work is gone
+        (item,) = client.take(P.RESULTS).body["results"]
+        assert item[1] == P.FAILED and item[3]["type"] == "AgentLostError"
+        assert "may have started" in item[3]["message"]
+    finally:
+        agent.close()
+        client.close()
+
+
+@pytest.mark.parametrize("heard", [False, True])
+def test_a_direct_grant_a_resumed_session_never_had_goes_again_uncharged(broker: Broker,
+                                                                         heard: bool):
+    """Lost with a connection before its agent said it held it: it never arrived, and goes
+    again, no retry spent. One its agent said it held, and no longer has, may have run."""
+    agent, client = connected(broker)
+    try:
+        register(agent, session=5)
+        submit(client, 1)
+        (task,) = [t[0] for t in agent.take(P.ASSIGN).body["tasks"]]
+        if heard:
+            report(agent, 1, 5, held=[task])
+        welcome = register(agent, session=5, resume=True)
+        agent.send(P.HOLDING, {"session": 5, "tasks": [], "resumed": welcome.body["resumed"]})
+        if heard:
+            (item,) = client.take(P.RESULTS).body["results"]
+            assert item[3]["type"] == "AgentLostError"
+        else:
+            assert [t[0] for t in agent.take(P.ASSIGN).body["tasks"]] == [task]
+            assert broker.graph.tasks[task].retries == 0, "charged, though it never arrived"
+    finally:
+        agent.close()
+        client.close()
+
+
+def test_a_direct_grant_reported_held_needs_no_acknowledgement(broker: Broker):
+    """Nothing waits for it: the broker counted it held before it sent it."""
+    agent, client = connected(broker)
+    try:
+        register(agent, session=5)
+        submit(client, 1)
+        (task,) = [t[0] for t in agent.take(P.ASSIGN).body["tasks"]]
+        report(agent, 1, 5, held=[task])
+        assert not [m for m in agent.sync() if m.kind == P.ACK], "an ack sent for nothing"
+        assert not broker.graph.tasks[task].unheard
+    finally:
+        agent.close()
+        client.close()
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_direct_grant_that_crosses_its_agents_goodbye_runs_again_uncharged(
+        broker: Broker, told: bool):
+    """The goodbye comes after the agent's last report, which says held every direct grant
+    it handed over: with every report read, one never said held never reached a worker
+    there. With a report missing (lost with a connection), it may have: it is charged."""
+    agent, client = connected(broker)
+    other = Peer(broker)
+    try:
+        register(agent, session=5)
+        submit(client, 1)
+        (task,) = [t[0] for t in agent.take(P.ASSIGN).body["tasks"]]
+        agent.send(P.BYE, {"session": 5, "seq": 0 if told else 1})
+        if told:
+            register(other, session=6)
+            assert [t[0] for t in other.take(P.ASSIGN).body["tasks"]] == [task]
+            assert broker.graph.tasks[task].retries == 0
+        else:
+            (item,) = client.take(P.RESULTS).body["results"]
+            assert item[3]["type"] == "AgentLostError"
+    finally:
+        agent.close()
+        client.close()
+        other.close()

@@ -4,10 +4,12 @@ client that comes back, and what it makes of the tasks an agent held when it wen
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tests.broker.test_agent_link import Peer, report
@@ -97,7 +99,9 @@ def test_a_client_finds_its_tasks_and_results_after_a_restart(tmp_path):
         assert told[99][0] == P.FAILED and "did not keep it" in told[99][1]["message"]
         client.send(P.RESUME, {"ids": [1]})
         assert results(client)[1] == (P.OK, [b"one"])
-        register(agent, session=2)
+        # (2 was granted as the broker went: its agent, carrying that session, has not
+        # got it, so it is granted again)
+        register(agent, session=2, carried=1)
         [(second, *_)] = (assign := agent.take(P.ASSIGN)).body["tasks"]
         assert second not in (first, third), "ran again: its result was kept, or not asked"
         assert [bytes(f) for f in assign.frames] == [b"fn", b"args2", b"one"], \
@@ -172,9 +176,10 @@ def test_a_task_an_agent_held_waits_for_its_word(tmp_path, word):
 
 
 def test_what_the_broker_cannot_write_it_does_not_acknowledge(tmp_path):
-    """A full disk: the task is served, but neither its client nor its agent hears that
-    it is kept (the client keeps it to send again; the agent keeps its report and does
-    not hand the task over) until it is written."""
+    """A full disk: neither the task's client nor any agent hears that it is kept (the
+    client keeps it to send again), and it is not granted (a direct grant starts the
+    moment it arrives: it goes only once the broker has kept that it may have), until it
+    is written."""
     broker = Broker("tcp://127.0.0.1:0", prefetch=0,
                     store=Store(str(tmp_path), max_pages=8))  # a few pages: a full disk
     client, _ = hello(broker)
@@ -183,13 +188,75 @@ def test_what_the_broker_cannot_write_it_does_not_acknowledge(tmp_path):
         register(agent, session=1)
         client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 0, [], 2, "big", False]]},
                     [b"fn", b"x" * 200_000])
-        [(task, *_)] = agent.take(P.ASSIGN).body["tasks"]
-        report(agent, 1, 1, held=[task])
         told = agent.sync() + agent.sync()
-        assert not [m for m in told if m.kind == P.ACK or m.body.get("ack", 0) > 0], \
+        assert not [m for m in told if m.kind in (P.ASSIGN, P.ACK)], \
             "an agent was told to go ahead with what the broker did not keep"
+        assert broker.graph.tasks[1].held, "(it was granted: only not sent)"
         assert not [m for m in client.sync() if m.kind == P.ACCEPTED]
         assert "full" in broker.status()["state"]["error"]
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_a_direct_grant_sent_as_the_broker_died_is_kept_as_perhaps_begun(tmp_path, carried):
+    """The broker dies right after sending a direct grant, which its agent may have
+    started at once: the restarted broker counts it held there. An agent that carries the
+    very session it was sent to offers all it may have begun: one not offered never
+    arrived, and goes again uncharged; an agent that began anew may have lost it running
+    (no retries: it fails, saying so)."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    register(agent, session=1)
+    unkept: list[bool] = []  # (for each assign sent: whether the store had news unwritten)
+    send_raw = broker._send_raw
+    broker._send_raw = lambda ident, frames: (  # type: ignore[method-assign]
+        unkept.append(broker.store.dirty()) if P.decode(frames).kind == P.ASSIGN else None,
+        send_raw(ident, frames))[-1]
+    submit(client, 1)
+    [(task, *_)] = agent.take(P.ASSIGN).body["tasks"]  # (and no word from the agent)
+    assert unkept == [False], "a direct grant was sent before the commit that keeps it"
+    # Written before it was sent: as another process reads the database now.
+    with sqlite3.connect(broker.store.path) as db:
+        (state,) = db.execute("SELECT state FROM tasks WHERE id = ?", (task,)).fetchone()
+    assert msgpack.unpackb(state)[1] == "node", "sent before it was kept as held there"
+    broker = restarted(broker, tmp_path, client, agent)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.CANCEL, {"ids": [1], "req": 5})
+        assert client.take(P.CANCEL_REPLY).body["cancelled"] == [], \
+            "cancelled while its agent may be running it"
+        register(agent, session=2, **({"carried": 1} if carried else {}))
+        if carried:
+            assert [t[0] for t in agent.take(P.ASSIGN).body["tasks"]] == [task]
+            assert broker.graph.tasks[task].retries == 0
+        else:
+            outcome, info = results(client, info=True)[1]
+            assert outcome == P.FAILED and info["type"] == "AgentLostError"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+def test_an_agent_carrying_another_session_than_the_one_known_may_have_lost_work(tmp_path):
+    """Its name's session was 1 when the broker went; it carries session 7's work (say,
+    one it began after being told 1 had ended): what was granted to 1 and is not offered
+    may have run there."""
+    task = held_when_the_broker_went(tmp_path)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        register(agent, session=2, carried=7)
+        outcome, info = results(client, info=True)[1]
+        assert outcome == P.FAILED and info["type"] == "AgentLostError"
+        assert not [t for m in agent.sync() if m.kind == P.ASSIGN for t in m.body["tasks"]
+                    if t[0] == task]
     finally:
         for peer in (client, agent):
             peer.close()

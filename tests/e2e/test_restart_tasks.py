@@ -152,3 +152,26 @@ def test_a_result_let_go_of_as_the_broker_dies_is_not_kept_for_ever(make_cluster
     wait_until(lambda: client.status()["counts"] == {"finished": 1},
                message="only the result still held to be kept")
     assert client.submit(inc, kept).result(30) == 3, "the result still held was kept"
+
+
+def test_a_direct_grant_sent_as_the_broker_is_killed_runs_once(make_cluster, make_client,
+                                                               tmp_path):
+    """The broker keeps that a direct grant may have begun before it sends it, and is
+    killed right after: its agent (stopped meanwhile) either got it, and runs it (the
+    restarted broker takes it back), or did not, and it is granted again, uncharged.
+    Either way its body runs once."""
+    cluster = make_cluster(agents=[{"foo": 1}], names=["node"], heartbeat_timeout=10.0)
+    client = make_client(cluster.address)
+    ledger = tmp_path / "ledger"
+    assert client.submit(inc, 0).result(30) == 1
+    agent = cluster.agents["node"]
+    os.kill(agent.pid, signal.SIGSTOP)  # (for a moment: its lease holds)
+    try:
+        future = client.submit(record, str(ledger), "once", 7, resources={"foo": 1},
+                               retries=0)
+        wait_until(lambda: client.why(future) == "running on node", message="the grant")
+        cluster.restart_broker()
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    assert future.result(60) == 7
+    assert runs(ledger) == ["once"]

@@ -11,7 +11,10 @@ begun, and registers a new session only once they have answered, offering:
   each has in hand]]);
 - ``ended``: how the work ended that the old broker had not acknowledged (the results
   of reports it may never have read), with their frames;
-- ``returned``: grants that never began here, to be granted again.
+- ``returned``: grants that never began here, to be granted again;
+- ``carried``: the session whose work this is. A broker that last knew this agent by that
+  session knows the offer is all that session may have begun: a grant made to it and not
+  offered never arrived (a direct grant sent as the broker died), and goes again uncharged.
 The restarted broker adopts what it knows and stops the rest.
 """
 
@@ -40,13 +43,17 @@ class CarryOver:
         # Offered once: what ends after that goes in the new session's first report (the
         # broker takes only the first offer of a session; a repeat must not swallow news).
         self._offered = False
+        self._carried: int | None = None   # the session whose work this is
 
     def adopts(self, msg: P.Message) -> bool:
         """Whether MSG comes from a broker of our cluster that keeps its state."""
         return msg.body.get("adopts") is True and msg.body.get("cluster") == self._jobs.cluster
 
-    def begin(self) -> None:
-        """The broker restarted on its state: keep what runs, take what it did not hear."""
+    def begin(self, session: int) -> None:
+        """The broker restarted on its state: keep what runs, take what it did not hear, of
+        SESSION (or of the session an offer not yet welcomed carries: it is all here)."""
+        if self._carried is None:
+            self._carried = session
         self._take_reports()
         self._reports.reset()
         self._offered = False
@@ -80,6 +87,8 @@ class CarryOver:
                 "actors": self._actors.offer(self._slot_of),
                 "ended": [[i, outcome, len(frames), info] for i, outcome, frames, info in items],
                 "returned": list(self._returned)}
+        if self._carried is not None:
+            body["carried"] = self._carried
         return body, [f for _, _, frames, _ in items for f in frames]
 
     def _slot_of(self, placement: int) -> tuple[int, tuple[str, ...]] | None:
@@ -92,3 +101,4 @@ class CarryOver:
         self._ended.clear()
         self._returned.clear()
         self._offered = False
+        self._carried = None

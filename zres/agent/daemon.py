@@ -183,10 +183,12 @@ class Agent(Draining, Fencing):
             self.reports.go_on()  # hand-offs a lapsed lease or a turn's budget held back
         self._leased = leased
         self.heartbeat.turned(now)
+        # Tasks to the workers first: a direct grant's waits for nothing (the broker kept
+        # that it may have begun before it sent it), its report can follow.
+        self.pool.flush()
+        self.data.turn()
         if self.session.registered:  # (numbered from the welcome) its hand-offs go once acked
             self._send_report()
-        self.data.turn()
-        self.pool.flush()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
             # (with what its store holds, and its memory: limits, the node, each figure)
@@ -297,8 +299,8 @@ class Agent(Draining, Fencing):
         if type(ack) is int:
             self.reports.acked(ack)
 
-    def _send_report(self) -> None:
-        message = self.reports.take(self.session.id)
+    def _send_report(self, last: bool = False) -> None:
+        message = self.reports.take(self.session.id, last)
         if message is not None:
             P.send(self.broker, message)
 

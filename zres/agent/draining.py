@@ -31,7 +31,7 @@ class Draining:
 
         def stop(self) -> None: ...
 
-        def _send_report(self) -> None: ...
+        def _send_report(self, last: bool = False) -> None: ...
 
     def _ask_drain(self) -> None:
         if self._drain_asked:
@@ -72,6 +72,9 @@ class Draining:
         # What still runs is stopped: the workers' deaths report its tasks as lost.
         self.actors.stop_all("the agent is shutting down")
         self.jobs.stop_all()
-        self._send_report()
-        P.send(self.broker, P.encode(P.BYE, {"session": self.session.id}))
+        # (all of it: a direct grant handed over, still running, is said held; one not
+        # said held when the broker reads the goodbye never reached a worker here)
+        self._send_report(last=True)
+        P.send(self.broker, P.encode(P.BYE, {"session": self.session.id,
+                                             "seq": self.reports.seq}))
         self.stop()

@@ -38,7 +38,7 @@ class Fencing:
         register as a new session."""
         log.warning("agent_fenced", agent=self.name, why=why, work_kept=keep)
         if keep:
-            self.carry.begin()
+            self.carry.begin(self.session.id)
         else:
             self.actors.stop_all(why)
             self.runner.abandon(why)

@@ -18,6 +18,8 @@ class Events(Protocol):
 
     def held(self, task_id: int) -> None: ...
 
+    def fenced(self, task_id: int) -> None: ...
+
     def started(self, task_id: int) -> None: ...
 
     def result(self, task_id: int, outcome: str, frames: list[Any],
@@ -42,10 +44,12 @@ class Grant:
     frames: list[Any]
     key: tuple[int, int]         # (-priority, seq): the broker's order
     since: float                 # when it arrived, for starvation
-    direct: bool                 # fits now by the broker's accounting
+    direct: bool                 # fits now by the broker's accounting (and is counted
+                                 # held there already: it goes to a worker at once)
     run: int = 0                 # its run number, once handed to a worker process
     worker: Worker | None = None
-    sent: bool = False           # passed to its worker (after the broker heard it held)
+    sent: bool = False           # passed to its worker (a queued one: once the broker
+                                 # heard it held)
     running: bool = False        # its resources are counted in use
     begun: bool = False          # its worker said it started (its start log is a ring)
     began_at: float = 0.0        # when it began running here (the newest go first when

@@ -6,13 +6,17 @@ session; the broker acknowledges them cumulatively, and the agent sends again th
 acknowledged when it reconnects, so none is lost to a broken connection, and none counts
 twice (the broker skips numbers it has seen).
 
-A hand-off (a task to a worker, a command job started, an actor fed) waits until the
-broker has acknowledged the report saying it is ``held``: the broker always knows that a
-task may have started before it can have, whatever happens to the agent, its connection
+A hand-off (a queued grant to a worker, a command job started, an actor fed) waits until
+the broker has acknowledged the report saying it is ``held``: the broker always knows that
+a task may have started before it can have, whatever happens to the agent, its connection
 or its messages in between. And it waits while the agent's lease has lapsed (an
 acknowledgement that arrives after the broker may have given up on the agent starts
 nothing), and goes on at the next turn past a turn's budget (200 jobs to start never keep
-the loop from its other work).
+the loop from its other work). A direct grant (one that fits its slot now) waits for no
+acknowledgement: the broker counted it held, and kept that, before it sent it; it is
+handed over only while the lease holds (``running``), and reported held with the next
+report that goes (its start, or its result: no message of its own, which would only
+wake the broker while the task runs).
 """
 
 from __future__ import annotations
@@ -49,11 +53,18 @@ class Reports:
                                               "exits": [], "returned": [], "stored": [],
                                               "master": []}
         self._frames: list[Any] = []
+        self._quiet = 0  # direct grants' held: news enough for no report of its own
 
     # -- gathering (what the runner and the actors call: runner.Events) ---------------
     def held(self, task_id: int) -> None:
         """TASK_ID is handed to a worker process: it may start any moment."""
         self._fields["held"].append(task_id)
+
+    def fenced(self, task_id: int) -> None:
+        """TASK_ID, a direct grant, is handed to a worker: held, said with the next report
+        that goes (the broker counted it held before it sent it: nothing waits for it)."""
+        self._fields["held"].append(task_id)
+        self._quiet += 1
 
     def started(self, task_id: int) -> None:
         self._fields["started"].append(task_id)
@@ -91,10 +102,11 @@ class Reports:
         self._fields["returned"].append(task_id)
 
     # -- sending ----------------------------------------------------------------------
-    def take(self, session: int) -> list[Any] | None:
-        """Return the next report as a message (None if nothing happened); keep it until
-        it is acknowledged."""
-        if not any(self._fields.values()):
+    def take(self, session: int, last: bool = False) -> list[Any] | None:
+        """Return the next report as a message (None if nothing happened, or only direct
+        grants were handed over, unless it is the LAST before a goodbye); keep it until it
+        is acknowledged."""
+        if sum(map(len, self._fields.values())) <= (0 if last else self._quiet):
             return None
         self._seq += 1
         body: dict[str, Any] = {"seq": self._seq, "session": session}

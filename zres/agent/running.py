@@ -5,14 +5,16 @@ once) or *queued* (pipelining: start when room frees here). Queued grants start 
 priority first, each when it fits beside what runs; one that does not fit is passed over
 (backfill) until it has waited ``starve`` seconds.
 
-The rule that keeps every attempt fenced: nothing starts that the broker has not been told
-about first. Before a task is handed to a worker process, a ``held`` event naming it goes
-out ahead of the hand-off; the broker counts a held task as possibly started, and every
-other grant of a lost agent as never started. While one worker process runs everything
-a slot runs, the agent hands it up to ``DELEGATE`` queued grants (also reported as held)
-that it starts on its own the moment room frees, with no round trip. When a worker dies,
-its start log says which of its tasks had started (lost) and which had not (they run in a
-new process, uncharged). Nothing starts while the lease has lapsed.
+The rule that keeps every attempt fenced: nothing starts that the broker does not count
+as possibly started. A direct grant is counted so from its assignment (the broker keeps
+that before it sends the grant), so it goes to a worker process the moment it arrives. A
+queued grant is handed over only once the broker has acknowledged the report saying it is
+``held``; the broker counts every other grant of a lost agent as never started. Both are
+reported held. While one worker process runs everything a slot runs, the agent hands it
+up to ``DELEGATE`` queued grants (reported held, handed over once acknowledged) that it
+starts on its own the moment room frees, with no round trip. When a worker dies, its start
+log says which of its tasks had started (lost) and which had not (they run in a new
+process, uncharged). Nothing starts while the lease has lapsed.
 """
 
 from __future__ import annotations
@@ -181,19 +183,20 @@ class TaskRunner(HandingBack):
                                        "seq": grant.key[1], "since": grant.since})
 
     def _hand_over(self, grant: Grant) -> None:
-        """Start GRANT in its slot's worker process, or its own (it is reported held
-        first)."""
+        """Start GRANT in its slot's worker process, or its own (it is reported held: a
+        queued one first, a direct one with the next report)."""
         worker = solo.start(self._pool, self.memory, grant, self.slots[grant.slot].spec.nthreads) \
             if solo.is_solo(grant) else self.worker(grant.slot, grant.devices)
         grant.run = next(self._runs)
         self._run(grant, worker)
-        self._events.held(grant.task)
+        (self._events.fenced if grant.direct else self._events.held)(grant.task)
         cores = self.cpus.take(grant.slot, grant.task, grant.taken.get(CPU, 0)) \
             if self.cpus is not None else []
         self._send(worker, grant, {"cpus": cores} if cores else {})
 
     def _send(self, worker: Worker, grant: Grant, extra: dict[str, Any]) -> None:
-        """Send GRANT to WORKER once the broker has heard it is held (see reports)."""
+        """Send GRANT to WORKER: a direct grant now (the broker counted it held before it
+        sent it), a queued one once the broker has heard it is held (see reports)."""
         item = [grant.item[0], grant.item[1], grant.item[2],
                 {**grant.item[3], "taken": grant.taken, "run": grant.run, **extra}]
 
@@ -201,7 +204,10 @@ class TaskRunner(HandingBack):
             if self.grants.get(grant.task) is grant:  # not cancelled or given back meanwhile
                 grant.sent = True
                 self._pool.send(worker, item, grant.frames)
-        self._events.then(send)
+        if grant.direct:
+            send()
+        else:
+            self._events.then(send)
 
     def _delegate_to(self, slot: int, devices: tuple[str, ...]) -> Worker | None:
         """The process that may hold SLOT's queued grants: the one running all it runs
@@ -277,7 +283,8 @@ class TaskRunner(HandingBack):
                 self.free(task_id)
             self._report_cancelled(task_id)
             return
-        if worker is None or not (force or task_id in state.delegated):
+        starting = worker is not None and not worker.ready and worker.proc.returncode is None
+        if worker is None or not (force or task_id in state.delegated or starting):
             return  # a running call, not forced: it finishes unobserved
         if worker.ready and worker.proc.returncode is None:
             # The worker drops a queued grant unless it has started it, and says which;
@@ -299,7 +306,8 @@ class TaskRunner(HandingBack):
             self._report_cancelled(task_id)
             self._end_delegation_if_done(grant.slot)
         elif worker.proc.returncode is None:
-            # Forced, and its process is still starting: it waits in the backlog, unstarted.
+            # Its process is still starting (a direct grant's: the broker asks, as it may
+            # have begun): it waits in the backlog, unstarted.
             worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
             self.free(task_id)
             self._report_cancelled(task_id)

@@ -12,7 +12,10 @@ A restarted broker restores every actor that had not died:
   next session, with the calls each process has in hand. The actor is taken back on the
   same slot and devices, as it was: the calls in hand run on, and how calls ended while
   the broker was away comes with the offer (``Adoption``); the calls sent to it that never
-  reached its process go again, first, uncharged. An actor its agent no longer has, or
+  reached its process go again, first, uncharged. One whose construction its agent gives
+  back (it waited for the broker that went) never began: it is placed again, no restart
+  spent (the broker keeps where it placed an actor before it sends it). An actor its
+  agent no longer has, or
   whose agent is not back within the grace period, is lost as if that agent had died: it
   restarts if it may (its calls that may have begun spend a retry), else it is dead;
 - its calls not sent yet queue again per caller, in the order they were made.
@@ -209,6 +212,17 @@ class ActorKeeper:
         for actor in [a for a in self.adopting.values() if a.agent_name == agent.name]:
             self._lose(actor, f"the broker restarted while it ran on agent {agent.name}, "
                        "and that agent no longer had it when it came back")
+
+    def given_back(self, agent: AgentRecord, returned: set[int]) -> None:
+        """AGENT gives back (RETURNED) the constructions of its adopting actors that never
+        reached their process: each is placed again, as a restart that costs none."""
+        for actor in [a for a in self.adopting.values()
+                      if a.agent_name == agent.name and a.placement in returned]:
+            del self.adopting[actor.id]
+            if actor.restarts >= 0:
+                actor.restarts += 1  # (spent again by lost: it was never begun)
+            self._routing.lost(actor, f"its construction never reached agent {agent.name} "
+                               "before the broker restarted", set())
 
     def expire(self, grace: float) -> None:
         """The actors whose agents were not back within GRACE seconds are lost."""

@@ -12,10 +12,14 @@ its next session, with their slot and GPU positions, and says how recent jobs en
   lost, saying why.
 - A job offered that the broker does not know (or cannot hold there) is stopped, its
   resources counted until it is gone.
-Python tasks an agent held (``keeping`` restores them) wait the same way, and the agent
-also gives back those that never began there: they are granted again, uncharged. One its
-agent no longer has, or whose agent is not back in time, may have run: it spends a retry,
-or fails with AgentLostError. Actors are taken back alike (``actor_keeping``), and so are
+Python tasks an agent held (``keeping`` restores them; a direct grant is held from its
+assignment) wait the same way, and the agent also gives back those that never began
+there: they are granted again, uncharged. An agent that carries the very session the
+broker last knew it by (``carried``: the same process, which stopped nothing) offers all
+that may have begun there, so one it does not offer never reached it (an assignment lost
+with the broker): it is granted again, uncharged too. One whose agent began anew (or
+carries another session), or is not back in time, may have run: it spends a retry, or
+fails with AgentLostError. Actors are taken back alike (``actor_keeping``), and so are
 placement groups' bundles (before the work inside them) and multi-node jobs' ranks
 (``gangs.keeping``, ``gangs.rank_keeping``).
 """
@@ -139,9 +143,15 @@ class Adoption:
         for task_id in returned:
             if self._waiting(task_id, agent.name) is not None:
                 self._again(task_id, None)  # it never began there
+        self._actors.given_back(agent, returned)
+        carried = body.get("carried")
+        whole = type(carried) is int and carried == agent.previous  # (see the docstring)
         for task_id in [i for i, (_, _, on) in self.tasks.items() if on == agent.name]:
-            self._again(task_id, f"the broker restarted while agent {agent.name} held it, "
-                        "and that agent no longer had it when it came back")
+            if whole:
+                log.info("task_never_arrived", id=task_id, agent=agent.name)
+            self._again(task_id, None if whole else f"the broker restarted while agent "
+                        f"{agent.name} held it, and that agent no longer had it when it "
+                        "came back")
         for job in [j for j in self._jobs.adopting.values() if _on(j) == agent.name]:
             # Given back: its start waited for the old broker, and never came. (Only
             # the agent can say so: one started anew has no word of what its last life

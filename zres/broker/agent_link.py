@@ -227,13 +227,15 @@ class AgentLink:
             raise ProtocolError("report: each result must be a 4-item array")
         payloads = P.split_frames(msg.frames, [i[2] for i in results])
         self._agents.took(agent, seq)
+        if msg.body.get("held"):  # (of its direct grants: no news, see dispatch)
+            msg.body["held"] = self._dispatch.heard(agent, msg.body["held"])
         self._dispatch.report(agent, msg.body, payloads, now)
         if msg.body.get("held") or sum(len(P.buffer(f)) for f in msg.frames) >= _BIG_REPORT:
-            # Its hand-offs wait for this (held), or it keeps what it sent until
-            # acknowledged (big): acknowledged once the state is kept (a job it may now
-            # start is recorded as held there), by the commit that ends this turn's
-            # messages: one for all the agents' reports (a commit each took a fifth of
-            # the loop's time at 1,000 agents).
+            # Its hand-offs wait for this (held: a queued grant, a job, an actor's call),
+            # or it keeps what it sent until acknowledged (big): acknowledged once the
+            # state is kept (a job it may now start is recorded as held there), by the
+            # commit that ends this turn's messages: one for all the agents' reports (a
+            # commit each took a fifth of the loop's time at 1,000 agents).
             self.to_ack.add(ident)
 
     def on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:

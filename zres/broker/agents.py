@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as P
 from ..core.errors import ProtocolError
@@ -19,6 +19,9 @@ from ..core.resources import GPU, UNIT, Units, format_units
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
 from ..scheduler.table import NewSlot
+
+if TYPE_CHECKING:
+    from .store import Store
 
 log = get_logger("zres.broker")
 _ENDED_KEPT = 10_000  # routing ids of lost agents remembered, to tell them so
@@ -83,6 +86,9 @@ class AgentRecord:
     # session ends when that key is revoked.
     key: str = ""
     public: str = ""
+    # The session its name had before this one (kept across the broker's restarts): an
+    # agent that carries that session's work offers all of it (``adoption``).
+    previous: int | None = None
 
 
 def parse_registration(msg: P.Message, limits: Limits) -> Registration:
@@ -132,7 +138,9 @@ class AgentRegistry:
                  ended: list[list[Any]] | dict[bytes, str] | None = None,
                  keep_ended: Callable[[OrderedDict[bytes, str]], None] = lambda ended: None,
                  bindings: dict[str, str] | None = None,
-                 keep_bindings: Callable[[dict[str, str]], None] = lambda keys: None) -> None:
+                 keep_bindings: Callable[[dict[str, str]], None] = lambda keys: None,
+                 sessions: dict[str, int] | None = None,
+                 keep_sessions: Callable[[dict[str, int]], None] = lambda s: None) -> None:
         self.sched = sched
         self.timeout = timeout
         self.by_ident: dict[bytes, AgentRecord] = {}
@@ -163,6 +171,25 @@ class AgentRegistry:
         # broker must not let another key take a name first.
         self.name_keys: dict[str, str] = dict(bindings or {})
         self._keep_bindings = keep_bindings
+        # Each agent name's session, kept across the broker's restarts (KEEP_SESSIONS
+        # writes them, with the grants made to it): a restarted broker tells an agent that
+        # carries its old session's work from one that began anew.
+        self.sessions: dict[str, int] = {str(n): s for n, s in (
+            sessions.items() if isinstance(sessions, dict) else ()) if type(s) is int}
+        self._keep_sessions = keep_sessions
+
+    @classmethod
+    def kept(cls, sched: Scheduler, timeout: float, store: Store | None) -> AgentRegistry:
+        """An AgentRegistry whose lost agents, name bindings and sessions STORE keeps
+        across the broker's restarts (None: nothing is kept)."""
+        if store is None:
+            return cls(sched, timeout)
+        return cls(sched, timeout, ended=store.meta("ended_agents"),
+                   keep_ended=lambda ended: store.set_meta("ended_agents", ended),
+                   bindings=store.meta("agent_keys"),
+                   keep_bindings=lambda keys: store.set_meta("agent_keys", keys),
+                   sessions=store.meta("agent_sessions"),
+                   keep_sessions=lambda sessions: store.set_meta("agent_sessions", sessions))
 
     def __len__(self) -> int:
         return len(self.by_ident)
@@ -247,7 +274,12 @@ class AgentRegistry:
         self.sched.add_slots(new)
         slot_ids = [slot.id for slot in new]
         record = AgentRecord(ident, reg.name, reg.host, reg.pid, now, slot_ids, reg.gpus,
-                             reg.spec(), reg.session, echo=reg.sent_at)
+                             reg.spec(), reg.session, echo=reg.sent_at,
+                             previous=self.sessions.pop(reg.name, None))
+        self.sessions[reg.name] = reg.session  # (last: registered most recently)
+        while len(self.sessions) > _BINDINGS_KEPT:
+            del self.sessions[next(iter(self.sessions))]
+        self._keep_sessions(self.sessions)
         if self.ended.pop(ident, None) is not None:
             self._keep_ended(self.ended)
         self.by_ident[ident] = record
@@ -273,6 +305,9 @@ class AgentRegistry:
         for slot_id in agent.slots:
             del self.slot_owner[slot_id]
         self.removed += 1
+        if self.sessions.get(agent.name) == agent.session:  # (its work went with it)
+            del self.sessions[agent.name]
+            self._keep_sessions(self.sessions)
         self.ended[agent.ident] = why
         while len(self.ended) > _ENDED_KEPT:
             self.ended.popitem(last=False)

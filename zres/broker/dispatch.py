@@ -5,9 +5,18 @@ one ASSIGN batch per agent per loop turn. The agent's reports say, in order, whi
 it handed to a worker process (``held``: possibly started), which began, which ended (the
 resources come back) and which it gives back unstarted.
 
-When an agent is lost, the broker knows exactly what may have run there: a grant its agent
-never reported held never started, and goes again with no retry spent; a held one may have
-started, so it spends a retry or, with none left, fails with AgentLostError saying so.
+A *direct* grant (one that fits its slot now) is counted held from its assignment: that is
+written to the state store before the grant leaves (``send_assigns``, after the turn's
+commit), and its agent hands it to a worker at once, waiting for no acknowledgement. A
+*queued* grant (pipelining) is held only once its agent reports it so (and hands it over
+once the broker has acknowledged that report).
+
+When an agent is lost, the broker knows what may have run there: a held grant (a direct
+one included: as Ray counts a task leased to a dead node) may have started, so it spends a
+retry or, with none left, fails with AgentLostError saying so; a queued grant its agent
+never reported held never started, and goes again with no retry spent. A direct grant its
+agent turns out never to have had (a resumed session that does not hold it, a restarted
+broker's agent that carries its old session's work without it) goes again, uncharged.
 ``retries=0`` therefore means the body runs at most once, whatever fails.
 """
 
@@ -22,12 +31,13 @@ from ..core import protocol as P
 from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
-from ..scheduler.records import Grant, Shape, Workers, workers, workers_of
+from ..scheduler.records import Grant
 from .actor_records import ActorState
 from .actors import ActorRouting
 from .agent_reports import AgentReports
 from .agents import AgentRecord, AgentRegistry
 from .cancels import CancelAnswers
+from .feasibility import Feasibility, where
 from .gangs.ranks import RankTable
 from .gangs.records import GroupState
 from .gangs.routing import GangRouting
@@ -46,7 +56,7 @@ class CancelOutcome(enum.Enum):
     ASKED = "asked"            # its agent says whether its worker process had begun it
 
 
-class Dispatcher(AgentReports, GangRouting):
+class Dispatcher(AgentReports, GangRouting, Feasibility):
     """Move tasks from ready to queued, granted, running and finished, across agents."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler, agents: AgentRegistry,
@@ -72,12 +82,18 @@ class Dispatcher(AgentReports, GangRouting):
         self._agents = agents
         self._actors = actors
         self._jobs = jobs
+        # A scheduling pass's grants of tasks, sent once the turn's commit holds them
+        # (send_assigns); those that start only once the broker has heard them held (an
+        # actor's construction, a multi-node job's rank) go as they are made: before the
+        # commit that keeps where they went (a broker killed in its fsync would have kept
+        # an actor's place, never sent).
         self._assigns = Batches(send, P.ASSIGN, "tasks")
+        gated = self._gated = Batches(send, P.ASSIGN, "tasks")
         # Gangs (issue 31): placement groups, and multi-node jobs' ranks (``gangs``).
         self._groups = groups
         self._ranks = self.ranks = RankTable(
-            send, graph, sched, agents, jobs, graph.new_id, self._assigns.add,
-            lambda: self._assigns.flush(self._ack), token, on_started)
+            send, graph, sched, agents, jobs, graph.new_id, gated.add,
+            lambda: gated.flush(self._ack), token, on_started)
         self._warned: set[int] = set()  # tasks told they were infeasible (some may be gone)
 
     # -- queueing ---------------------------------------------------------------------
@@ -116,45 +132,6 @@ class Dispatcher(AgentReports, GangRouting):
                             and task.id not in self._jobs.active,
                             kind=task.kind, where=place, owner=task.owner,
                             near=self._objects.near(task))
-
-    def warn_infeasible(self, task: Task, reason: str) -> None:
-        """Tell TASK's client, once per reason, that no agent could ever run it."""
-        if task.warned == reason:
-            return
-        task.warned = reason
-        self._warned.add(task.id)
-        log.warning("task_infeasible", task=task.name, id=task.id, reason=reason)
-        self._send(task.client, P.WARN, {"id": task.local_id, "reason": reason})
-
-    def recheck_feasibility(self) -> None:
-        """Judge the queued tasks again against the agents there now: each shape of request
-        once (its tasks fit or fail alike), then task by task only the tasks of a shape
-        that cannot run and those told before that theirs could not (the first agent to
-        join a million queued tasks held the loop for a second, judging each)."""
-        queue, waiting = self._sched.queue, self._sched.waiting
-        never = {lane for lane in queue.lanes()
-                 if self._sched.infeasible_reason(*_request(lane[1])) is not None}
-        ids = {task_id for task_id in self._warned if task_id in waiting}
-        ids.update(task_id for lane in never for task_id in queue.members(lane))
-        ids.update(self._sched.gangs.gangs)  # (few; each judged whole, across agents)
-        self._warned = set()
-        for task_id in sorted(ids):  # (in the order they came)
-            if self._sched.gang(task_id) is not None:
-                self._recheck_gang(task_id)
-                continue
-            task = self._graph.get(task_id)
-            if task is None:
-                continue  # an actor's restart: it waits for a fitting agent to join
-            reason = None if task.bundle else self._sched.infeasible_reason(task.units,
-                                                                             where(task))
-            if reason is None:
-                task.warned = ""
-            elif task.strict:
-                self._sched.dequeue(task.id)
-                self._graph.fail(task, "InfeasibleError",
-                                 f"task {task.name} (id {task.id}) is infeasible: {reason}")
-            else:
-                self.warn_infeasible(task, reason)
 
     def cancel(self, task: Task, force: bool = False) -> CancelOutcome:
         """Cancel TASK if it cannot have begun: it fails as cancelled now. One that has
@@ -221,7 +198,8 @@ class Dispatcher(AgentReports, GangRouting):
 
     # -- granting -----------------------------------------------------------------------
     def assign(self, grants: list[Grant]) -> None:
-        """Send the scheduler's GRANTS to their agents, one batch per agent."""
+        """Make the scheduler's GRANTS, one batch per agent, sent by send_assigns; a direct
+        grant of a Python task is counted held from now (see the module's docstring)."""
         for grant in grants:
             if grant.bundle is not None:  # (a gang's bundle: reserved, or a job's rank)
                 self._gang_placed(grant)
@@ -243,7 +221,7 @@ class Dispatcher(AgentReports, GangRouting):
                 token = self._token(f"a{actor.id}:{actor.key}")
                 if token:
                     opts["token"] = token
-                self._assigns.add(agent.ident, [
+                self._gated.add(agent.ident, [
                     grant.task, slot_index, grant.units, grant.gpus, actor.spawn_counts[0],
                     actor.spawn_counts[1], opts], actor.spawn)
                 continue
@@ -252,10 +230,14 @@ class Dispatcher(AgentReports, GangRouting):
             task.agent = agent.name
             task.started_at = time.monotonic()
             task.attempt += 1
-            task.held = task.begun = False
+            job = self._jobs.active.get(task.id)
+            # (a job's start still waits for the broker to hear it held: jobs are long)
+            task.held = task.unheard = grant.started and job is None
+            task.begun = False
+            if task.held:
+                self._on_changed(task)  # (kept before it leaves: its agent asks nothing)
             opts["attempt"] = task.attempt
             token = self._token(f"t{task.id}:{task.owner}")
-            job = self._jobs.active.get(task.id)
             if job is not None:
                 # (a job's programs find it in their environment: `zres submit` in a job
                 # submits as the job's owner)
@@ -272,7 +254,25 @@ class Dispatcher(AgentReports, GangRouting):
             self._assigns.add(agent.ident, [task.id, slot_index, grant.units, grant.gpus,
                                             len(task.payload), counts, opts],
                               [*task.payload, *inputs])
+        self._gated.flush(self._ack)
+
+    def send_assigns(self) -> None:
+        """Send the grants made since the last call: only once the state store holds what
+        they say (a direct grant may start the moment it arrives)."""
         self._assigns.flush(self._ack)
+
+    def heard(self, agent: AgentRecord, held: Any) -> list[Any]:
+        """AGENT reports it holds HELD: of its direct grants, counted held from their
+        assignment, that is all it says (nothing to write, no hand-off waits for an
+        acknowledgement); return the rest, news to take in."""
+        news = []
+        for task_id in held if isinstance(held, list) else ():
+            task = self._mine(agent, task_id) if type(task_id) is int else None
+            if task is not None and task.unheard and not task.cancelling:
+                task.unheard = False
+            else:
+                news.append(task_id)
+        return news
 
     def _ack(self, ident: bytes) -> dict[str, Any]:
         agent = self._agents.get(ident)
@@ -300,7 +300,7 @@ class Dispatcher(AgentReports, GangRouting):
             task = self._mine(agent, task_id)
             if task is None or task_id in holding:
                 continue
-            if task.held or task.begun:
+            if (task.held and not task.unheard) or task.begun:
                 self._lost(task, f"agent {agent.name} no longer has it after reconnecting")
             else:
                 self.release(task_id)
@@ -343,7 +343,7 @@ class Dispatcher(AgentReports, GangRouting):
                          f"task {task.name} (id {task.id}) was cancelled")
             return
         self._graph.set_state(task, TaskState.QUEUED)
-        task.held = task.begun = False
+        task.held = task.begun = task.unheard = False
         self._jobs.requeued(task)
         self._on_changed(task)
         self._enqueue(task)
@@ -361,18 +361,20 @@ class Dispatcher(AgentReports, GangRouting):
         if task.retries:
             self._retry(task, why)
             return
-        how = ("while running task" if task.begun else
+        how = ("while running task" if task.begun else "just after it was granted, to start "
+               "at once (so it may have started), task" if task.unheard else
                "after it had handed over (so it may have started) task")
         self._graph.fail(task, "AgentLostError",
                          f"{why} {how} {task.name} (id {task.id}), and it had no retries left")
 
     # -- agents coming and going ----------------------------------------------------------
     def lose_agent(self, agent: AgentRecord, why: str, recheck: bool = True,
-                   left: bool = False) -> None:
-        """AGENT is gone (LEFT: it said goodbye): what never started there goes again,
-        uncharged; what may have started spends a retry or fails; its actors restart or
-        die."""
+                   left: bool = False, told: bool = False) -> None:
+        """AGENT is gone (LEFT: it said goodbye; TOLD: after every report it sent, the
+        broker has them all): what never started there goes again, uncharged; what may
+        have started spends a retry or fails; its actors restart or die."""
         self._agents.remove(agent, why)
+        self._assigns.drop(agent.ident)  # (made for its session: never for a later one)
         self.lineage.lost(self._objects.lost(agent.name), f"agent {agent.name} ({why})")
         if left:
             log.info("agent_left", agent=agent.name)
@@ -390,7 +392,9 @@ class Dispatcher(AgentReports, GangRouting):
             task = self._graph.get(task_id)
             if task is None or task.state is not TaskState.RUNNING:
                 continue
-            if task.held or task.begun:
+            if task.begun or task.held and not (told and task.unheard):
+                # (its reports, all read, say held all it handed over: a direct grant they
+                # never said held never reached a worker there)
                 self._lost(task, f"agent {agent.name} was lost ({why})")
             else:
                 self._requeue(task)  # it never started there
@@ -412,13 +416,3 @@ class Dispatcher(AgentReports, GangRouting):
         """An agent's capacity changed."""
         self.recheck_feasibility()
 
-
-def _request(shape: Shape) -> tuple[dict[str, int], Workers | None]:
-    """The resources and the agents (None: any) of a request of SHAPE."""
-    where = workers_of(shape)
-    return dict(shape[:-1] if where is not None else shape), where
-
-
-def where(task: Task) -> Workers | None:
-    """The agents TASK may run on, or prefers, as the scheduler takes them (None: any)."""
-    return workers(task.workers, task.allow_other_workers) if task.workers else None

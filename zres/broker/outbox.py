@@ -28,6 +28,10 @@ class Batches:
         items.append(item)
         out.extend(frames)
 
+    def drop(self, ident: bytes) -> None:
+        """Forget what is gathered for IDENT (it was made for a session that has ended)."""
+        self._pending.pop(ident, None)
+
     def flush(self, extra: Callable[[bytes], dict[str, Any]] | None = None) -> None:
         """Send every peer's batch, with EXTRA(ident)'s fields in its body."""
         pending, self._pending = self._pending, {}

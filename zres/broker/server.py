@@ -116,11 +116,8 @@ class Broker(Intake):
         # its work is stopped (CLIENT_TIMEOUT: one silent, its connection open).
         self.clients = ClientRegistry(client_timeout, self._client_gone, client_grace)
         self.keeper = TaskKeeper(store, self.clients)
-        self.agents = AgentRegistry(
-            self.sched, heartbeat_timeout, ended=store.meta("ended_agents") if store else None,
-            keep_ended=lambda ended: store.set_meta("ended_agents", ended) if store else None,
-            bindings=store.meta("agent_keys") if store else None,
-            keep_bindings=lambda keys: store.set_meta("agent_keys", keys) if store else None)
+        # (lost agents, name bindings and sessions are kept across restarts)
+        self.agents = AgentRegistry.kept(self.sched, heartbeat_timeout, store)
         # The parts name each other's methods through lambdas where each needs one made
         # after it: objects that refer to each other, modules that do not.
         self.graph = TaskGraph(on_ready=lambda task: self.dispatch.make_ready(task),
@@ -299,8 +296,6 @@ class Broker(Intake):
         now = time.monotonic()
         self.beats.stalled(now - start)  # (one message held us that long?)
         self.settle()
-        self._keep()
-        self.beats.answer()
         if self.sched.needs_pass():
             try:
                 began = time.perf_counter()
@@ -309,6 +304,8 @@ class Broker(Intake):
                 self.dispatch.assign(grants)
             except Exception:  # a bug must not take the broker down for everyone
                 log.exception("scheduling_failed")
+        self._keep()  # (the turn's messages and grants, in one commit; then the grants go)
+        self.beats.answer()
         if now - self._last_beat >= self.hb_interval:
             self._last_beat = now
             try:
@@ -350,12 +347,13 @@ class Broker(Intake):
             self.dispatch.recheck_feasibility()
 
     def _keep(self) -> None:
-        """Commit what the turn's messages changed, then acknowledge the agents' reports
-        that wait for it. Before any ack goes out (in assigns, heartbeats, acks): an agent
-        starts a job only once the broker has kept that it may, and drops a result once it
-        is kept."""
+        """Commit what the turn changed, then send the grants made and acknowledge the
+        agents' reports that wait for it. Before any grant or ack goes out (in assigns,
+        heartbeats, acks): an agent starts a direct grant the moment it arrives, and a job
+        once the broker has kept that it may, and drops a result once it is kept."""
         if self.store is None or self._commit():
             self.agents.written()
+            self.dispatch.send_assigns()  # (a failed commit: they wait for the next one)
         self.link.flush_acks()
 
     def _commit(self) -> bool:
@@ -418,8 +416,9 @@ class Broker(Intake):
 
     def _on_bye(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self.agents.get(ident)
-        if agent is not None:
-            self.dispatch.lose_agent(agent, "it shut down", recheck=False, left=True)
+        if agent is not None:  # (TOLD: after its last report, which the broker has)
+            self.dispatch.lose_agent(agent, "it shut down", recheck=False, left=True,
+                                     told=msg.body.get("seq") == agent.seq)
         else:
             self.clients.leave(ident)
 

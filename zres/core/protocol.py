@@ -173,7 +173,10 @@ agent -> broker
                placement, slot, [gpu position...], [call ids in hand]]], ended?: [[id,
                outcome, nframes, info]] (frames follow) of late, and returned?: [id...]
                held but never begun: a restarted broker of the cluster adopts them,
-               grants them again or stops them (kill_actor for an actor)
+               grants them again or stops them (kill_actor for an actor); carried?:
+               the session whose work it offers (the agent stopped none of it): if the
+               broker last knew this agent's name by that session, a grant to it that
+               is not offered never arrived, and goes again with no retry spent
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
                 cause, running: [call ids started], error?: MemoryLimitError}],
@@ -181,7 +184,10 @@ agent -> broker
                numbered per session, taken in strictly in order (one after a gap is
                dropped: it comes again), acknowledged cumulatively by ``ack`` in the
                broker's messages, sent again after a resumption until acknowledged. held: handed
-               to a worker process, so possibly started (reported before the hand-off);
+               to a worker process, so possibly started (reported before the hand-off,
+               which waits for this report's ack; a direct grant's waits for nothing: the
+               broker counted it held from its assign; its held goes with the agent's
+               next report, its start or its result, and needs no ack);
                started: its body began; returned: granted here and never started, to be
                granted again. The broker reads a report in that order, all of it at once.
                A result's info.stored: SIZE says it stays in the agent's store (no frames);
@@ -192,7 +198,13 @@ agent -> broker
                                                 once the reports are sent again: every
                                                 grant the agent holds
     drain      {session}                        stopping: grant nothing more here
-    bye        {session}                        gone; what it did not report is lost
+    bye        {session, seq}                   gone; what it did not report is lost. seq:
+                                                its last report's: after its last report
+                                                (which says held every direct grant it
+                                                handed over), so if the broker took every
+                                                one, a direct grant not said held never
+                                                reached a worker there (granted again,
+                                                uncharged)
     logs_reply {token, data, error?}            a job's log, for the broker to pass on
     output     {session, items: [[id, stream, data]]}  what tasks printed, as the worker
                                                 sent it, passed on at once (so before the
@@ -206,7 +218,10 @@ broker -> agent
                relay: as in a client's welcome
     assign     {ack?, tasks: [[id, slot, units, gpus, nframes, deps: [nframes...], opts?]]}
                opts {queued?, taken?, priority, seq, attempt, actor?, job?, token?}: queued
-               grants start when room frees there (direct ones fit now); actor {actor: id,
+               grants start when room frees there; direct ones fit now, and a direct
+               Python task's grant is counted held (possibly begun) from this assign,
+               which goes only once the broker has kept that: its agent hands it to a
+               worker at once, while its lease holds (no ack awaited); actor {actor: id,
                concurrency}: start a process of its own that constructs the actor and then
                serves its calls; job {argv, env, cwd}: a command job the agent runs (env:
                its exported variables, then its own, then ZRES_TASK_TOKEN, with keys; a

@@ -173,6 +173,11 @@ class Task:
     # with no retry spent.
     held = _flag(8)
     begun = _flag(16)
+    # A direct grant (it fits its slot now) is counted held from its assignment, written
+    # before the grant leaves (its agent hands it over at once, asking nothing); until
+    # its agent says it holds it, one that turns out never to have reached it (a session
+    # resumed without it) goes again with no retry spent.
+    unheard = _flag(4096)
     # A forced cancel is stopping it where it runs: it ends cancelled once its agent says
     # it is gone (its resources free then), never retried.
     stopping = _flag(256)
