@@ -60,7 +60,6 @@ _TURN_BUDGET = 0.03    # seconds of message handling per loop turn, at most
 _BACKLOG_BUDGET = 0.02  # ... and of work left from earlier turns (large submits)
 
 
-
 class Broker(Intake):
     """Route messages between clients and agents; own the parts that keep the records."""
 
@@ -350,12 +349,13 @@ class Broker(Intake):
             self.dispatch.recheck_feasibility()
 
     def _keep(self) -> None:
-        """Commit what the turn's messages changed, then acknowledge the agents' reports
-        that wait for it. Before any ack goes out (in assigns, heartbeats, acks): an agent
-        starts a job only once the broker has kept that it may, and drops a result once it
-        is kept."""
+        """Commit what the turn's messages changed, then send clients their results (they
+        wait on them) and acknowledge the agents' reports that wait for it. Before any ack
+        goes out (in assigns, heartbeats, acks): an agent starts a job only once the broker
+        has kept that it may, and drops a result once it is kept."""
         if self.store is None or self._commit():
             self.agents.written()
+        self.client_link.flush()
         self.link.flush_acks()
 
     def _commit(self) -> bool:
