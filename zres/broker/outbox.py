@@ -32,6 +32,22 @@ class Batches:
         """Forget what is gathered for IDENT (it was made for a session that has ended)."""
         self._pending.pop(ident, None)
 
+    def peers(self) -> list[bytes]:
+        return list(self._pending)
+
+    def keys_of(self, ident: bytes) -> set[Any]:
+        """The first fields of the items waiting for IDENT (its tasks' local ids)."""
+        pending = self._pending.get(ident)
+        return {item[0] for item in pending[0]} if pending is not None else set()
+
+    def discard(self, ident: bytes, drop: set[Any]) -> None:
+        """Forget IDENT's waiting items that are in DROP (items without frames only)."""
+        pending = self._pending.get(ident)
+        if pending is not None:
+            pending[0][:] = [item for item in pending[0] if item not in drop]
+            if not pending[0]:
+                del self._pending[ident]
+
     def flush(self, extra: Callable[[bytes], dict[str, Any]] | None = None) -> None:
         """Send every peer's batch, with EXTRA(ident)'s fields in its body."""
         pending, self._pending = self._pending, {}

@@ -60,7 +60,6 @@ _TURN_BUDGET = 0.03    # seconds of message handling per loop turn, at most
 _BACKLOG_BUDGET = 0.02  # ... and of work left from earlier turns (large submits)
 
 
-
 class Broker(Intake):
     """Route messages between clients and agents; own the parts that keep the records."""
 
@@ -347,13 +346,15 @@ class Broker(Intake):
             self.dispatch.recheck_feasibility()
 
     def _keep(self) -> None:
-        """Commit what the turn changed, then send the grants made and acknowledge the
-        agents' reports that wait for it. Before any grant or ack goes out (in assigns,
-        heartbeats, acks): an agent starts a direct grant the moment it arrives, and a job
-        once the broker has kept that it may, and drops a result once it is kept."""
+        """Commit what the turn changed, then send the grants made, clients their results
+        and acknowledge the agents' reports that wait for it. Before any grant or ack goes
+        out (in assigns, heartbeats, acks): an agent starts a direct grant the moment it
+        arrives, and a job once the broker has kept that it may, and drops a result once
+        it is kept. (Grants and results first: a task and a client wait on them.)"""
         if self.store is None or self._commit():
             self.agents.written()
             self.dispatch.send_assigns()  # (a failed commit: they wait for the next one)
+        self.client_link.flush()
         self.link.flush_acks()
 
     def _commit(self) -> bool:
