@@ -108,8 +108,10 @@ class CancelMethods:
         self._io.wake()
 
     def _release(self, task_id: int) -> None:
+        """A future was let go of: its release goes with the I/O thread's next pass (the
+        next submit, a result, or its beat, within half a heartbeat), not a wake-up of its
+        own: in a loop of submit-then-result, one message and two wake-ups less a task."""
         self._io.held.discard(task_id)
         if not self._closed:
             self._io.outbox.append((P.RELEASE, task_id, ()))
-            self._io.wake()
 
