@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import compileall
 import os
+import py_compile
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +43,18 @@ def _own_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             os.environ[key] = value
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _compiled_once() -> None:
+    """Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE), every broker, agent,
+    worker and command the suite starts compiled zres's sources anew: about 0.1 s of each
+    one's start, thousands of times. They are compiled once, here, beside the sources
+    (``__pycache__``, as Python itself would; git ignores it), checked against them by
+    hash whenever they are imported."""
+    if sys.flags.dont_write_bytecode:
+        compileall.compile_dir(os.path.dirname(zres.__file__), quiet=2,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
                message: str = "condition") -> Any:
     """Poll CONDITION until it returns something truthy; fail after TIMEOUT seconds."""
@@ -66,6 +81,12 @@ def process_gone(pid: int) -> bool:
         return os.listdir(f"/proc/{pid}/task") == [str(pid)]
     except FileNotFoundError:
         return True
+
+
+# For a test that waits for an agent it killed or stopped to be declared lost: heard from
+# ten times a second, lost after 1.5 s of silence (make_cluster's 3 s was most of such a
+# test's time; tests/e2e/test_faults.py shows none is lost wrongly at 1 s under stress).
+LOSS = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.5}
 
 
 @pytest.fixture

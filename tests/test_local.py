@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import zres
 from tests.cli.test_cli import clean_env, zres_cli
 from tests.conftest import process_gone, wait_until
+from zres import local
 
 # A user's program: a local cluster, one task run on it, then the pids of everything the
 # cluster started (broker, agent, the agent's worker process) on one line.
@@ -113,3 +116,34 @@ def test_a_restarted_local_broker_is_the_same_cluster_and_its_agents_come_back(m
     state = cluster.status()["state"]
     assert state["dir"] == cluster.state_dir and state["error"] is None
     cluster.wait_for_agents(["agent-0"], 30)
+
+
+def test_a_local_cluster_whose_broker_finds_its_port_taken_starts_again_on_another(
+        monkeypatch):
+    """Its agents start beside its broker, told a port that was free a moment before: if
+    another process took it meanwhile, the broker cannot listen there, and the cluster
+    starts again (the third time on a port its broker picks), its first agents stopped."""
+    spawned: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def recorded(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        spawned.append(popen(*args, **kwargs))  # type: ignore[call-overload]
+        return spawned[-1]
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(local, "_known_address", lambda _: f"tcp://127.0.0.1:{port}")
+        monkeypatch.setattr(local.subprocess, "Popen", recorded)
+        with zres.LocalCluster(agents=[{"foo": 1}]) as cluster:
+            assert not cluster.address.endswith(f":{port}")
+            assert [a["name"] for a in cluster.status()["agents"]] == ["agent-0"]
+            client = zres.Client(cluster.address)
+            try:
+                assert client.submit(abs, -3, resources={"foo": 1}).result(60) == 3
+            finally:
+                client.close()
+            # Two tries on the taken port (a broker and an agent each), then the third.
+            assert len(spawned) == 6
+            assert all(p.poll() is not None for p in spawned[:4]), "a first try's process"

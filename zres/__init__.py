@@ -7,45 +7,93 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .agent.jobs import CommandResult
-from .client.actors import ActorHandle, ActorMethod
-from .client.annotations import annotate
-from .client.client import Client, default_client
-from .client.executor import Executor
-from .client.futures import (
-    ALL_COMPLETED,
-    FIRST_COMPLETED,
-    FIRST_EXCEPTION,
-    Future,
-    as_completed,
-    gather,
-    wait,
-)
-from .client.groups import PlacementGroup
-from .client.io import InfeasibleWarning
-from .client.progress import progress
-from .core.context import TaskContext, get_task_context
-from .core.errors import (
-    ActorDiedError,
-    AgentLostError,
-    BrokerLostError,
-    CommandFailed,
-    InfeasibleError,
-    MemoryLimitError,
-    NotOwnerError,
-    ProtocolError,
-    RemoteError,
-    ResourceSpecError,
-    ResultLostError,
-    WorkerLostError,
-    ZresError,
-)
-from .core.serialize import dumps
 from .core.versions import ZRES_VERSION as __version__
-from .local import LocalCluster
+
+if TYPE_CHECKING:
+    from .agent.jobs import CommandResult
+    from .client.actors import ActorHandle, ActorMethod
+    from .client.annotations import annotate
+    from .client.client import Client
+    from .client.client import default_client as default_client
+    from .client.executor import Executor
+    from .client.futures import (
+        ALL_COMPLETED,
+        FIRST_COMPLETED,
+        FIRST_EXCEPTION,
+        Future,
+        as_completed,
+        gather,
+        wait,
+    )
+    from .client.groups import PlacementGroup
+    from .client.io import InfeasibleWarning
+    from .client.progress import progress
+    from .core.context import TaskContext, get_task_context
+    from .core.errors import (
+        ActorDiedError,
+        AgentLostError,
+        BrokerLostError,
+        CommandFailed,
+        InfeasibleError,
+        MemoryLimitError,
+        NotOwnerError,
+        ProtocolError,
+        RemoteError,
+        ResourceSpecError,
+        ResultLostError,
+        WorkerLostError,
+        ZresError,
+    )
+    from .core.serialize import dumps as dumps
+    from .local import LocalCluster
+
+# Where each public name lives. They are imported on first use: a broker, an agent, a worker
+# process or a `zres` command needs few of them, and importing every one (the client, its
+# futures, actors, LocalCluster) would cost each of those processes about a third of its
+# start-up (~70 ms).
+_WHERE = {
+    "CommandResult": "agent.jobs",
+    **dict.fromkeys(("ActorHandle", "ActorMethod"), "client.actors"),
+    "annotate": "client.annotations",
+    **dict.fromkeys(("Client", "default_client"), "client.client"),
+    "Executor": "client.executor",
+    **dict.fromkeys(("ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "Future",
+                     "as_completed", "gather", "wait"), "client.futures"),
+    "PlacementGroup": "client.groups",
+    "InfeasibleWarning": "client.io",
+    "progress": "client.progress",
+    **dict.fromkeys(("TaskContext", "get_task_context"), "core.context"),
+    **dict.fromkeys(("ActorDiedError", "AgentLostError", "BrokerLostError", "CommandFailed",
+                     "InfeasibleError", "MemoryLimitError", "NotOwnerError", "ProtocolError",
+                     "RemoteError", "ResourceSpecError", "ResultLostError", "WorkerLostError",
+                     "ZresError"), "core.errors"),
+    "dumps": "core.serialize",
+    "LocalCluster": "local",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import public NAME from its module the first time it is asked for."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{where}", __name__), name)
+    globals()[name] = value  # (asked once: the next lookup finds it here)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+def _default_client() -> Client:
+    from .client.client import default_client
+    return default_client()
+
 
 R = TypeVar("R")  # what a submitted function returns
 
@@ -65,38 +113,39 @@ __all__ = [
 
 def submit(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
     """Submit FN on the default client (the newest open one, started if none)."""
-    return default_client().submit(fn, *args, **kwargs)
+    return _default_client().submit(fn, *args, **kwargs)
 
 
 def map(fn: Callable[..., R], *iterables: Iterable[Any],  # noqa: A001
         **kwargs: Any) -> list[Future[R]]:
     """Map FN over ITERABLES on the default client, batched on the wire."""
-    return default_client().map(fn, *iterables, **kwargs)
+    return _default_client().map(fn, *iterables, **kwargs)
 
 
 def scatter(data: Any) -> Any:
     """Put DATA on the cluster once, for many tasks to read; see Client.scatter."""
-    return default_client().scatter(data)
+    return _default_client().scatter(data)
 
 
 def put(value: Any) -> Future[Any]:
     """Put VALUE on the cluster once (Ray's ``put``): a future to pass to tasks."""
-    return default_client()._put(dumps(value), f"put-{type(value).__name__}")
+    from .core.serialize import dumps as dumps
+    return _default_client()._put(dumps(value), f"put-{type(value).__name__}")
 
 
 def executor(resources: Any = None, **defaults: Any) -> Executor:
     """A concurrent.futures Executor on the default client; see Client.executor."""
-    return default_client().executor(resources, **defaults)
+    return _default_client().executor(resources, **defaults)
 
 
 def actor(cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
     """Start an actor on the default client; see Client.actor."""
-    return default_client().actor(cls, *args, **kwargs)
+    return _default_client().actor(cls, *args, **kwargs)
 
 
 def get_actor(name: str, timeout: float = 10.0) -> ActorHandle:
     """Return a handle to the live actor called NAME, from any client."""
-    return default_client().get_actor(name, timeout)
+    return _default_client().get_actor(name, timeout)
 
 
 def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
@@ -106,12 +155,12 @@ def kill(actor: ActorHandle, timeout: float = 10.0) -> None:
 
 def placement_group(bundles: Any, strategy: str = "PACK", **kwargs: Any) -> PlacementGroup:
     """Reserve BUNDLES together on the default client; see Client.placement_group."""
-    return default_client().placement_group(bundles, strategy, **kwargs)
+    return _default_client().placement_group(bundles, strategy, **kwargs)
 
 
 def get_placement_group(name: str, timeout: float = 10.0) -> PlacementGroup:
     """The live placement group called NAME, from any client of its owner's key."""
-    return default_client().get_placement_group(name, timeout)
+    return _default_client().get_placement_group(name, timeout)
 
 
 def remove_placement_group(group: PlacementGroup, timeout: float = 10.0) -> None:
@@ -121,4 +170,4 @@ def remove_placement_group(group: PlacementGroup, timeout: float = 10.0) -> None
 
 def submit_command(argv: Any, **kwargs: Any) -> Future[Any]:
     """Queue a shell command as a job on the default client; see Client.submit_command."""
-    return default_client().submit_command(argv, **kwargs)
+    return _default_client().submit_command(argv, **kwargs)

@@ -6,6 +6,7 @@ import atexit
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,29 +75,69 @@ class LocalCluster:
         self._exit_with = ["--exit-with", str(os.getpid())]
         atexit.register(self.close)  # a program that ends without close(), or by an exception
         try:
-            self.address = self._start_broker(address, start_timeout)
-            for index, resources in enumerate(specs):
-                name = names[index] if names else f"agent-{index}"
-                self.add_agent(resources, name=name, wait=False)
-            self.wait_for_agents(len(specs), start_timeout)
+            self._start(address, specs, names, start_timeout)
         except BaseException:
             self.close()
             raise
 
-    def _start_broker(self, address: str, timeout: float) -> str:
-        self.broker = subprocess.Popen(
+    def _start(self, address: str, specs: list[Mapping[str, Any] | None],
+               names: Sequence[str] | None, timeout: float) -> None:
+        """Start the broker and the agents at once, not one after the other (each process
+        spends its first ~0.2 s importing Python): the agents are given the broker's
+        address before it listens, a TCP port 0 replaced by a port free now. Another
+        process may take that port before the broker binds it: then both start again, on
+        another; the last try lets the broker pick its port and starts the agents after."""
+        for attempt in range(3):
+            known = _known_address(address) if attempt < 2 else None
+            self.broker = self._spawn_broker(known or address)
+            if known is not None:
+                self.address = known
+                self._add_agents(specs, names)
+            try:
+                self.address = self._serving(self.broker)
+                break
+            except ZresError:
+                if known is None or known == address:
+                    raise  # (not a port of ours that was taken)
+                _stop(self.broker)
+                self._stop_agents()
+        if known is None:
+            self._add_agents(specs, names)
+        self.wait_for_agents(len(specs), timeout)
+
+    def _add_agents(self, specs: list[Mapping[str, Any] | None],
+                    names: Sequence[str] | None) -> None:
+        for index, resources in enumerate(specs):
+            name = names[index] if names else f"agent-{index}"
+            self.add_agent(resources, name=name, wait=False)
+
+    def _stop_agents(self) -> None:
+        for proc in self.agents.values():
+            _stop(proc)
+        self.agents.clear()
+
+    def _spawn_broker(self, address: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [sys.executable, "-m", "zres", "broker", "--listen", address,
              "--state", self.state_dir, *self._key_args, "--log-format", "json",
              *self._http, *self._exit_with],
             stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
             stdin=subprocess.DEVNULL)
-        assert self.broker.stdout is not None
-        line = self.broker.stdout.readline().decode().strip()
+
+    def _start_broker(self, address: str, timeout: float) -> str:
+        self.broker = self._spawn_broker(address)
+        return self._serving(self.broker)
+
+    def _serving(self, broker: subprocess.Popen[bytes]) -> str:
+        """The address BROKER (just started) serves on, once it says so; ZresError if it
+        ended first."""
+        assert broker.stdout is not None
+        line = broker.stdout.readline().decode().strip()
         if not line.startswith("zres broker serving "):
             raise ZresError(f"the local broker did not start (said {line!r})")
         address = line.rsplit(" ", 1)[1]
         if parse_http_address(self._http[1]) is not None:  # (ValueError: refused before this)
-            self.dashboard = self.broker.stdout.readline().decode().strip().rsplit(" ", 1)[1]
+            self.dashboard = broker.stdout.readline().decode().strip().rsplit(" ", 1)[1]
         keys.remember(address, self.keys)
         return address
 
@@ -185,6 +226,25 @@ class LocalCluster:
             return cluster("zres.LocalCluster", address, self.status(timeout=2.0))
         except (ZresError, OSError) as exc:
             return cluster("zres.LocalCluster", address, None, str(exc))
+
+
+def _known_address(address: str) -> str | None:
+    """Where a broker told to listen on ADDRESS will be reached, before it starts: ADDRESS,
+    with a port free now in place of a TCP port 0; None if that cannot be known."""
+    if not address.startswith("tcp://"):
+        return address if address.startswith("ipc://") else None
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    if host.strip("[]") in ("*", "0.0.0.0", "::", ""):
+        return None  # (every interface: which one the broker names, it says)
+    if port != "0":
+        return address
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host.strip("[]"), 0))
+            free = sock.getsockname()[1]
+    except OSError:
+        return None  # (a host name, say: the broker picks its port)
+    return f"tcp://{host}:{free}"
 
 
 def _log_sink() -> Any:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import LOSS, wait_until
 from tests.tasks import hold, wait_for_file
 from zres.cli.cluster import render_status
 
@@ -460,7 +460,7 @@ def test_call_with_retries_runs_again_on_the_restarted_actor(make_cluster, make_
 
 
 def test_actor_restarts_on_another_agent_when_its_agent_dies(make_cluster, make_client):
-    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], nthreads=2)
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], nthreads=2, **LOSS)
     client = make_client(cluster.address)
     actor = client.actor(Counter, 1, resources={"slot": 1}, restarts=1)
     first = actor.where().result(30)["agent"]
@@ -483,7 +483,7 @@ def test_actor_process_exiting_fails_calls_naming_the_exit_code(make_cluster, ma
 
 def test_actor_whose_agent_is_lost_without_restarts_fails_calls_naming_the_agent(
         make_cluster, make_client, tmp_path):
-    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, **LOSS)
     client = make_client(cluster.address)
     actor = client.actor(Counter, resources={"slot": 1})
     release, marker = str(tmp_path / "release"), str(tmp_path / "marker")
@@ -499,7 +499,7 @@ def test_actor_whose_agent_is_lost_without_restarts_fails_calls_naming_the_agent
 
 def test_restarting_actor_waits_for_a_fitting_agent_and_then_runs_queued_calls(
         make_cluster, make_client):
-    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2)
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, **LOSS)
     client = make_client(cluster.address)
     start = client.submit(double, 3, resources={"slot": 0.5})
     actor = client.actor(Counter, start, resources={"slot": 1}, restarts=1)

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import process_gone, raw_dealer, wait_until
+from tests.conftest import LOSS, process_gone, raw_dealer, wait_until
 from tests.tasks import hold, wait_for_file
 from zres.core import protocol as P
 from zres.local import request
@@ -136,7 +136,7 @@ def kill(proc: subprocess.Popen[Any]) -> None:
 
 def test_agent_killed_mid_task_is_retried_on_another_agent(make_cluster, make_client,
                                                            workdir):
-    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"])
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"], **LOSS)
     client = make_client(cluster.address)
     future = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1},
                            retries=1)
@@ -156,7 +156,7 @@ def test_agent_killed_mid_task_is_retried_on_another_agent(make_cluster, make_cl
 
 def test_agent_killed_mid_task_without_retries_raises_agent_lost(make_cluster, make_client,
                                                                   workdir):
-    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"])
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"], **LOSS)
     client = make_client(cluster.address)
     future = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1},
                            retries=0)
@@ -176,7 +176,7 @@ def test_agent_killed_mid_task_without_retries_raises_agent_lost(make_cluster, m
 
 
 def test_lost_agent_disappears_from_client_status(make_cluster, make_client):
-    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"])
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"], **LOSS)
     client = make_client(cluster.address)
     assert {a["name"] for a in client.status()["agents"]} == {"node-a", "node-b"}
     killed_at = time.monotonic()
@@ -187,7 +187,7 @@ def test_lost_agent_disappears_from_client_status(make_cluster, make_client):
 
 
 def test_queued_task_is_not_charged_when_its_agent_dies(make_cluster, make_client, workdir):
-    cluster = make_cluster(agents=[{"slot": 1}], names=["node-a"])
+    cluster = make_cluster(agents=[{"slot": 1}], names=["node-a"], **LOSS)
     client = make_client(cluster.address)
     running = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1},
                             retries=0)
@@ -208,7 +208,7 @@ def test_a_granted_task_never_waits_for_a_worker_thread(make_cluster, make_clien
     # Tasks asking CPU=0 are granted beyond the slot's thread count. Each starts at once in
     # a thread of its own, so "assigned" means "running": an agent loss charges only tasks
     # that were really running, and nothing queues on the agent behind a busy thread.
-    cluster = make_cluster(agents=[{"slot": 2}], nthreads=1, names=["node-a"])
+    cluster = make_cluster(agents=[{"slot": 2}], nthreads=1, names=["node-a"], **LOSS)
     client = make_client(cluster.address)
     running = client.submit(first_attempt_blocks, str(workdir),
                             resources={"slot": 1, "CPU": 0}, retries=0)
@@ -224,7 +224,7 @@ def test_a_granted_task_never_waits_for_a_worker_thread(make_cluster, make_clien
 def test_each_lost_running_attempt_spends_one_retry(make_cluster, make_client, workdir):
     # Two agents die one after the other under the same task; with retries=1 the second
     # loss exhausts the budget.
-    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"])
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["node-a", "node-b"], **LOSS)
     client = make_client(cluster.address)
     release, marker_a = str(workdir / "release"), str(workdir / "started-a")
 
@@ -248,7 +248,7 @@ def test_paused_agent_is_declared_lost_and_rejoins_when_resumed(make_cluster, ma
     # SIGSTOP stands in for a network partition: the agent goes silent, its task is retried
     # elsewhere; once resumed it finds the broker has forgotten it and registers again.
     cluster = make_cluster(agents=[{"slot": 1, "a": 1}, {"slot": 1, "b": 1}],
-                           names=["node-a", "node-b"])
+                           names=["node-a", "node-b"], **LOSS)
     client = make_client(cluster.address)
     future = client.submit(first_attempt_blocks, str(workdir), resources={"slot": 1},
                            retries=1)
@@ -298,7 +298,7 @@ def test_client_without_a_broker_gives_up_with_a_clear_error():
 # -- 2. restarted agents -----------------------------------------------------------------------
 
 def test_restarted_agent_registers_again_and_runs_tasks(make_cluster, make_client):
-    cluster = make_cluster(agents=[{"slot": 1}], names=["node-r"])
+    cluster = make_cluster(agents=[{"slot": 1}], names=["node-r"], **LOSS)
     client = make_client(cluster.address)
     assert client.submit(where, resources={"slot": 1}).result(30) == "node-r"
     kill(cluster.agents["node-r"])

@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import process_gone, raw_dealer, wait_until
+from tests.conftest import LOSS, process_gone, raw_dealer, wait_until
 from tests.tasks import hold, ledgered, starts, wait_for_file
 from zres.core import keys
 from zres.core import protocol as P
@@ -53,14 +53,14 @@ def paused(proc: subprocess.Popen[bytes], seconds: float) -> None:
 
 def test_a_broker_paused_past_the_heartbeat_timeout_loses_no_work(make_cluster, make_client,
                                                                   tmp_path):
-    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["a", "b"], **FAST)
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], names=["a", "b"], **LOSS)
     client = make_client(cluster.address)
     release = str(tmp_path / "release")
     running = [client.submit(hold, release, str(tmp_path / f"m{i}"), resources={"slot": 1})
                for i in range(2)]
     assert wait_until(lambda: all((tmp_path / f"m{i}").exists() for i in range(2)))
     agents = {name: proc.pid for name, proc in cluster.agents.items()}
-    paused(cluster.broker, 4.0)  # twice the heartbeat timeout
+    paused(cluster.broker, 3.0)  # twice the heartbeat timeout
     Path(release).touch()
     assert [f.result(30) for f in running] == ["released", "released"]
     assert sorted(f.agent for f in running) == ["a", "b"], "both kept their work"
@@ -216,7 +216,7 @@ def test_an_agent_whose_drain_grace_runs_out_hands_its_tasks_back(make_cluster, 
 
 def test_a_stopped_agent_never_runs_a_task_twice(make_cluster, make_client, tmp_path):
     cluster = make_cluster(agents=[{"slot": 2}, {"slot": 2}], names=["stopped", "steady"],
-                           nthreads=2, **FAST)
+                           nthreads=2, **LOSS)
     client = make_client(cluster.address)
     ledger = str(tmp_path / "ledger")
     zres.wait(client.map(ledgered, [ledger] * 40, [f"warm{i}" for i in range(40)],
@@ -226,7 +226,7 @@ def test_a_stopped_agent_never_runs_a_task_twice(make_cluster, make_client, tmp_
                          resources={"slot": 1}, retries=0)
     wait_until(lambda: sum(1 for k in starts(ledger) if k.startswith("t")) >= 50,
                message="work under way")
-    paused(cluster.agents["stopped"], 5.0)  # well past the heartbeat timeout
+    paused(cluster.agents["stopped"], 3.0)  # twice the heartbeat timeout
     outcomes = [f.exception(60) for f in futures]
     twice = {k: n for k, n in starts(ledger).items() if n > 1}
     assert not twice, f"retries=0 bodies ran more than once: {twice}"
@@ -246,7 +246,8 @@ def test_a_stopped_agent_never_runs_a_task_twice(make_cluster, make_client, tmp_
 
 def test_what_a_job_leaves_behind_keeps_its_gpu_until_it_is_gone(make_cluster, make_client,
                                                                 tmp_path):
-    cluster = make_cluster(agents=[{"gpu0": 1}], names=["node"], **FAST)
+    cluster = make_cluster(agents=[{"gpu0": 1}], names=["node"], **FAST,
+                           env={"ZRES_AGENT__JOB_GRACE": "1"})  # (then SIGKILL: not 5 s)
     client = make_client(cluster.address)
     pid_file = tmp_path / "child.pid"
     # The job's leader exits at once, leaving a child in its process group that ignores

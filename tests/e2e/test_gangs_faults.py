@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import process_gone, wait_until
+from tests.conftest import LOSS, process_gone, wait_until
 from tests.tasks import hold
 from zres import get_task_context
 
@@ -45,7 +45,7 @@ def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path, request)
     # (the ranks a's death leaves running, as an agent killed outright leaves its jobs,
     # end with the test, however it ends)
     request.addfinalizer((tmp_path / "go").touch)
-    cluster = make_cluster(agents=[{"gpu": 4}] * 2, names=["a", "b"])
+    cluster = make_cluster(agents=[{"gpu": 4}] * 2, names=["a", "b"], **LOSS)
     client = make_client(cluster.address)
     pg = client.placement_group([{"gpu": 1}] * 2, strategy="SPREAD", restarts=1)
     doomed = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD")

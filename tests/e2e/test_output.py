@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import LOSS, wait_until
 from zres.agent.output import BURST, RATE
 
 
@@ -254,7 +254,7 @@ def test_output_goes_on_after_a_broker_restart(make_cluster, capsys: pytest.Capt
 
 def test_an_agent_killed_while_its_task_prints_fails_the_task(
         make_cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    cluster = make_cluster([{"CPU": 1}], names=["node-a"])
+    cluster = make_cluster([{"CPU": 1}], names=["node-a"], **LOSS)
     printed = _Printed(capsys)
     with zres.Client(cluster.address) as client:
         future = client.submit(chatter, str(tmp_path / "never"))

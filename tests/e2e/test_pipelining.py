@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import LOSS, wait_until
 from tests.tasks import hold, wait_for_file
 
 # -- end to end -------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_grants_queued_on_a_lost_agent_spend_a_retry_only_if_they_may_have_start
     # moment room frees) may have started when the agent died: they spend a retry, or
     # with none fail saying so; they never run twice with retries=0.
     cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, names=["doomed"],
-                           env=PIPELINED)
+                           env=PIPELINED, **LOSS)
     client = make_client(cluster.address)
     make_short(client, tmp_path)
     release = str(tmp_path / "release")

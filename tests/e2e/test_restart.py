@@ -179,7 +179,7 @@ def test_a_job_that_ends_while_the_broker_is_down_keeps_its_outcome(spawn, tmp_p
 
 def test_a_job_the_restarted_broker_does_not_know_is_stopped_and_holds_until_gone(
         spawn, tmp_path):  # noqa: F811
-    cluster = Cluster(spawn, tmp_path)
+    cluster = Cluster(spawn, tmp_path, ZRES_AGENT__JOB_GRACE="1")  # (then SIGKILL: not 5 s)
     cluster.kill_broker()
     older = tmp_path / "older-state"
     shutil.copytree(cluster.state, older)  # a state from before the job

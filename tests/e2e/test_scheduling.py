@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import LOSS, wait_until
 from tests.tasks import announce_and_wait
 
 STREAM_SECONDS = float(os.environ.get("ZRES_TEST_STREAM_SECONDS", 40))
@@ -131,7 +131,7 @@ def test_gpu_memory_larger_than_any_device_is_infeasible(make_cluster, make_clie
 
 
 def test_agent_leaving_makes_waiting_tasks_infeasible(make_cluster, make_client):
-    cluster = make_cluster(agents=[{"CPU": 1}])
+    cluster = make_cluster(agents=[{"CPU": 1}], **LOSS)
     cluster.add_agent({"foo": 1, "CPU": 1}, name="foo-node")
     client = make_client(cluster.address)
     blocker = client.submit(hold_until, "/nonexistent/never", os.devnull,

@@ -47,6 +47,7 @@ from ..core import protocol as P
 from ..core import transfer as T
 from ..core.errors import ProtocolError, ZresError
 from ..core.limits import quote
+from ..core.wakeup import Waker
 from ..logs import get_logger
 from .auth import Gate
 
@@ -115,7 +116,7 @@ class Relay:
         self._reqs = itertools.count(1)
         self._transfers = self._bytes = 0
         self._by: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
-        self._stop = threading.Event()
+        self._waker = Waker()  # (its stop, heard at once: not at its poll's timeout)
         self._thread = threading.Thread(target=self._run, name="zres-broker-relay",
                                         daemon=True)
         self._thread.start()
@@ -145,9 +146,10 @@ class Relay:
                                 for (owner, name), (t, b) in by]}
 
     def close(self) -> None:
-        self._stop.set()
+        self._waker.stop()
         if self._thread.is_alive():
             self._thread.join(5)
+        self._waker.close()
         for back in self._backs.values():
             back.sock.close(0)
         self._front.close(0)
@@ -158,7 +160,7 @@ class Relay:
     def _run(self) -> None:
         looked = 0.0
         poller = self._poller()
-        while not self._stop.is_set():
+        while not self._waker.stopped:
             try:
                 events = dict(poller.poll(100))
                 now = time.monotonic()
@@ -178,6 +180,7 @@ class Relay:
     def _poller(self) -> zmq.Poller:
         poller = zmq.Poller()
         poller.register(self._front, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         if self._gate.zap is not None:
             poller.register(self._gate.zap, zmq.POLLIN)
         for back in self._backs.values():
