@@ -53,7 +53,7 @@ def served(tmp_path):
                         K.peer_key(str(key_dir), ("agent",)))
     server.secret = SECRET
     server.start()
-    transfers = T.Transfers(timeout=5.0)
+    transfers = T.Transfers(timeout=5.0, local=False)  # (over the data port: its chunks)
     yield store, server, transfers
     transfers.close()
     server.stop()
@@ -98,7 +98,7 @@ def test_a_fetch_keeps_at_most_a_window_of_requests_in_flight_to_a_holder():
     objects = {i: b"".join(bytes(p) for p in O.parts(dumps(i * 7))) for i in range(1, 101)}
     refs = [T.Ref(i, len(data), b"t", (T.Holder("a", f"tcp://127.0.0.1:{port}"),))
             for i, data in objects.items()]
-    transfers = T.Transfers(timeout=1.5)  # (the whole takes longer: 100 answers, 30 ms apart)
+    transfers = T.Transfers(timeout=1.5, local=False)  # (100 answers, 30 ms apart)
     fetched: list[Any] = []
     reader = threading.Thread(target=lambda: fetched.extend(transfers.fetch(refs)))
     reader.start()
