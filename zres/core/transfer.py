@@ -193,7 +193,10 @@ class Transfers:
             flight = _Flight()
             for fetch in fetches:
                 flight.queued.setdefault(fetch.at, deque()).append(fetch)
-            for at in list(flight.queued):
+            local = self._local
+            # (holders read in place last: those over the network move meanwhile)
+            for at in sorted(flight.queued, key=lambda a: local is not None
+                             and local.link(a) is not None):
                 self._ask(at, flight)
             poller = zmq.Poller()
             for sock in {id(s): s for s in self._socks.values()}.values():
