@@ -113,16 +113,19 @@ class Links:
         self._timeout = timeout
         self._known: dict[tuple[str, str], Link | None] = {}
         self._asked: dict[int, tuple[str, str]] = {}  # req of a local request -> port
+        self._waiting: set[tuple[str, str]] = set()    # (the ports asked)
 
-    def ask(self, at: tuple[str, str], req: int) -> bool:
-        """Whether to ask the port AT where its local socket is (not asked before), as
-        request REQ."""
-        if at in self._known or at in self._asked.values():
-            return False
+    def unknown(self, at: tuple[str, str]) -> bool:
+        """Whether the port AT is to be asked where its local socket is (not yet asked)."""
+        return at not in self._known and at not in self._waiting
+
+    def asked(self, at: tuple[str, str], req: int) -> None:
+        """The port AT was asked, as request REQ."""
         if len(self._asked) > 10_000:  # (ports that never answered: old agents, gone)
             self._asked.clear()
+            self._waiting.clear()
         self._asked[req] = at
-        return True
+        self._waiting.add(at)
 
     def answered(self, body: dict[str, Any]) -> tuple[str, str] | None:
         """A port's local_reply (BODY): remember its socket, if one is reached here and
@@ -130,6 +133,7 @@ class Links:
         at = self._asked.pop(body.get("req", -1), None)
         if at is None:
             return None
+        self._waiting.discard(at)
         link = None
         name, pid, uid = body.get("socket"), body.get("pid"), body.get("uid")
         if isinstance(name, str) and type(pid) is int and type(uid) is int:

@@ -235,8 +235,9 @@ class Transfers:
                     queue.popleft()
                     self._read_here(fetch, link, flight)
                     continue
-                req = next(self._reqs)
-                if self._local.ask(at, req):  # (answered while this fetch goes on)
+                if self._local.unknown(at):  # (answered while this fetch goes on)
+                    req = next(self._reqs)
+                    self._local.asked(at, req)
                     P.send(self._sock(holder), P.encode(P.LOCAL, {"req": req}))
             length = min(CHUNK, fetch.ref.size - fetch.asked)
             req = next(self._reqs)
