@@ -6,9 +6,11 @@ gather of NumPy arrays is a mapping of the agent's store (copy on write), one of
 values one copy from it; a worker's copy of another agent's input into its own agent's
 store is copied by the kernel, file to file.
 
-Whether a holder is on this host is asked of its data port once per process (``local``,
-sent with the first requests of a fetch from it: nothing waits for the answer, and a
-holder that never answers is read over its port as before). The answer names the socket,
+Whether a holder is on this host is asked of its data port once per process (``local``);
+a fetch from it waits for the answer (a round trip) for at most ``HOLD`` before asking for
+bytes over the port, so that a big first object is not moved through the socket: a holder
+that never answers (another version, or out of reach) is read over its port, or through
+the relay, after that once. The answer names the socket,
 which only a process on that host, in its network namespace, can reach, and the process
 that must be at its other end (checked with SO_PEERCRED): nobody else on the host can
 pose as the agent. ``ZRES_LOCAL_READS=never`` turns this off for a process (every byte
@@ -23,6 +25,7 @@ import socket
 import stat
 import struct
 import sys
+import time
 from typing import Any
 
 from . import objects as O
@@ -35,6 +38,7 @@ MAP_MIN = 1 << 20   # bytes from which an object is mapped rather than read: a p
 #                     about 65,000 mappings (vm.max_map_count), and a small one costs more
 #                     to map than to copy
 _HEAD = 4096        # bytes read first: the header, for where the rest goes
+HOLD = 0.5          # seconds a fetch waits for a holder to say where its socket is, at most
 _CRED = struct.Struct("3i")  # SO_PEERCRED's (pid, uid, gid)
 
 
@@ -113,7 +117,7 @@ class Links:
         self._timeout = timeout
         self._known: dict[tuple[str, str], Link | None] = {}
         self._asked: dict[int, tuple[str, str]] = {}  # req of a local request -> port
-        self._waiting: set[tuple[str, str]] = set()    # (the ports asked)
+        self._waiting: dict[tuple[str, str], float] = {}  # port asked -> when
 
     def unknown(self, at: tuple[str, str]) -> bool:
         """Whether the port AT is to be asked where its local socket is (not yet asked)."""
@@ -125,7 +129,12 @@ class Links:
             self._asked.clear()
             self._waiting.clear()
         self._asked[req] = at
-        self._waiting.add(at)
+        self._waiting[at] = time.monotonic()
+
+    def holding(self, at: tuple[str, str]) -> float:
+        """How long a fetch from the port AT is still to wait for its answer (0: none)."""
+        asked = self._waiting.get(at)
+        return 0.0 if asked is None else max(0.0, asked + HOLD - time.monotonic())
 
     def answered(self, body: dict[str, Any]) -> tuple[str, str] | None:
         """A port's local_reply (BODY): remember its socket, if one is reached here and
@@ -133,7 +142,7 @@ class Links:
         at = self._asked.pop(body.get("req", -1), None)
         if at is None:
             return None
-        self._waiting.discard(at)
+        self._waiting.pop(at, None)
         link = None
         name, pid, uid = body.get("socket"), body.get("pid"), body.get("uid")
         if isinstance(name, str) and type(pid) is int and type(uid) is int:

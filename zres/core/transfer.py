@@ -202,7 +202,10 @@ class Transfers:
             for sock in {id(s): s for s in self._socks.values()}.values():
                 poller.register(sock, zmq.POLLIN)
             while flight.done < len(fetches):
-                events = dict(poller.poll(200))
+                held = [at for at, queue in flight.queued.items()
+                        if queue and local is not None and local.holding(at)]
+                wait = min([local.holding(at) for at in held], default=0.2)  # type: ignore
+                events = dict(poller.poll(max(1, int(wait * 1000) + 1)))
                 for sock in events:
                     while True:
                         try:
@@ -210,6 +213,8 @@ class Transfers:
                         except zmq.Again:
                             break
                         self._take(frames, flight)
+                for at in held:  # (answered meanwhile: asked again then; else, now)
+                    self._ask(at, flight)
                 now = time.monotonic()
                 for at, busy in list(flight.busy.items()):
                     if busy and now - flight.heard[at] > self._timeout:
@@ -235,10 +240,12 @@ class Transfers:
                     queue.popleft()
                     self._read_here(fetch, link, flight)
                     continue
-                if self._local.unknown(at):  # (answered while this fetch goes on)
+                if self._local.unknown(at):
                     req = next(self._reqs)
                     self._local.asked(at, req)
                     P.send(self._sock(holder), P.encode(P.LOCAL, {"req": req}))
+                if not fetch.asked and self._local.holding(at):
+                    return  # (its answer says which way: asked again once it comes)
             length = min(CHUNK, fetch.ref.size - fetch.asked)
             req = next(self._reqs)
             flight.waiting[req] = (fetch, fetch.asked, length)
