@@ -272,9 +272,10 @@ served without a token the broker made with the cluster's data secret)
     local      {req}                            -> local_reply {req, socket?, pid, uid}:
                                                 where a reader on the agent's host gets an
                                                 object's file instead of its bytes (socket:
-                                                an abstract unix socket's name, hex; none:
-                                                the agent offers no such socket); its reader
-                                                checks the socket's peer is PID, UID
+                                                a Linux abstract unix socket's name, without
+                                                its leading NUL; none: the agent offers no
+                                                such socket); a reader checks the socket's
+                                                peer is process PID of user UID
 anyone on an agent's host -> its local socket (SOCK_SEQPACKET, zres.agent.data.local)
     get        {id, token, req}                 -> chunk {req, id, size, error?} with the
                                                 object's file descriptor (SCM_RIGHTS, read
