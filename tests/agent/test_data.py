@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from tests.conftest import wait_until
+from zres.agent.data.local import LocalPort
 from zres.agent.data.server import DataServer
 from zres.agent.data.store import MIN_BUDGET, ObjectStore
 from zres.core import keys as K
@@ -284,3 +285,21 @@ def test_a_holder_whose_local_socket_stops_answering_is_given_up_on_in_time():
         holder.close(0)
         ctx.term()
         stuck.close()
+
+
+def test_a_local_socket_stopped_twice_closes_nobody_elses_descriptors(tmp_path):
+    """Stopped twice (the test above, then its fixture), the socket closed its waker's
+    pipe twice: by then the numbers were zmq's, whose context aborted the process."""
+    store = ObjectStore(str(tmp_path / "state"), MIN_BUDGET)
+    port = LocalPort(store, lambda: SECRET)
+    port.start()
+    port.stop()
+    others = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]  # (the lowest numbers)
+    try:
+        port.stop()
+        for fd in others:
+            os.fstat(fd)  # (OSError: closed by the second stop)
+    finally:
+        for fd in others:
+            os.close(fd)
+        store.close()

@@ -77,6 +77,10 @@ class LocalPort:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop serving and close the socket (once: a second stop does nothing, for its
+        waker's descriptors, closed twice, could be another's by then)."""
+        if self._waker.stopped:
+            return
         self._waker.stop()
         if self._thread.is_alive():
             self._thread.join(5)
