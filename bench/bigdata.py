@@ -10,7 +10,9 @@ one thread (CPU=2). Phases, one after another:
   loop, submit to result: its latency on the idle cluster;
 - argument: a SIZE-byte value (a NumPy array, or bytes) submitted to a task on agent-0
   that returns its length (the call is put on an agent, the worker reads it there);
-- result: a task on agent-0 makes a SIZE-byte value, gathered by the client;
+- result: a task on agent-0 makes a SIZE-byte value, gathered by the client (on the
+  agent's host a NumPy array is read in place: a mapping of the agent's store, whose
+  pages are read as they are touched, so its "fetch" moves nothing);
 - many: 20 tasks make SIZE/20 bytes each, gathered by the client (once, and once more
   with the first ones dropped), the broker's resident memory before and after;
 - local: a dependent on the holder's agent reads a 100 MB value (``--local-size``), as a
