@@ -1,6 +1,7 @@
 """Big values on a local cluster with keys (issue 29's targets for them), in one run.
 
     python bench/bigdata.py [--size 2e9] [--kind numpy|bytes] [--json out.json]
+                            [--phases argument,result,many,local] [--local-size 1e8]
 
 A broker and two agents (keys on, the default), each agent with two worker processes of
 one thread (CPU=2). Phases, one after another:
@@ -9,9 +10,16 @@ one thread (CPU=2). Phases, one after another:
   loop, submit to result: its latency on the idle cluster;
 - argument: a SIZE-byte value (a NumPy array, or bytes) submitted to a task on agent-0
   that returns its length (the call is put on an agent, the worker reads it there);
-- result: a task on agent-0 makes a SIZE-byte value, gathered by the client;
+- result: a task on agent-0 makes a SIZE-byte value, gathered by the client (on the
+  agent's host a NumPy array is read in place: a mapping of the agent's store, whose
+  pages are read as they are touched, so its "fetch" moves nothing);
 - many: 20 tasks make SIZE/20 bytes each, gathered by the client (once, and once more
-  with the first ones dropped), the broker's resident memory before and after.
+  with the first ones dropped), the broker's resident memory before and after;
+- local: a dependent on the holder's agent reads a 100 MB value (``--local-size``), as a
+  NumPy array and as bytes: its submit-to-result time, and that less the same task's
+  with a tiny input (the read's own time; target: under 50 ms, no copy through a
+  socket); beside it the floor for bytes, which must be copied into memory of their own:
+  ``bytes()`` of a buffer that size, in this process.
 
 The prober runs through the argument and result phases too: its median and p99 there
 against idle's say whether a big value delays anybody's small task (target: within 3x).
@@ -43,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zres  # noqa: E402
 
 MIB = 1 << 20
+PHASES = ("argument", "result", "many", "local")
 
 
 # -- what the tasks run (by value: this file is __main__ for the workers) ------------------
@@ -162,8 +171,11 @@ def rss_mib(pid: int) -> float:
 # -- the phases ---------------------------------------------------------------------------
 
 class Run:
-    def __init__(self, size: int, kind: str, log: str) -> None:
+    def __init__(self, size: int, kind: str, log: str, phases: list[str] | None = None,
+                 local_size: int = 100_000_000) -> None:
         self.size, self.kind, self.log = size, kind, log
+        self.phases = phases or list(PHASES)
+        self.local_size = local_size
         self.rows: list[dict[str, Any]] = []
 
     def lost(self, client: zres.Client) -> list[str]:
@@ -232,11 +244,46 @@ class Run:
                     return {"gather_seconds": gathered, "broker_rss_before_mib": before,
                             "broker_rss_after_mib": rss_mib(broker)}
 
-                self.phase("argument", cluster, client, prober, argument)
-                self.phase("result", cluster, client, prober, result)
-                self.phase("many", cluster, client, prober, many)
+                def local() -> dict[str, Any]:
+                    return {"local": read_in_place(client, self.local_size)}
+
+                work = {"argument": argument, "result": result, "many": many, "local": local}
+                for name in self.phases:
+                    self.phase(name, cluster, client, prober, work[name])
             finally:
                 prober.close()
+
+
+def read_in_place(client: zres.Client, size: int, runs: int = 7) -> dict[str, Any]:
+    """Per kind: the median submit-to-result time of a dependent on the holder's agent
+    reading a SIZE-byte input, of the same with a tiny input, and the difference (the
+    read); for bytes, the floor: a copy of SIZE bytes into new memory here."""
+    def median_ms(value: Any) -> float:
+        took = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            assert client.submit(length, value, workers=["agent-0"], pure=False).result(
+                120) in (size, 16)
+            took.append(time.perf_counter() - start)
+        return statistics.median(took) * 1e3
+    out: dict[str, Any] = {}
+    for kind in ("numpy", "bytes"):
+        big, tiny = (client.submit(make, n, kind, workers=["agent-0"], pure=False)
+                     for n in (size, 16))
+        zres.wait([big, tiny], timeout=600)
+        read, small = median_ms(big), median_ms(tiny)
+        out[kind] = {"dependent_ms": read, "tiny_input_ms": small, "read_ms": read - small}
+        del big, tiny
+    source = bytearray(os.urandom(1 << 20)) * (size >> 20)
+    copies = []
+    for _ in range(3):
+        start = time.perf_counter()
+        copy = bytes(source)
+        copies.append(time.perf_counter() - start)
+        del copy
+    out["bytes"]["copy_floor_ms"] = min(copies) * 1e3
+    out["size"] = size
+    return out
 
 
 def agent(peak: dict[str, list[float]], name: str) -> str:
@@ -259,6 +306,15 @@ def report(rows: list[dict[str, Any]], size: int, kind: str) -> None:
         notes = row["error"]
         if "fetch_mb_s" in row:
             notes += f"fetched in {row['fetch_seconds']:.2f}s ({row['fetch_mb_s']:.0f} MB/s)"
+        if "local" in row:
+            local = row["local"]
+            notes += (f"{local['size'] / 1e6:.0f} MB read in place: numpy "
+                      f"{local['numpy']['read_ms']:.1f} ms (a dependent "
+                      f"{local['numpy']['dependent_ms']:.1f} ms, with a tiny input "
+                      f"{local['numpy']['tiny_input_ms']:.1f}), bytes "
+                      f"{local['bytes']['read_ms']:.1f} ms (a dependent "
+                      f"{local['bytes']['dependent_ms']:.1f} ms; floor: a copy into new "
+                      f"memory here {local['bytes']['copy_floor_ms']:.1f} ms)")
         if "broker_rss_before_mib" in row:
             growth = row["broker_rss_after_mib"] - row["broker_rss_before_mib"]
             notes += (f"gathered in {row['gather_seconds']:.2f}s "
@@ -280,6 +336,10 @@ def main() -> None:
     parser.add_argument("--size", type=float, default=2e9, help="bytes of each big value")
     parser.add_argument("--kind", choices=["numpy", "bytes"], default="numpy")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"which to run after idle, in order (default {','.join(PHASES)})")
+    parser.add_argument("--local-size", type=float, default=1e8,
+                        help="bytes of the value a dependent reads in place (local)")
     parser.add_argument("--_probe", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._probe:
@@ -289,7 +349,11 @@ def main() -> None:
         saved = os.dup(2)
         os.environ["ZRES_LOCAL_LOGS"] = "1"
         os.dup2(log.fileno(), 2)
-        run = Run(int(args.size), args.kind, log.name)
+        phases = [p for p in args.phases.split(",") if p]
+        unknown = sorted(set(phases) - set(PHASES))
+        if unknown:
+            parser.error(f"--phases: {', '.join(unknown)} (from {', '.join(PHASES)})")
+        run = Run(int(args.size), args.kind, log.name, phases, int(args.local_size))
         try:
             run.main()
         finally:

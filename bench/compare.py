@@ -12,7 +12,11 @@ library is missing is shown as "not installed"; one that fails to start or run i
 Cluster shape, the same for each system: a scheduler process plus two worker nodes that
 each run two tasks at a time, all on 127.0.0.1, started afresh by this script.
 - zres: ``zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2)``: a broker and two
-  agents, each with one worker process of two threads.
+  agents, each with one worker process of two threads. A reader on a holder's host (all
+  of them, here) reads its results in place (the agent passes the file: no socket, no
+  encryption); ``zres-network`` (not run by default) sets ``ZRES_LOCAL_READS=never``, so
+  every byte crosses the agents' data ports, encrypted, as between hosts;
+  ``zres-insecure`` and ``zres-network-insecure`` are the same without keys.
 - Dask: ``dask scheduler`` and two ``dask worker --nthreads 2 --resources slot=2`` (each a
   nanny and its worker process). The command line rather than ``distributed.LocalCluster``,
   whose scheduler would live inside the client's process: this way every system's scheduler
@@ -85,11 +89,14 @@ from typing import Any
 BLOB_SIZE = 10_000_000          # bytes per data task (10 MB)
 MB = 1e6                        # bandwidth unit
 MIB = 1024 * 1024               # memory unit
-# zres-insecure: zres without keys (no CURVE): what encryption costs. Not run by default.
-SYSTEMS = ("zres", "dask", "ray", "zres-insecure")
+# zres-insecure: zres without keys (no CURVE): what encryption costs; zres-network: no
+# reads in place, every byte over the data ports (as between hosts). Not run by default.
+ZRES_VARIANTS = ("zres-insecure", "zres-network", "zres-network-insecure")
+SYSTEMS = ("zres", "dask", "ray", *ZRES_VARIANTS)
 DEFAULT_SYSTEMS = ("zres", "dask", "ray")
-MODULES = {"zres": "zres", "dask": "distributed", "ray": "ray", "zres-insecure": "zres"}
-PACKAGES = {"zres": "zres", "dask": "distributed", "ray": "ray", "zres-insecure": "zres"}
+MODULES = {"zres": "zres", "dask": "distributed", "ray": "ray",
+           **{name: "zres" for name in ZRES_VARIANTS}}
+PACKAGES = dict(MODULES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,12 +205,14 @@ class Backend:
 
 
 class ZresBackend(Backend):
-    def __init__(self, insecure: bool = False) -> None:
+    def __init__(self, insecure: bool = False, network: bool = False) -> None:
         import zres
         self.zres = zres
         self.insecure = insecure
         self.cluster: Any = None
         self.client: Any = None
+        if network:  # (this process's, and those of the cluster it starts)
+            os.environ["ZRES_LOCAL_READS"] = "never"
 
     def start(self) -> None:
         self.cluster = self.zres.LocalCluster(agents=[{"slot": 2}, {"slot": 2}], nthreads=2,
@@ -332,7 +341,9 @@ class RayBackend(Backend):
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
     "zres": ZresBackend, "dask": DaskBackend, "ray": RayBackend,
-    "zres-insecure": lambda: ZresBackend(insecure=True)}
+    "zres-insecure": lambda: ZresBackend(insecure=True),
+    "zres-network": lambda: ZresBackend(network=True),
+    "zres-network-insecure": lambda: ZresBackend(insecure=True, network=True)}
 
 
 # -- workloads ----------------------------------------------------------------------------
@@ -795,15 +806,17 @@ def print_report(report: dict[str, Any], systems: list[str]) -> None:
     width = max(len(row["label"]) for row in rows) + 2
     cols = [max(12, len(n) + 2, *(len(cell(row["values"][n])) + 2 for row in rows))
             for n in systems]
+    against = [max(16, len(p) + 10) for p in peers]
     header = (f"{'figure':<{width}}{'unit':<9}"
               + "".join(f"{n:>{w}}" for n, w in zip(systems, cols))
-              + "".join(f"{'zres vs ' + p:>16}" for p in peers))
+              + "".join(f"{'zres vs ' + p:>{w}}" for p, w in zip(peers, against)))
     print(header)
     print("-" * len(header))
     for row in rows:
         print(f"{row['label']:<{width}}{row['unit']:<9}"
               + "".join(f"{cell(row['values'][n]):>{w}}" for n, w in zip(systems, cols))
-              + "".join(f"{describe(row['zres_advantage'][p]):>16}" for p in peers))
+              + "".join(f"{describe(row['zres_advantage'][p]):>{w}}"
+                        for p, w in zip(peers, against)))
     print("-" * len(header))
     floor = report["floor"]
     echo, bandwidth = floor["values"].get("echo_median"), floor["values"].get("bandwidth")
@@ -850,8 +863,8 @@ def main() -> None:
                         help="smaller workloads, to finish in under two minutes")
     parser.add_argument("--json", metavar="PATH", help="also write the table here as JSON")
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                        help="comma-separated, from zres,dask,ray,zres-insecure (default: "
-                        "zres,dask,ray)")
+                        help=f"comma-separated, from {','.join(SYSTEMS)} (default: "
+                        f"{','.join(DEFAULT_SYSTEMS)})")
     parser.add_argument("--repeats", type=int, help="most runs of each workload (best is kept)")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)

@@ -4,7 +4,9 @@ memory budget, freed."""
 
 from __future__ import annotations
 
+import mmap
 import os
+import socket
 import stat
 import threading
 import time
@@ -15,9 +17,11 @@ import pytest
 import zmq
 
 from tests.conftest import wait_until
+from zres.agent.data.local import LocalPort
 from zres.agent.data.server import DataServer
 from zres.agent.data.store import MIN_BUDGET, ObjectStore
 from zres.core import keys as K
+from zres.core import local_reads
 from zres.core import objects as O
 from zres.core import protocol as P
 from zres.core import transfer as T
@@ -53,7 +57,7 @@ def served(tmp_path):
                         K.peer_key(str(key_dir), ("agent",)))
     server.secret = SECRET
     server.start()
-    transfers = T.Transfers(timeout=5.0)
+    transfers = T.Transfers(timeout=5.0, local=False)  # (over the data port: its chunks)
     yield store, server, transfers
     transfers.close()
     server.stop()
@@ -98,7 +102,7 @@ def test_a_fetch_keeps_at_most_a_window_of_requests_in_flight_to_a_holder():
     objects = {i: b"".join(bytes(p) for p in O.parts(dumps(i * 7))) for i in range(1, 101)}
     refs = [T.Ref(i, len(data), b"t", (T.Holder("a", f"tcp://127.0.0.1:{port}"),))
             for i, data in objects.items()]
-    transfers = T.Transfers(timeout=1.5)  # (the whole takes longer: 100 answers, 30 ms apart)
+    transfers = T.Transfers(timeout=1.5, local=False)  # (100 answers, 30 ms apart)
     fetched: list[Any] = []
     reader = threading.Thread(target=lambda: fetched.extend(transfers.fetch(refs)))
     reader.start()
@@ -153,3 +157,149 @@ def test_past_its_budget_the_store_spills_the_oldest_and_still_serves_them(serve
     store.free([1, 2, 3, 4])
     assert store.stats() == {"objects": 0, "memory": 0, "spilled": 0, "budget": store.budget}
     assert store.path(1) is None
+
+
+def mapped(array: np.ndarray) -> bool:
+    """Whether ARRAY's memory is a mapping of a file (read in place, not copied)."""
+    base = array
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    return isinstance(getattr(base, "obj", None), mmap.mmap)
+
+
+def test_a_reader_on_the_holders_host_is_given_the_file_for_its_token_and_reads_it_in_place(
+        served, tmp_path):
+    """Over the data port every byte is encrypted and copied through a socket; a reader
+    on the agent's own host now asks the port where its local socket is (before its
+    first request for bytes), and reads each object's file in place: a NumPy array is a
+    mapping of the store, no byte served over the port, the first fetch's neither."""
+    store, server, _ = served
+    array = np.arange(local_reads.MAP_MIN // 4, dtype=np.float64)
+    big = os.urandom(3 * T.CHUNK + 12345)
+    values: dict[int, Any] = {1: big, 2: {"small": [1, 2]}, 3: array}
+    sizes = {i: put_local(store, i, v) for i, v in values.items()}
+    transfers = T.Transfers(timeout=5.0, local=True)
+    try:
+        first = transfers.fetch([ref(server, i, n) for i, n in sizes.items()])
+        again = transfers.fetch([ref(server, i, n) for i, n in sizes.items()])
+        served_before = server.served
+        assert served_before == 0, "bytes came over the data port"
+        for frames in (first, again):
+            back = [loads(f) for f in frames]
+            assert back[0] == big and back[1] == {"small": [1, 2]}
+            assert (back[2] == array).all()
+        assert mapped(loads(again[2])), "the array was copied, not mapped"
+        loads(again[2])[0] = -1  # (copy on write: the store's file keeps its own)
+        assert loads(O.read_object(store.path(3)))[0] == 0
+        with pytest.raises(T.TransferError, match="refused"):
+            transfers.fetch([ref(server, 1, sizes[1], token=T.token(SECRET, "get", 2))])
+        with pytest.raises(T.TransferError, match="missing"):
+            transfers.fetch([ref(server, 9, 100)])
+        replica = str(tmp_path / "replica")
+        transfers.fetch_to(ref(server, 1, sizes[1]), replica)
+        assert loads(O.read_object(replica)) == big and server.served == served_before
+    finally:
+        transfers.close()
+
+
+def test_a_local_socket_that_fails_or_is_not_the_agents_is_not_read_from(served):
+    """A reader checks the socket's peer is the process the data port named (nobody else
+    on the host poses as the agent); a socket that stops answering (its agent restarted,
+    its thread gone) leaves the reader on the data port, and nothing fails."""
+    store, server, _ = served
+    size = put_local(store, 1, b"x" * 100_000)
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    impostor.bind("\0zres-test-impostor-" + os.urandom(8).hex())
+    impostor.listen(1)
+    links = local_reads.Links(timeout=1.0)
+    at = ("tcp://x", "")
+    assert links.unknown(at)
+    links.asked(at, 1)
+    assert not links.unknown(at)  # (asked once)
+    # (the port named the agent's process; the socket is this process's)
+    assert links.answered({"req": 1, "socket": impostor.getsockname()[1:].decode(),
+                           "pid": os.getppid(), "uid": os.getuid()}) == at
+    assert links.link(at) is None, "a socket of another process was taken for the agent's"
+    links.asked(("tcp://y", ""), 3)
+    assert links.answered({"req": 3, "socket": impostor.getsockname()[1:].decode(),
+                           "pid": os.getpid(), "uid": os.getuid()}) == ("tcp://y", "")
+    assert links.link(("tcp://y", "")) is not None  # (what the check lets through)
+    links.close()
+    impostor.close()
+    transfers = T.Transfers(timeout=5.0, local=True)
+    try:
+        assert loads(transfers.fetch([ref(server, 1, size)])[0]) == b"x" * 100_000
+        server.local.stop()  # (its socket gone: a read in place fails from now on)
+        served_before = server.served
+        assert loads(transfers.fetch([ref(server, 1, size)])[0]) == b"x" * 100_000
+        assert server.served > served_before, "not read over the data port instead"
+    finally:
+        transfers.close()
+
+
+def test_a_holder_whose_local_socket_stops_answering_is_given_up_on_in_time():
+    """A stopped agent (SIGSTOP) keeps its socket open and answers nothing: a read in
+    place waits the transfer's timeout, as one over the data port does, then the next
+    holder is tried (none here: the fetch fails naming the agent), never forever."""
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stuck.bind("\0zres-test-stuck-" + os.urandom(8).hex())
+    stuck.listen(4)
+    ctx = zmq.Context()
+    holder = ctx.socket(zmq.ROUTER)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    objects = {i: b"".join(bytes(p) for p in O.parts(dumps(i * 7))) for i in (1, 2)}
+    refs = {i: T.Ref(i, len(data), b"t", (T.Holder("a", f"tcp://127.0.0.1:{port}"),))
+            for i, data in objects.items()}
+    done = threading.Event()
+
+    def serve() -> None:  # (the data port: chunks, and where its local socket is)
+        while not done.is_set():
+            if not holder.poll(50):
+                continue
+            ident, header = holder.recv_multipart()
+            msg = P.decode([header])
+            if msg.kind == P.LOCAL:
+                holder.send_multipart([ident, *P.encode(P.LOCAL_REPLY, {
+                    "req": msg.body["req"], "socket": stuck.getsockname()[1:].decode(),
+                    "pid": os.getpid(), "uid": os.getuid()})])
+            else:
+                data = objects[msg.body["id"]]
+                holder.send_multipart([ident, *P.encode(P.CHUNK, {
+                    "req": msg.body["req"], "id": msg.body["id"], "offset": 0,
+                    "size": len(data)}, [data])])
+    server = threading.Thread(target=serve)
+    server.start()
+    transfers = T.Transfers(timeout=0.5, local=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(T.TransferError, match="agent a .* did not answer within 0.5s"):
+            transfers.fetch([refs[1]])  # (asks where the socket is, then reads there)
+        assert time.monotonic() - started < 5
+        over_port = T.Transfers(timeout=5, local=False)  # (its port answers meanwhile)
+        assert loads(over_port.fetch([refs[2]])[0]) == 14
+        over_port.close()
+    finally:
+        done.set()
+        server.join(5)
+        transfers.close()
+        holder.close(0)
+        ctx.term()
+        stuck.close()
+
+
+def test_a_local_socket_stopped_twice_closes_nobody_elses_descriptors(tmp_path):
+    """Stopped twice (the test above, then its fixture), the socket closed its waker's
+    pipe twice: by then the numbers were zmq's, whose context aborted the process."""
+    store = ObjectStore(str(tmp_path / "state"), MIN_BUDGET)
+    port = LocalPort(store, lambda: SECRET)
+    port.start()
+    port.stop()
+    others = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]  # (the lowest numbers)
+    try:
+        port.stop()
+        for fd in others:
+            os.fstat(fd)  # (OSError: closed by the second stop)
+    finally:
+        for fd in others:
+            os.close(fd)
+        store.close()

@@ -53,8 +53,13 @@ def store(client: zres.Client, agent: str) -> dict[str, int]:
     return next(a["store"] for a in client.status()["agents"] if a["name"] == agent)
 
 
+@pytest.mark.parametrize("local", ["auto", "never"])
 def test_a_big_result_stays_on_its_agent_goes_straight_to_who_reads_it_and_is_freed(
-        make_cluster, make_client):
+        make_cluster, make_client, monkeypatch, local: str):
+    """With LOCAL "auto", readers on the holder's host (all of them, here) read its file in
+    place: the client's array is a mapping of agent-a's store; with "never" (as between
+    hosts) every byte comes over the data ports, encrypted."""
+    monkeypatch.setenv("ZRES_LOCAL_READS", local)  # (the client's, and its workers')
     cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"])
     client = make_client(cluster.address)
     result = client.submit(made, BIG, resources={"a": 1})
@@ -65,12 +70,13 @@ def test_a_big_result_stays_on_its_agent_goes_straight_to_who_reads_it_and_is_fr
         "a dependent on another agent did not get it"
     wait_until(lambda: store(client, "agent-b").get("objects") == 1,
                message="agent-b to hold the copy it fetched")
-    array = client.submit(zeros, BIG // 8, resources={"a": 1})
+    array = client.submit(zeros, BIG // 4, resources={"a": 1})  # (2 MB: mapped, not read)
     assert client.submit(mapped, array, resources={"a": 1}).result(60), \
         "a dependent on the holder's own agent did not read its input in place"
     assert client.submit(mapped, array, resources={"b": 1}).result(60)  # (its copy, mapped)
     got = zres.gather([array, result])
-    assert got[0].shape == (BIG // 8,) and got[1] == made(BIG)
+    assert got[0].shape == (BIG // 4,) and got[1] == made(BIG)
+    assert mapped(got[0]) == (local == "auto"), "read in place, or over the port, wrongly"
     del result, array, got
     wait_until(lambda: not store(client, "agent-a").get("objects")
                and not store(client, "agent-b").get("objects"),

@@ -123,10 +123,26 @@ def map_object(path: str) -> mmap.mmap:
         size = os.fstat(fd).st_size
         if size == 0:
             raise ObjectError(f"{path} is empty")
-        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                         prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return map_file(fd, size)
     finally:
         os.close(fd)
+
+
+def map_file(fd: int, size: int) -> mmap.mmap:
+    """The first SIZE bytes of the file FD mapped privately (copy on write, as
+    ``map_object``); the descriptor may be closed after."""
+    return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def is_bytes_value(head: Any, size: int) -> bool:
+    """Whether the object of SIZE bytes whose file starts with HEAD is one ``bytes`` value
+    (``serialize.dumps`` makes it an empty frame, then the bytes): a value that must be
+    copied into memory of its own whatever is done."""
+    try:
+        lengths = _lengths(memoryview(head).cast("B"), size)
+    except ObjectError:
+        return False
+    return len(lengths) == 2 and not lengths[0] and lengths[1] > 0
 
 
 def read_object(path: str) -> list[memoryview]:
@@ -163,6 +179,12 @@ class ObjectWriter:
 
     def complete(self) -> bool:
         return self._filled >= self.size
+
+    def fill_from(self, fd: int) -> None:
+        """Take the whole object from FD, a file holding it (an object on another agent
+        of this host), copied by the kernel: no byte through this process."""
+        _copy_file(fd, self._fd, self.size)
+        self._filled = self.size
 
     def done(self) -> None:
         """Check it is a whole object and put it in place."""
@@ -225,6 +247,20 @@ class ObjectBuffer:
             self._early = []
         self._copy(offset, view)
 
+    def read_from(self, fd: int, head: bytes) -> None:
+        """Fill it from FD, a file holding the object, whose first bytes are HEAD: each
+        byte read straight to where it goes, once."""
+        self.write(0, head[:self.size])
+        assert self._into is not None
+        for start, end, where in self._into:
+            at = max(start, len(head))
+            while at < end:
+                got = os.preadv(fd, [where[at - start:end - start]], at)
+                if got <= 0:
+                    raise ObjectError(f"a file of {at} bytes holds no object of {self.size}")
+                at += got
+        self._filled = self.size
+
     def _lay_out(self, first: memoryview) -> None:
         """Where each byte goes, from the header at the start of FIRST."""
         try:
@@ -262,6 +298,26 @@ class ObjectBuffer:
         if len(self._frames) == 2 and isinstance(self._frames[0], bytearray):
             self._frames = frames_of(self._frames[1])
         return self._frames
+
+
+def _copy_file(source: int, target: int, size: int) -> None:
+    """Copy SIZE bytes from the start of file SOURCE to TARGET's, in the kernel where it
+    can (copy_file_range), else a piece at a time."""
+    at = 0
+    try:
+        while at < size:
+            done = os.copy_file_range(source, target, size - at, at, at)
+            if done <= 0:
+                raise ObjectError(f"a file of {at} bytes holds no object of {size}")
+            at += done
+        return
+    except OSError:
+        pass  # (not between these files: the way every system has)
+    while at < size:
+        piece = os.pread(source, min(4 << 20, size - at), at)
+        if not piece:
+            raise ObjectError(f"a file of {at} bytes holds no object of {size}")
+        at += os.pwrite(target, piece, at)
 
 
 def _c_api() -> tuple[Any, Any, int]:

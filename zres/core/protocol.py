@@ -284,6 +284,18 @@ served without a token the broker made with the cluster's data secret)
                                                 it does not hold it)
     put        {id, token, size, offset, req} + one frame  -> put_ack {req, id, offset,
                                                 error?, done?} (done: it has it whole)
+    local      {req}                            -> local_reply {req, socket?, pid, uid}:
+                                                where a reader on the agent's host gets an
+                                                object's file instead of its bytes (socket:
+                                                a Linux abstract unix socket's name, without
+                                                its leading NUL; none: the agent offers no
+                                                such socket); a reader checks the socket's
+                                                peer is process PID of user UID
+anyone on an agent's host -> its local socket (SOCK_SEQPACKET, zres.agent.data.local)
+    get        {id, token, req}                 -> chunk {req, id, size, error?} with the
+                                                object's file descriptor (SCM_RIGHTS, read
+                                                only) unless error: read in place, no byte
+                                                through a socket (zres.core.local_reads)
 client or agent -> the broker's relay (zres.broker.relay; a wildcard host: the broker's)
     get, put   as to a data port, plus {agent, from}: the holder, who asks; answered by the
                agent (passed on as it comes) or {error}; counted in status_reply's relay:
@@ -377,6 +389,8 @@ PLACE = "place"
 PLACE_REPLY = "place_reply"
 LOCATE = "locate"
 LOCATE_REPLY = "locate_reply"
+LOCAL = "local"
+LOCAL_REPLY = "local_reply"
 # Gangs: placement groups (issue 31).
 GROUP = "group"
 GROUP_REPLY = "group_reply"
@@ -388,7 +402,7 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
                    ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY,
                    GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY,
-                   GROUP, GROUP_REPLY})
+                   LOCAL, LOCAL_REPLY, GROUP, GROUP_REPLY})
 
 # Task outcomes.
 OK = "ok"

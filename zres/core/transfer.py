@@ -11,7 +11,8 @@ bytes (``objects``) in chunks of ``CHUNK``, from several holders at once, at mos
 ``WINDOW`` requests in flight to each: a holder's port (a ROUTER) drops what it cannot
 queue for a reader (past zmq's high-water mark, 1,000 messages), so a fetch of thousands
 of objects asked all at once lost answers. Each chunk is copied once, from the message
-that brings it to where the value will live (``objects.ObjectBuffer``).
+that brings it to where the value will live (``objects.ObjectBuffer``). A holder on the
+reader's own host gives the object's file instead, read in place (``local_reads``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -28,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from . import objects
+from . import local_reads, objects
 from . import protocol as P
 from .errors import ZresError
 
@@ -108,6 +110,7 @@ class _Fetch:
     holder: int = 0           # which of its holders is being asked
     asked: int = 0            # bytes asked for so far
     got: int = 0              # bytes come
+    frames: list[Any] | None = None  # (read in place: local_reads)
 
     @property
     def at(self) -> tuple[str, str]:
@@ -126,15 +129,19 @@ class _Flight:
     busy: Counter[tuple[str, str]] = field(default_factory=Counter)   # (fetch, offset, length)
     heard: dict[tuple[str, str], float] = field(default_factory=dict)
     queued: dict[tuple[str, str], deque[_Fetch]] = field(default_factory=dict)
+    done: int = 0             # fetches complete
 
 
 class Transfers:
     """A process's connections to data ports, and transfers over them (one at a time per
     process: a lock; each moves many objects at once). Its zmq context is its own: its I/O
     thread encrypts bulk data, never the control connection's messages. ROUTES
-    (``relaying.Routes``): which holders to try directly, and the relay (None: direct)."""
+    (``relaying.Routes``): which holders to try directly, and the relay (None: direct).
+    LOCAL: whether to read in place from holders on this host (None: as
+    ``$ZRES_LOCAL_READS`` says, ``local_reads``)."""
 
-    def __init__(self, timeout: float = TIMEOUT, routes: Any = None) -> None:
+    def __init__(self, timeout: float = TIMEOUT, routes: Any = None,
+                 local: bool | None = None) -> None:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._timeout = timeout
         self.routes = routes
@@ -142,6 +149,8 @@ class Transfers:
         self._public, self._secret = zmq.curve_keypair()  # (authorised by tokens, not keys)
         self._lock = threading.Lock()
         self._reqs = itertools.count(1)
+        local = local_reads.enabled() if local is None else local
+        self._local = local_reads.Links(timeout) if local else None
 
     def _sock(self, holder: Holder) -> zmq.Socket[Any]:
         sock = self._socks.get((holder.address, holder.key))
@@ -163,7 +172,8 @@ class Transfers:
         one cannot be."""
         fetches = [_Fetch(self._route(ref), objects.ObjectBuffer(ref.size)) for ref in refs]
         self._run(fetches)
-        return [f.buffer.frames() for f in fetches]  # type: ignore[union-attr]
+        return [f.frames if f.frames is not None else f.buffer.frames()  # type: ignore
+                for f in fetches]
 
     def fetch_to(self, ref: Ref, path: str) -> None:
         """Fetch REF into a file at PATH (an agent's copy of another's object)."""
@@ -183,21 +193,28 @@ class Transfers:
             flight = _Flight()
             for fetch in fetches:
                 flight.queued.setdefault(fetch.at, deque()).append(fetch)
-            for at in list(flight.queued):
+            local = self._local
+            # (holders read in place last: those over the network move meanwhile)
+            for at in sorted(flight.queued, key=lambda a: local is not None
+                             and local.link(a) is not None):
                 self._ask(at, flight)
             poller = zmq.Poller()
             for sock in {id(s): s for s in self._socks.values()}.values():
                 poller.register(sock, zmq.POLLIN)
-            left = sum(1 for f in fetches if f.got < f.ref.size)
-            while left:
-                events = dict(poller.poll(200))
+            while flight.done < len(fetches):
+                held = [at for at, queue in flight.queued.items()
+                        if queue and local is not None and local.holding(at)]
+                wait = min([local.holding(at) for at in held], default=0.2)  # type: ignore
+                events = dict(poller.poll(max(1, int(wait * 1000) + 1)))
                 for sock in events:
                     while True:
                         try:
                             frames = P.recv(sock)
                         except zmq.Again:
                             break
-                        left -= self._take(frames, flight)
+                        self._take(frames, flight)
+                for at in held:  # (answered meanwhile: asked again then; else, now)
+                    self._ask(at, flight)
                 now = time.monotonic()
                 for at, busy in list(flight.busy.items()):
                     if busy and now - flight.heard[at] > self._timeout:
@@ -216,27 +233,75 @@ class Transfers:
             if fetch.asked >= fetch.ref.size:
                 queue.popleft()
                 continue
+            holder = fetch.ref.holders[fetch.holder]
+            if self._local is not None and not holder.relay:
+                link = self._local.link(at)
+                if link is not None and not fetch.asked:
+                    queue.popleft()
+                    self._read_here(fetch, link, flight)
+                    continue
+                if self._local.unknown(at):
+                    req = next(self._reqs)
+                    self._local.asked(at, req)
+                    P.send(self._sock(holder), P.encode(P.LOCAL, {"req": req}))
+                if not fetch.asked and self._local.holding(at):
+                    return  # (its answer says which way: asked again once it comes)
             length = min(CHUNK, fetch.ref.size - fetch.asked)
             req = next(self._reqs)
             flight.waiting[req] = (fetch, fetch.asked, length)
             if not flight.busy[at]:
                 flight.heard[at] = time.monotonic()  # (silent from now on: gone)
-            holder = fetch.ref.holders[fetch.holder]
             P.send(self._sock(holder), P.encode(
                 P.GET, {"id": fetch.ref.id, "offset": fetch.asked, "length": length,
                         "token": fetch.ref.token, "req": req, **self._fields(holder)}))
             fetch.asked += length
             flight.busy[at] += 1
 
-    def _take(self, frames: list[Any], flight: _Flight) -> int:
-        """Take in one reply; return 1 if it completed its object."""
+    def _read_here(self, fetch: _Fetch, link: local_reads.Link, flight: _Flight) -> None:
+        """Read FETCH's object in place, its holder being on this host (LINK to it), or
+        go on with the holder's data port (its local socket failed), or the next holder
+        (it refuses, or did not answer)."""
+        at = fetch.at
+        try:
+            fd = link.open(fetch.ref.id, fetch.ref.size, fetch.ref.token)
+            if isinstance(fetch.buffer, objects.ObjectWriter):
+                try:
+                    fetch.buffer.fill_from(fd)
+                finally:
+                    os.close(fd)
+            else:
+                fetch.frames = local_reads.frames(fd, fetch.ref.size)
+        except local_reads.Refused as exc:
+            self._next_holder(fetch, flight, str(exc))
+            return
+        except objects.ObjectError as exc:
+            self._next_holder(fetch, flight, f"sent what is not an object ({exc})")
+            return
+        except OSError as exc:
+            self._local.failed(at)  # type: ignore[union-attr]
+            if isinstance(exc, TimeoutError):
+                self._next_holder(fetch, flight, f"did not answer within {self._timeout:g}s",
+                                  silent=True)
+            else:  # (its port says whether it is gone)
+                flight.queued[at].appendleft(fetch)
+            return
+        fetch.asked = fetch.got = fetch.ref.size
+        flight.done += 1
+
+    def _take(self, frames: list[Any], flight: _Flight) -> None:
+        """Take in one reply."""
         try:
             msg = P.decode(frames)
         except ZresError:
-            return 0
+            return
+        if msg.kind == P.LOCAL_REPLY:
+            at = self._local.answered(msg.body) if self._local is not None else None
+            if at is not None:
+                self._ask(at, flight)  # (what waits for it now read in place, if it is here)
+            return
         entry = flight.waiting.pop(msg.body.get("req", -1), None)
         if entry is None or msg.kind != P.CHUNK:
-            return 0  # (an answer to a request given up on)
+            return  # (an answer to a request given up on)
         fetch, offset, length = entry
         at = fetch.at
         flight.busy[at] -= 1
@@ -251,8 +316,9 @@ class Transfers:
                 why = f"sent what is not an object ({exc})"
         if why is not None:
             self._next_holder(fetch, flight, str(why))
+        elif fetch.got >= fetch.ref.size:
+            flight.done += 1
         self._ask(at, flight)
-        return 1 if why is None and fetch.got >= fetch.ref.size else 0
 
     def _fields(self, holder: Holder) -> dict[str, Any]:
         """What a request to HOLDER says besides the object's (through the relay: whom
@@ -325,6 +391,8 @@ class Transfers:
         for sock in self._socks.values():
             sock.close(0)
         self._socks.clear()
+        if self._local is not None:
+            self._local.close()
         self._ctx.term()
 
 

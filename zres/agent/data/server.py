@@ -11,6 +11,7 @@ counts them in its store and tells the broker.
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import threading
@@ -27,6 +28,7 @@ from ...core import transfer as T
 from ...core.errors import ProtocolError
 from ...core.wakeup import Waker
 from ...logs import get_logger
+from .local import LocalPort
 from .store import ObjectStore
 
 log = get_logger("zres.agent")
@@ -60,14 +62,17 @@ class DataServer:
         self._uploads: OrderedDict[tuple[bytes, int], O.ObjectWriter] = OrderedDict()
         self._waker = Waker()  # (its stop, heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-data", daemon=True)
+        self.local = LocalPort(store, lambda: self.secret)  # (readers on this host)
 
     def start(self) -> None:
         self._thread.start()
+        self.local.start()
 
     def stop(self) -> None:
         self._waker.stop()
         if self._thread.is_alive():
             self._thread.join(5)
+        self.local.stop()
         self._waker.close()
         for writer in self._uploads.values():
             writer.abandon()
@@ -105,8 +110,8 @@ class DataServer:
         P.send(self._sock, [ident, *P.encode(kind, body, frames)])
 
     def _handle(self, ident: bytes, msg: P.Message) -> None:
-        object_id = P.field(msg, "id", int)
         req = msg.body.get("req")
+        object_id = P.field(msg, "id", int) if msg.kind != P.LOCAL else 0
         if msg.kind == P.GET:
             offset, length = P.field(msg, "offset", int), P.field(msg, "length", int)
             body: dict[str, Any] = {"req": req, "id": object_id, "offset": offset}
@@ -125,6 +130,11 @@ class DataServer:
             self._reply(ident, P.CHUNK, {**body, "size": len(data)}, (chunk,))
         elif msg.kind == P.PUT:
             self._put(ident, msg, object_id, req)
+        elif msg.kind == P.LOCAL:
+            self._reply(ident, P.LOCAL_REPLY, {"req": req, "pid": os.getpid(),
+                                               "uid": os.getuid(),
+                                               **({"socket": self.local.name}
+                                                  if self.local.name else {})})
         else:
             raise ProtocolError(f"{msg.kind} is not a request for a data port")
 
