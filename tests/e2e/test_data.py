@@ -111,6 +111,29 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     assert open(opted).read() == "ran\nran\n"
 
 
+@pytest.mark.parametrize("local", ["auto", "never"])
+def test_result_with_a_timeout_gives_up_in_that_time_on_a_holder_that_does_not_answer(
+        make_cluster, make_client, monkeypatch, local: str):
+    """A caller's timeout ends a fetch from a holder that does not answer (stopped), read
+    in place or over its data port, however long the holder has to count as gone."""
+    from zres.core import transfer
+    monkeypatch.setattr(transfer.Transfers.__init__, "__defaults__", (3600.0, None, None))
+    monkeypatch.setenv("ZRES_LOCAL_READS", local)
+    cluster = make_cluster(agents=[{"a": 1}], heartbeat_timeout=60.0)
+    client = make_client(cluster.address)
+    first, second = client.map(made, [BIG, BIG + 256], resources={"a": 1})
+    assert first.result(60) == made(BIG)  # (its holder's local socket, if any, is known)
+    zres.wait([second])
+    agent = cluster.agents["agent-0"].pid
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        with pytest.raises(TimeoutError, match="within 1s"):
+            second.result(1)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    assert second.result(60) == made(BIG + 256)
+
+
 def test_a_big_result_outlives_a_broker_restart_and_its_task_runs_once(
         make_cluster, make_client, tmp_path: Path):
     """retries=0 means at most once for big results too (a restarted broker computed again

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core import transfer as T
-from ..core.errors import RemoteError, ResultLostError
+from ..core.errors import RemoteError, ResultLostError, ZresError
 from ..core.relaying import Routes
 from ..core.serialize import loads
 
@@ -56,7 +56,11 @@ class Fetcher:
         while todo:
             transfers = self._transfers_()
             try:
-                values = transfers.fetch([T.Ref.from_wire(f._result.ref) for f in todo])
+                values = transfers.fetch([T.Ref.from_wire(f._result.ref) for f in todo],
+                                         deadline)
+            except TimeoutError as exc:
+                raise TimeoutError(f"the result of {todo[0].name} could not be fetched "
+                                   f"within {timeout:g}s: {exc}") from None
             except T.TransferError as exc:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"the result of {todo[0].name} could not be fetched "
@@ -79,7 +83,15 @@ class Fetcher:
         waiting = {f._local: f for f in futures}
         while waiting:
             io = self._client._io
-            reply = io.request(P.LOCATE, {"ids": list(waiting)}, io.broker_timeout)
+            wait = io.broker_timeout if deadline is None \
+                else max(0.01, min(io.broker_timeout, deadline - time.monotonic()))
+            try:
+                reply = io.request(P.LOCATE, {"ids": list(waiting)}, wait)
+            except ZresError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"the result of {next(iter(waiting.values())).name} "
+                                       "could not be located in the time given") from None
+                raise
             for local, ref in (reply.get("refs") or {}).items():
                 future = waiting.pop(int(local), None)
                 if future is not None:

@@ -74,12 +74,16 @@ class Link:
             sock.close()
             raise
         self._sock = sock
+        self._timeout = timeout
         self._reqs = itertools.count(1)
 
-    def open(self, object_id: int, size: int, token: bytes) -> int:
+    def open(self, object_id: int, size: int, token: bytes,
+             timeout: float | None = None) -> int:
         """A read-only descriptor of object OBJECT_ID's file (SIZE bytes); Refused if the
         holder says why not; OSError if the socket fails (the holder is gone, stuck past
-        the timeout: TimeoutError, or answers nonsense)."""
+        the timeout, or TIMEOUT if shorter: TimeoutError, or answers nonsense)."""
+        self._sock.settimeout(self._timeout if timeout is None
+                              else min(timeout, self._timeout))
         req = next(self._reqs)
         self._sock.send(P.encode(P.GET, {"id": object_id, "token": token, "req": req})[0])
         data, fds, _, _ = socket.recv_fds(self._sock, _HEAD, 1)

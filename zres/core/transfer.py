@@ -130,6 +130,18 @@ class _Flight:
     heard: dict[tuple[str, str], float] = field(default_factory=dict)
     queued: dict[tuple[str, str], deque[_Fetch]] = field(default_factory=dict)
     done: int = 0             # fetches complete
+    deadline: float | None = None  # (monotonic) the caller's: TimeoutError past it
+
+    def left(self, fetch: _Fetch) -> float | None:
+        """Seconds left to the caller's deadline; TimeoutError naming FETCH if none."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            holder = fetch.ref.holders[min(fetch.holder, len(fetch.ref.holders) - 1)]
+            raise TimeoutError(f"agent {holder.agent} at {_where(holder)} did not answer "
+                               "in the time given")
+        return left
 
 
 class Transfers:
@@ -166,12 +178,13 @@ class Transfers:
             self._socks[holder.address, holder.key] = sock
         return sock
 
-    def fetch(self, refs: Sequence[Ref]) -> list[list[memoryview]]:
+    def fetch(self, refs: Sequence[Ref],
+              deadline: float | None = None) -> list[list[memoryview]]:
         """The frames of each of REFS, fetched at once from their holders (each into
         memory of its own: ``objects.ObjectBuffer``); TransferError naming the object if
-        one cannot be."""
+        one cannot be, TimeoutError if they are not all here by DEADLINE (monotonic)."""
         fetches = [_Fetch(self._route(ref), objects.ObjectBuffer(ref.size)) for ref in refs]
-        self._run(fetches)
+        self._run(fetches, deadline)
         return [f.frames if f.frames is not None else f.buffer.frames()  # type: ignore
                 for f in fetches]
 
@@ -188,9 +201,9 @@ class Transfers:
     def _route(self, ref: Ref) -> Ref:
         return self.routes.route(ref) if self.routes is not None else ref
 
-    def _run(self, fetches: list[_Fetch]) -> None:
+    def _run(self, fetches: list[_Fetch], deadline: float | None = None) -> None:
         with self._lock:
-            flight = _Flight()
+            flight = _Flight(deadline=deadline)
             for fetch in fetches:
                 flight.queued.setdefault(fetch.at, deque()).append(fetch)
             local = self._local
@@ -205,6 +218,9 @@ class Transfers:
                 held = [at for at, queue in flight.queued.items()
                         if queue and local is not None and local.holding(at)]
                 wait = min([local.holding(at) for at in held], default=0.2)  # type: ignore
+                left = flight.left(next(f for f in fetches if f.got < f.ref.size))
+                if left is not None:  # (the caller's own limit: result(timeout))
+                    wait = min(wait, left)
                 events = dict(poller.poll(max(1, int(wait * 1000) + 1)))
                 for sock in events:
                     while True:
@@ -263,7 +279,7 @@ class Transfers:
         (it refuses, or did not answer)."""
         at = fetch.at
         try:
-            fd = link.open(fetch.ref.id, fetch.ref.size, fetch.ref.token)
+            fd = link.open(fetch.ref.id, fetch.ref.size, fetch.ref.token, flight.left(fetch))
             if isinstance(fetch.buffer, objects.ObjectWriter):
                 try:
                     fetch.buffer.fill_from(fd)
@@ -280,6 +296,7 @@ class Transfers:
         except OSError as exc:
             self._local.failed(at)  # type: ignore[union-attr]
             if isinstance(exc, TimeoutError):
+                flight.left(fetch)  # (the caller's time ran out: it is told, not the holder)
                 self._next_holder(fetch, flight, f"did not answer within {self._timeout:g}s",
                                   silent=True)
             else:  # (its port says whether it is gone)
