@@ -217,6 +217,11 @@ class _FollowedRun:
         exception's frames hold them, and so does a future's callback of this run)."""
         self.client._forget(self.futures.values(), cancel=cancel)
         self.futures.clear()
+        while True:  # (events not read: each holds its future, and the futures hold us)
+            try:
+                self.events.get_nowait()
+            except queue.Empty:
+                break
 
     def _began(self, step: Step, pretask: list[Any]) -> None:
         state = self.state
@@ -232,7 +237,10 @@ class _FollowedRun:
         for source in set(step.sources):
             self.left[source] -= 1
             if self.left[source] == 0 and source not in self.outputs:
-                del self.futures[source]  # (the last reference: its result is released)
+                # Let go of it now, not when the future is dropped: an event of its own
+                # still queued (its end, heard after its readers') holds it, and the
+                # futures' callbacks hold the queue: a cycle only the collector ends.
+                self.client._forget([self.futures.pop(source)])
         for reader in state["dependents"][step.key]:
             missing = state["waiting"].get(reader)
             if missing is not None:
