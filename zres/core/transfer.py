@@ -218,9 +218,10 @@ class Transfers:
                 held = [at for at, queue in flight.queued.items()
                         if queue and local is not None and local.holding(at)]
                 wait = min([local.holding(at) for at in held], default=0.2)  # type: ignore
-                left = flight.left(next(f for f in fetches if f.got < f.ref.size))
-                if left is not None:  # (the caller's own limit: result(timeout))
-                    wait = min(wait, left)
+                if deadline is not None:  # (the caller's own limit: result(timeout))
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        flight.left(next(f for f in fetches if f.got < f.ref.size))
                 events = dict(poller.poll(max(1, int(wait * 1000) + 1)))
                 for sock in events:
                     while True:
