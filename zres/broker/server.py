@@ -169,7 +169,8 @@ class Broker(Intake):
                                    on_started=self.client_link.started,
                                    on_changed=self.keeper.changed, load=self.keeper.payload,
                                    token=self.gate.token, objects=self.objects,
-                                   groups=self.groups)
+                                   groups=self.groups,
+                                   **({"on_lost": self.relay.forget} if self.relay else {}))
         self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
