@@ -18,7 +18,7 @@ from tests.conftest import process_gone, wait_until
 from zres.agent.cpus import CoreBinder
 from zres.agent.files import JobLogs
 from zres.agent.jobs import JobRunner
-from zres.agent.memory import cgroups
+from zres.agent.memory import cgroups, procs
 from zres.agent.memory.cgroups import Cgroups
 from zres.agent.memory.monitor import Monitor
 from zres.core.resources import UNIT
@@ -166,22 +166,48 @@ def test_a_job_bound_to_cores_is_born_on_them(tmp_path):
         jobs.logs.close()
 
 
-def test_what_a_job_started_before_its_cgroup_was_made_is_moved_into_it(tmp_path):
+@pytest.mark.parametrize("told", [True, False], ids=["last-pid-told", "not-told"])
+def test_what_a_job_started_before_its_cgroup_was_made_is_moved_into_it(tmp_path,
+                                                                        monkeypatch, told):
+    """Its shell's child, and what that child started while the agent was moving it (after
+    the agent looked: it was still outside then), are moved into the job's cgroup; every
+    process on the node is read once for it, where the kernel says which process ids it
+    handed out last (else as often as the agent looks)."""
     made, why = cgroups.detect(f"test-{uuid.uuid4().hex[:8]}", move=False)
     if made is None:
         pytest.skip(f"no cgroup with a memory limit can be made here: {why}")
-    child = tmp_path / "child"
+    child, grandchild = tmp_path / "child", tmp_path / "grandchild"
+    script = tmp_path / "child.sh"
+    script.write_text(f"trap 'sleep 60 & echo $! > {grandchild}.part; mv {grandchild}.part "
+                      f"{grandchild}' USR1\necho $$ > {child}.part; mv {child}.part {child}\n"
+                      "while :; do sleep 60 & wait $!; done\n")
+    enter, table, reads = Cgroups.enter, procs.table, []
+
+    def entering(self: Cgroups, path: str, pid: int) -> None:
+        if pid == int(child.read_text()) and not grandchild.exists():
+            os.kill(pid, signal.SIGUSR1)  # (it starts one more before it is moved)
+            wait_until(grandchild.exists, message="the job's child to start another")
+        enter(self, path, pid)
+
+    monkeypatch.setattr(Cgroups, "enter", entering)
+    monkeypatch.setattr(procs, "table", lambda: reads.append(1) or table())
+    if not told:
+        monkeypatch.setattr(procs, "last_pid", lambda: None)
+    elif procs.last_pid() is None:
+        pytest.skip("this kernel does not say which process id it handed out last")
     memory = WatchedLate(child, made)
     jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node", lambda *report: None,
                      memory=memory)
     jobs.cluster = "c0ffee"
     try:
         # (its shell forks at once: the agent moves the job into its cgroup after that)
-        jobs.start(1, {"argv": ["sh", "-c", f"sleep 60 & echo $! > {child}.part; mv "
-                                f"{child}.part {child}; wait"], "env": {}, "cwd": None}, [],
-                   place=(0, [], {"MEMORY": 100_000_000 * UNIT}))
+        jobs.start(1, {"argv": ["sh", "-c", f"sh {script} & wait"], "env": {}, "cwd": None},
+                   [], place=(0, [], {"MEMORY": 100_000_000 * UNIT}))
         inside = made.pids(os.path.join(made.base, "t-1"))
-        assert {jobs.jobs[1].proc.pid, int(child.read_text())} <= set(inside), inside
+        assert {jobs.jobs[1].proc.pid, int(child.read_text()),
+                int(grandchild.read_text())} <= set(inside), inside
+        if told:
+            assert len(reads) == 1, f"every process was read {len(reads)} times for a start"
     finally:
         jobs.stop_all()
         jobs.logs.close()

@@ -1,8 +1,9 @@
 """The agent's memory limits, piece by piece, with plain data: where its cgroup is (from the
 mount table and /proc/self/cgroup texts of pure v2, hybrid and container hosts), how an OOM
-kill is counted, which processes a tree holds, what the node has available (a directory of
-cgroup files written here, as in test_detect), what the guard stops first, and how cores
-are handed out. The end-to-end tests (tests/e2e/test_limits.py) run the real thing."""
+kill is counted, which processes a tree holds (and which were made since), what the node
+has available (a directory of cgroup files written here, as in test_detect), what the
+guard stops first, and how cores are handed out. The end-to-end tests
+(tests/e2e/test_limits.py) run the real thing."""
 
 from __future__ import annotations
 
@@ -51,6 +52,26 @@ def test_a_tree_is_its_descendants_and_its_sessions_processes():
     assert procs.members(10, table) == {10, 11, 12, 13, 30}
     assert procs.members(11, table) == {11, 12, 30}  # (not a session leader)
     assert procs.members(99, table) == set()
+
+
+def test_the_processes_made_since_are_read_by_the_ids_handed_out_since(tmp_path,
+                                                                       monkeypatch):
+    """Those after the last id then, up to the last id now, wrapping at pid_max (a thread's
+    id reads as a process; an id with nothing there, none)."""
+    monkeypatch.setattr(procs, "PROC", str(tmp_path))
+    (tmp_path / "sys/kernel").mkdir(parents=True)
+    (tmp_path / "sys/kernel/ns_last_pid").write_text("3\n")
+    (tmp_path / "sys/kernel/pid_max").write_text("10\n")
+    for pid, parent, session in [(2, 9, 9), (3, 2, 9), (5, 1, 5), (9, 1, 9)]:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (b) c) S {parent} {pid} "
+                                                  f"{session} 0 -1\n")
+    assert procs.last_pid() == 3
+    assert procs.since(1, 3) == {2: (9, 9), 3: (2, 9)}
+    assert procs.since(3, 3) == {}
+    assert procs.since(8, 2) == {9: (1, 9), 2: (9, 9)}  # (wrapped past 9)
+    (tmp_path / "sys/kernel/ns_last_pid").unlink()
+    assert procs.last_pid() is None
 
 
 def test_available_memory_is_the_nodes_or_its_cgroups_whichever_is_less(tmp_path):

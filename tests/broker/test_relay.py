@@ -1,14 +1,16 @@
 """The broker's relay (issue 29), mostly on its own: a holder a process cannot reach is
 fetched from through the relay, chunk by chunk, and remembered; the relay forwards only
 what a token allows, to the agent named, answers for an agent that stops answering it,
-keeps nothing of a requester that went, takes uploads, and lets in the cluster's keys
-only; a broker stepped by hand tells it where an agent is, from where its connection
-comes, and says where it is in its welcome."""
+and at once for one the broker declared lost, keeps nothing of a requester that went,
+takes uploads, and lets in the cluster's keys only; a broker stepped by hand tells it
+where an agent is, from where its connection comes, and says where it is in its
+welcome."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,6 +143,43 @@ def test_an_agent_that_stops_answering_the_relay_fails_its_requesters_at_once(
         transfers.fetch([cluster.ref(5, 10 * T.CHUNK, silent, agent="agent-s")])
     wait_until(lambda: cluster.relay.status()["inflight"] == 0,
                message="the relay to let go of the requests the agent left unanswered")
+
+
+def test_an_agent_declared_lost_has_its_requests_answered_so_at_once(cluster, silent):
+    """Those in flight to it and those that come later are told it was lost (their
+    requesters try their next holder, or ask the broker where the object is now), with no
+    timeout waited out, until it registers again."""
+    cluster.relay.timeout = 3600.0  # (none of it is waited out: it would fail the test)
+    cluster.relay.route("agent-s", {"address": silent, "key": cluster.server.key}, "")
+    transfers, _ = cluster.routed("always", timeout=3600.0)
+    failed: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            transfers.fetch([cluster.ref(5, 10 * T.CHUNK, silent, agent="agent-s")])
+        except BaseException as exc:  # noqa: BLE001 (looked at below)
+            failed.append(exc)
+
+    fetching = threading.Thread(target=fetch, daemon=True)
+    fetching.start()
+    wait_until(lambda: cluster.relay.status()["inflight"] > 0,
+               message="the relay to forward the requests")
+    cluster.relay.forget("agent-s", "it went silent")
+    fetching.join(30)
+    assert not fetching.is_alive(), "its requester still waits for an agent declared lost"
+    assert isinstance(failed[0], T.TransferError)
+    assert "agent-s was declared lost by the broker (it went silent)" in str(failed[0])
+    assert cluster.relay.status()["inflight"] == 0
+    size = cluster.put(1, b"q" * 100_000)
+    route = {"address": "tcp://127.0.0.1:1", "key": cluster.server.key,
+             "bound": cluster.server.bound}
+    cluster.relay.forget("agent-a", "its heartbeats stopped")
+    more, _ = cluster.routed("always", timeout=3600.0)
+    with pytest.raises(T.TransferError, match="agent-a was declared lost by the broker"):
+        more.fetch([cluster.ref(1, size, "tcp://127.0.0.1:1")])
+    assert cluster.server.served == 0, "the relay forwarded a request for a lost agent"
+    cluster.relay.route("agent-a", route, "127.0.0.1")  # (registered again)
+    assert loads(more.fetch([cluster.ref(1, size, "tcp://127.0.0.1:1")])[0]) == b"q" * 100_000
 
 
 def test_a_requester_gone_mid_transfer_leaves_nothing_in_the_relay(cluster):

@@ -19,6 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import zres
 from tests.conftest import LOSS, wait_until
 from zres.cli.status_text import render_status
+from zres.core import transfer as T
+from zres.core.relaying import Routes
 
 pytestmark = pytest.mark.timeout(120)
 BIG = 256 * 4000  # bytes: well over what travels inline (64 KiB)
@@ -98,7 +100,15 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
                message="agent-a to be declared lost")
     cluster.add_agent({"a": 1, "c": 1}, name="agent-c")
-    # Fetched together: each fetch from agent-a first waits out the relay's timeout.
+    # Through the broker's relay, a reader is told at once that agent-a was lost (it then
+    # asks the broker where the result is now), however long it would wait for an answer.
+    reader = T.Transfers(timeout=3600.0, routes=Routes(
+        cluster.address, "reader", client._io.key, "always", lambda: client._io.relay))
+    try:
+        with pytest.raises(T.TransferError, match="agent-a was declared lost by the broker"):
+            reader.fetch([T.Ref.from_wire(kept._result.ref)])
+    finally:
+        reader.close()
     with pytest.raises(zres.ResultLostError, match="agent-a"):
         zres.gather([again, remade, waiting, kept], timeout=60)
     with pytest.raises(zres.ResultLostError, match="agent-a"):

@@ -356,11 +356,15 @@ def test_run_queue_once_returns_when_every_job_has_finished(cli, tmp_path):
     try:
         assert queue.stdout is not None
         assert queue.stdout.readline().split(": ")[1].split() == [str(j) for j in jobs]
+        # Its wait is held by the broker until the jobs end (not asked again and again).
+        wait_until(lambda: json.loads(run("status", "--json").stdout)["job_waits"] == 1,
+                   message="the broker to hold the wait for the jobs' ends")
         go.touch()
         _, errors = queue.communicate(timeout=60)
     finally:
         queue.kill()
     assert queue.returncode == 1
+    assert json.loads(run("status", "--json").stdout)["job_waits"] == 0, "a wait left held"
     table = job_table(run)
     assert [table[j][2] for j in jobs] == ["done", "failed", "failed"]
     assert f"job {jobs[1]}" in errors and "exit code 1" in errors

@@ -65,8 +65,12 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
                  on_changed: Callable[[Task], None] = lambda task: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
                  token: Callable[[str], str] = lambda subject: "",
-                 objects: ObjectDirectory | None = None, groups: Any = None) -> None:
+                 objects: ObjectDirectory | None = None, groups: Any = None,
+                 on_lost: Callable[[str, str], None] | None = None) -> None:
         self._send = send
+        # Tells the broker's relay an agent was lost (its name, why): it answers its
+        # requesters so at once rather than after its timeout.
+        self._on_lost = on_lost
         # Results kept on agents, and what becomes of those lost with them (issue 29).
         self._objects = objects or ObjectDirectory(send, agents, b"", graph.get)
         self.lineage = Lineage(graph, sched, lambda task: self._enqueue(task), on_changed)
@@ -374,6 +378,8 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
         broker has them all): what never started there goes again, uncharged; what may
         have started spends a retry or fails; its actors restart or die."""
         self._agents.remove(agent, why)
+        if self._on_lost is not None:
+            self._on_lost(agent.name, why)
         self._assigns.drop(agent.ident)  # (made for its session: never for a later one)
         self.lineage.lost(self._objects.lost(agent.name), f"agent {agent.name} ({why})")
         if left:

@@ -11,6 +11,9 @@ owner and admin keys; others see its name, owner, state, resources and agent. Wh
 
 Why a job ended is in ``reason`` (``job_records``): its own words for its owner and admin
 keys, words that quote nothing of it for everyone else.
+
+A ``jobs`` request for some jobs may wait for their ends (``wait``: ``job_waits``), so
+``zres wait`` is answered as they end rather than looking again and again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .clients import ClientRegistry
 from .graph import TaskGraph
 from .job_envs import JobEnvs
 from .job_records import FAILED_STATES, PUBLIC_FIELDS, STORED, JobRecord, ended_reason
+from .job_waits import MAX_WAIT, PENDING, JobWaits, Wait
 from .outbox import Send
 from .store import Store
 
@@ -62,6 +66,8 @@ class JobTable:
         self.done: OrderedDict[int, JobRecord] = OrderedDict()
         self._tokens = itertools.count(1)
         self._log_requests: dict[int, tuple[bytes, Any, int, bool]] = {}
+        self.waits = JobWaits(self._answer_wait)  # (requests waiting for jobs to end)
+        self._removed = 0  # (agents removed when the waits were last looked at)
 
     def get(self, job_id: int) -> JobRecord | None:
         return self.active.get(job_id) or self.adopting.get(job_id) or self.done.get(job_id)
@@ -90,8 +96,10 @@ class JobTable:
             self._store.put_job(job.record())
 
     def _ended(self, job: JobRecord) -> None:
-        """JOB will not run again: it lets go of its exported environment."""
+        """JOB will not run again: it lets go of its exported environment (and the waits
+        on it are looked at again at the end of the turn, its end recorded by then)."""
         job.finished, job.held_on = time.time(), ""
+        self.waits.ended(job.id)
         if job.export_key:
             self.envs.release(job.export_key)
         job.export, job.export_key = {}, ""
@@ -254,7 +262,9 @@ class JobTable:
     def on_jobs(self, ident: bytes, msg: P.Message, now: float) -> None:
         """List jobs: active ones, finished ones too with ``all`` (or the asker's own that
         its waits have not reported yet with ``unreported``), or exactly ``jobs``.
-        ``reported`` marks the asker's own jobs whose end a wait has reported."""
+        ``reported`` marks the asker's own jobs whose end a wait has reported; ``wait``
+        (seconds, with ``jobs``) holds the answer until none of them is left to end, or for
+        that long (``job_waits``)."""
         body: dict[str, Any] = {"req": msg.body.get("req")}
         role, owner = self._sender()
         reported = msg.body.get("reported")
@@ -264,13 +274,14 @@ class JobTable:
                 job.reported = True
                 self._keep(job)
         wanted = msg.body.get("jobs")
+        wait = msg.body.get("wait")
         if isinstance(wanted, list):
-            records = []
-            for job_id in wanted:
-                job = self.get(job_id) if type(job_id) is int else None
-                records.append(self._shown(job, role, owner) if job is not None
-                               else {"id": job_id, "state": "unknown"})
-            body["jobs"] = records
+            body["jobs"] = records = self._records(wanted, role, owner)
+            if isinstance(wait, (int, float)) and wait > 0 and "ids" not in msg.body:
+                held = Wait(ident, body["req"], wanted, role, owner,
+                            now + min(float(wait), MAX_WAIT))
+                if any(r["state"] in PENDING for r in records) and self.waits.hold(held):
+                    return  # (answered as they end, or at its time: ``job_waits``)
         else:
             jobs = [*self.active.values(), *self.adopting.values()]
             if msg.body.get("all"):
@@ -295,6 +306,33 @@ class JobTable:
             else:
                 body["ids"] = [client.ids.get(i) for i in local]
         self._send(ident, P.JOBS_REPLY, body)
+
+    def _records(self, wanted: list[Any], role: str, owner: str) -> list[dict[str, Any]]:
+        """The jobs of ids WANTED, as a key of ROLE acting as OWNER sees them."""
+        records = []
+        for job_id in wanted:
+            job = self.get(job_id) if type(job_id) is int else None
+            records.append(self._shown(job, role, owner) if job is not None
+                           else {"id": job_id, "state": "unknown"})
+        return records
+
+    def answer_waits(self, now: float) -> None:
+        """Answer the held waits whose jobs have ended, or whose time is up (all looked at
+        again when an agent was lost: a queued job may be infeasible now)."""
+        if self._agents.removed != self._removed:
+            self._removed = self._agents.removed
+            self.waits.recheck()
+        self.waits.answer(now)
+
+    def _answer_wait(self, wait: Wait, now: bool) -> bool:
+        """Answer WAIT with its jobs as they are, unless one is still to end and not NOW;
+        return whether it still waits."""
+        records = self._records(wait.jobs, wait.role, wait.owner)
+        if not now and any(r["state"] in PENDING for r in records):
+            return True
+        self._send(wait.ident, P.JOBS_REPLY, {"req": wait.req, "jobs": records,
+                                              "waited": True})
+        return False
 
     def on_cancel(self, ident: bytes, msg: P.Message, now: float) -> None:
         job_id = P.field(msg, "job", int)

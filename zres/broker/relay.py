@@ -19,11 +19,13 @@ transfer pass through at once; at most ``MAX_INFLIGHT`` requests are forwarded a
 Where it reaches an agent is told at each registration (``route``): the port the agent
 bound, on the host its control connection comes from (``Peer-Address``), when it bound
 every interface, else the address it bound; then the address it advertises (which may be
-one only others reach: ``--data-advertise``). An agent that leaves the relay's requests
-unanswered for ``TIMEOUT`` has them answered with an error (its requesters try their
-next holder, or ask the broker where the object is now), and its next address is tried
-for the next ones. A requester that goes away leaves nothing behind: its answers are
-dropped as they come, or its requests time out.
+one only others reach: ``--data-advertise``). An agent the broker declares lost (``forget``)
+has its requests, those in flight and those that come later, answered at once that it was
+lost (its requesters try their next holder, or ask the broker where the object is now),
+not after a timeout, until it registers again. An agent that leaves the relay's requests
+unanswered for ``TIMEOUT`` has them answered with an error (the same for its requesters),
+and its next address is tried for the next ones. A requester that goes away leaves
+nothing behind: its answers are dropped as they come, or its requests time out.
 
 What it moved is counted, in all and per requester (the name of its key, and the name it
 gives), for status and ``/metrics`` (``status``: a small copy made under a lock).
@@ -110,6 +112,8 @@ class Relay:
         self._lock = threading.Lock()   # the routes and counts, shared with the loop
         self._routes: OrderedDict[str, tuple[list[str], str]] = OrderedDict()
         self._failed: dict[str, int] = {}   # agent -> how many of its addresses failed
+        self._lost: OrderedDict[str, str] = OrderedDict()  # agent declared lost -> why
+        self._dropped: list[str] = []  # agents lost since the thread last looked
         self._backs: dict[tuple[str, str], _Back] = {}
         self._inflight: dict[int, _Request] = {}
         self._waiting: deque[tuple[float, bytes, P.Message, tuple[str, str]]] = deque()
@@ -133,8 +137,21 @@ class Relay:
             self._routes[agent] = (found, str(data.get("key", ""))[:100])
             self._routes.move_to_end(agent)
             self._failed.pop(agent, None)
+            self._lost.pop(agent, None)
             while len(self._routes) > _ROUTES:
                 self._routes.popitem(last=False)
+
+    def forget(self, agent: str, why: str) -> None:
+        """AGENT was declared lost (WHY): its requests are answered so at once, those in
+        flight (by the thread's next turn) and those to come, until it registers again."""
+        with self._lock:
+            self._routes.pop(agent, None)
+            self._failed.pop(agent, None)
+            self._lost[agent] = why[:200]
+            self._lost.move_to_end(agent)
+            while len(self._lost) > _ROUTES:
+                self._lost.popitem(last=False)
+            self._dropped.append(agent)
 
     def status(self) -> dict[str, Any]:
         """What it has relayed: in all, and per requester (most bytes first)."""
@@ -166,7 +183,7 @@ class Relay:
                 now = time.monotonic()
                 if self._gate.zap is not None and self._gate.zap in events:
                     self._gate.serve()
-                changed = self._take(events, now)
+                changed = self._take(events, now) | self._drop()
                 if now - looked > 0.5:
                     looked = now
                     self._gate.refresh()  # (a key removed is refused from then on)
@@ -240,11 +257,18 @@ class Relay:
         if not T.allowed(self._secret, body.get("token"), msg.kind, body["id"],
                          size if msg.kind == P.PUT else 0):
             return "refused: not a token of this cluster's for that object"
-        agent = body.get("agent")
+        return self._unknown(body.get("agent"))
+
+    def _unknown(self, agent: Any) -> str | None:
+        """Why AGENT cannot be reached through the relay (lost, or never registered), or
+        None."""
         with self._lock:
-            if not isinstance(agent, str) or agent not in self._routes:
-                return f"no agent {quote(agent, 100)} is known to the broker"
-        return None
+            if isinstance(agent, str) and agent in self._routes:
+                return None
+            why = self._lost.get(agent) if isinstance(agent, str) else None
+        if why is not None:
+            return f"agent {agent} was declared lost by the broker ({why})"
+        return f"no agent {quote(agent, 100)} is known to the broker"
 
     def _refuse(self, ident: bytes, msg: P.Message, why: str) -> None:
         answer = P.CHUNK if msg.kind == P.GET else P.PUT_ACK
@@ -258,8 +282,9 @@ class Relay:
         with self._lock:
             route = self._routes.get(agent)
             tried = self._failed.get(agent, 0)
-        if route is None or not route[0]:
-            self._refuse(ident, msg, f"the broker knows no address of agent {agent}")
+        if route is None or not route[0]:  # (lost while it waited for room, say)
+            self._refuse(ident, msg, self._unknown(agent)
+                         or f"the broker knows no address of agent {agent}")
             return
         address = route[0][tried % len(route[0])]
         back = self._backs.get((address, route[1]))
@@ -332,18 +357,34 @@ class Relay:
         silent = [b for b in self._backs.values()
                   if b.waiting and now - b.heard > self.timeout]
         for back in silent:
-            why = f"agent {back.agent} did not answer the broker's relay at {back.address}"
-            for req in back.waiting:
-                request = self._inflight.pop(req)
-                P.send(self._front, [request.ident, *P.encode(request.answer, {
-                    "req": request.req, "id": request.object_id, "offset": request.offset,
-                    "error": f"{why} within {self.timeout:g}s"})])
-            del self._backs[next(k for k, b in self._backs.items() if b is back)]
-            back.sock.close(0)  # (and what it had queued)
+            self._close(back, f"agent {back.agent} did not answer the broker's relay at "
+                        f"{back.address} within {self.timeout:g}s")
             with self._lock:
                 self._failed[back.agent] = self._failed.get(back.agent, 0) + 1
             log.warning("relay_agent_silent", agent=back.agent, address=back.address)
         return bool(silent)
+
+    def _drop(self) -> bool:
+        """Close the connections to the agents declared lost since the last turn, their
+        requests answered that it was lost; return whether one was closed."""
+        with self._lock:
+            if not self._dropped:
+                return False
+            dropped, self._dropped = set(self._dropped), []
+        gone = [b for b in self._backs.values() if b.agent in dropped]
+        for back in gone:
+            self._close(back, self._unknown(back.agent) or f"agent {back.agent} was lost")
+        return bool(gone)
+
+    def _close(self, back: _Back, why: str) -> None:
+        """Answer BACK's requests with the error WHY, and close it."""
+        for req in back.waiting:
+            request = self._inflight.pop(req)
+            P.send(self._front, [request.ident, *P.encode(request.answer, {
+                "req": request.req, "id": request.object_id, "offset": request.offset,
+                "error": why})])
+        del self._backs[next(k for k, b in self._backs.items() if b is back)]
+        back.sock.close(0)  # (and what it had queued)
 
 
 def targets(advertised: Any, bound: Any, peer: str) -> list[str]:

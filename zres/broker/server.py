@@ -169,7 +169,7 @@ class Broker(Intake):
                                    on_started=self.client_link.started,
                                    on_changed=self.keeper.changed, load=self.keeper.payload,
                                    token=self.gate.token, objects=self.objects,
-                                   groups=self.groups)
+                                   groups=self.groups, on_lost=getattr(self.relay, "forget", None))
         self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
@@ -194,8 +194,7 @@ class Broker(Intake):
                                   "lease": self.lease, "starve": self.sched.starvation_after,
                                   "data_secret": self.objects.secret,
                                   **self.objects.relay_field()},
-                              fd=lambda: self._fd, key=lambda: self.ids.conn,
-                              keys=self.gate.names,
+                              fd=lambda: self._fd, key=lambda: self.ids.conn, keys=self.gate.names,
                               adopt=lambda *a: self.adoption.offered(*a),
                               relay=self.relay.route if self.relay else None, peer=self.peer)
         self.beats = Heartbeats(self._send, self._send_raw, self.agents, self.clients,
@@ -323,6 +322,7 @@ class Broker(Intake):
                     self.store.collect_blobs()
             except Exception:
                 log.exception("heartbeat_failed")
+        self.jobs.answer_waits(now)  # (those whose jobs ended this turn, or whose time is up)
         self.actors.pump_all()
         self.client_link.accept()  # (written above)
         self.client_link.flush()
@@ -431,7 +431,7 @@ class Broker(Intake):
         """Describe agents, task counts and every task that cannot run, as plain data."""
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
-                "placement_groups": self.groups.describe(),
+                "placement_groups": self.groups.describe(), "job_waits": self.jobs.waits.held,
                 "loop": {"turns": self._traffic.turns,
                          "longest_turn": round(self._traffic.longest_turn, 4),
                          "longest_turn_cpu": round(self._traffic.longest_cpu, 4)},

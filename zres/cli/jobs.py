@@ -24,13 +24,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..core import protocol as P
+from ..core.address import Unanswered
 from ..core.errors import ZresError
 from ..core.report import entry_in_user_units
 from ..core.resources import format_bytes, format_units, parse_spec, units_to_float
 from .options import BROKER_ORDER, broker_address, request, seconds
 
 _FINAL = {"done", "failed", "cancelled", "lost", "infeasible", "unknown"}
-_POLL = 0.2  # seconds between looks at the job table while waiting or following
+_POLL = 0.2  # seconds between looks at the job table while following (or waiting, where
+#              the broker does not hold a wait)
+_HOLD = 5.0  # seconds the broker is asked to hold a wait for jobs' ends, at most
 
 
 def add_parsers(sub: Any) -> None:
@@ -335,18 +338,25 @@ def run_queue(args: argparse.Namespace) -> int:
 
 
 def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None) -> int:
+    """Wait for the jobs WANTED to end (TIMEOUT: give up after that many seconds), each
+    request held by the broker until they have, or for ``_HOLD`` seconds (``job_waits``):
+    their ends are heard as the broker hears them, with no looking again meanwhile."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        table = _request(args, P.JOBS, {"jobs": wanted})["jobs"] if wanted else []
+        hold = _HOLD if deadline is None else min(_HOLD, deadline - time.monotonic())
+        reply = _held(args, {"jobs": wanted, **({"wait": hold} if hold > 0 else {})},
+                      max(hold, 0.0)) if wanted else {"jobs": []}
+        table = reply["jobs"]
         # Infeasible counts as final: such jobs are reported, not awaited.
         pending = [j for j in table if j["state"] not in _FINAL]
         if not pending:
             break
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             print(f"zres wait: gave up after {timeout:g}s; still waiting for "
                   f"{', '.join(str(j['id']) for j in pending)}", file=sys.stderr)
             return 1
-        time.sleep(_POLL)
+        if not reply.get("waited"):  # (a broker that held it not: it looks again soon)
+            time.sleep(_POLL)
     if table:
         _request(args, P.JOBS, {"jobs": [], "reported": [j["id"] for j in table]})
     status = 0
@@ -363,6 +373,17 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
                                                                      else ""),
               file=sys.stderr)
     return status
+
+
+def _held(args: argparse.Namespace, body: dict[str, Any], hold: float) -> dict[str, Any]:
+    """The broker's answer to a jobs request BODY it may hold for HOLD seconds. Asked once
+    more if none came (a broker restarted meanwhile has forgotten it); one that still does
+    not answer, or that cannot be reached, is an error, as for any request."""
+    address = broker_address(args.broker)
+    try:
+        return request(address, P.JOBS, body, hold + 10.0)
+    except Unanswered:
+        return request(address, P.JOBS, body, hold + 10.0)
 
 
 COMMANDS = {"submit": submit, "jobs": jobs, "logs": logs, "cancel": cancel, "wait": wait,

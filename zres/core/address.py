@@ -26,6 +26,10 @@ class Unreachable(ZresError):
     """Nothing accepts connections at a broker's address (refused, unknown host)."""
 
 
+class Unanswered(ZresError):
+    """A broker's address takes connections, but no answer came in the time given."""
+
+
 def normalize(address: str) -> str:
     """Return ADDRESS as ZeroMQ takes it: ``host:port`` means ``tcp://host:port``.
 
@@ -154,7 +158,7 @@ def wait_for_answer(address: str, answered: Callable[[float], bool], timeout: fl
             return
         now = time.monotonic()
         if now >= deadline:
-            raise ZresError(f"{what} at {address} within {timeout:g}s")
+            raise Unanswered(f"{what} at {address} within {timeout:g}s")
         if now >= next_look:
             next_look = now + 1.0
             why = unreachable(address)

@@ -63,9 +63,15 @@ client -> broker
                goes it runs on (else it is stopped, as a forced cancel stops it)
                {retry_oom: true}: failed with MemoryLimitError, it spends a retry (if any)
     jobs       {all?: bool, unreported?: bool, jobs?: [job id...], ids?: [id...],
-                reported?: [job id...]}          -> jobs_reply {jobs: [...], ids?: [job id]}
+                reported?: [job id...], wait?: seconds}
+                                                 -> jobs_reply {jobs: [...], ids?: [job id],
+                                                 waited?: true}
                reported: a wait of the asker's has said how these of its own ended
-               (unreported: the asker's own jobs its waits have not reported). Each job
+               (unreported: the asker's own jobs its waits have not reported). wait (with
+               jobs): the answer is held until none of them is queued or running, or for
+               that many seconds (at most 30: ``zres wait`` asks so, then again); waited:
+               it was held (absent: answered at once, as an older broker, or one holding
+               too many waits, does: its asker looks again a little later). Each job
                names its owner; its argv, cwd, env, exported (a count) and error go only
                to its owner and admin keys; reason: why it waits, or why it ended (its
                error for those, words quoting nothing of it for others)
@@ -137,6 +143,7 @@ broker -> client
     warn       {id, reason}                     the task cannot run anywhere right now
     running    {ids: [id...]}                   these tasks began on an agent
     status_reply {...}, why_reply {id, reason}, kill_reply {}, lookup_reply {actor?}
+               status_reply's job_waits: how many jobs requests with wait it holds now
                status_reply's placement_groups: [{id, name, owner, state, strategy,
                restarts_left, starts, cause, reason?, bundles: [{units, agent}]}]
                status_reply's owners: [{owner, holds, grants, weight, usage, share, charge,

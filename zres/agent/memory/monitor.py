@@ -156,16 +156,30 @@ class Monitor:
     def _gather(self, unit: Watched) -> None:
         """Move into UNIT's cgroup what its process started before it was moved there (a
         job's shell may fork at once: left outside, that child would have no limit). What
-        a process inside starts is inside: a few looks find none left outside."""
+        a process inside starts is inside: a few looks find none left outside. Every
+        process is read once, at the first look; the later ones read only the processes
+        made since (``procs.since``: what one moved started before it was), not all of
+        /proc again at each job's start (where the kernel does not say which ids it handed
+        out last, every process is read again)."""
         assert self.cgroups is not None
-        for _ in range(3):
-            outside = procs.members(unit.pid, procs.table()) - set(
+        last = procs.last_pid()
+        processes = procs.table()
+        for look in range(3):
+            outside = procs.members(unit.pid, processes) - set(
                 self.cgroups.pids(unit.cgroup))
             for pid in outside:
-                with contextlib.suppress(OSError):  # (it ended meanwhile)
+                try:
                     self.cgroups.enter(unit.cgroup, pid)
-            if not outside:
+                except OSError:  # (it ended meanwhile)
+                    processes.pop(pid, None)
+            if not outside or look == 2:
                 return
+            now = procs.last_pid() if last is not None else None
+            if last is None or now is None:
+                processes = procs.table()
+            else:  # (an id reused since is read anew: its parent now)
+                processes.update(procs.since(last, now))
+                last = now
 
     def forget(self, unit_id: int) -> Watched | None:
         """Stop watching UNIT_ID (its work ended): its record, with its peak and whether it

@@ -6,6 +6,10 @@ whose parent has died still counts. Its memory is the sum of its processes' resi
 and swap (``VmRSS`` + ``VmSwap``): pages shared between them (a fork's copy-on-write, a
 shared library) count once per process, so a tree of forked processes reads more than it
 holds, never less.
+
+The processes made since a moment are found without reading every process: the kernel
+hands out process ids in turn (``ns_last_pid`` says the last one, ``pid_max`` where it
+wraps), so those made since are the ids after the last one then (``last_pid``, ``since``).
 """
 
 from __future__ import annotations
@@ -27,18 +31,51 @@ def table() -> dict[int, tuple[int, int]]:
     15 microseconds each; the watcher does it a few times a second, not at every sample.)"""
     found: dict[int, tuple[int, int]] = {}
     for entry in os.listdir(PROC):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{PROC}/{entry}/stat", "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue  # it ended meanwhile
-        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-        fields = data.rpartition(b")")[2].split()
-        if len(fields) > 3:
-            found[int(entry)] = (int(fields[1]), int(fields[3]))
+        if entry.isdigit():
+            _stat(int(entry), found)
     return found
+
+
+def last_pid() -> int | None:
+    """The last process id the kernel handed out (in this /proc's namespace), or None where
+    it does not say."""
+    try:
+        with open(f"{PROC}/sys/kernel/ns_last_pid", "rb") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
+def since(last: int, now: int) -> dict[int, tuple[int, int]]:
+    """The processes with the ids handed out after LAST up to NOW (``last_pid`` both; the
+    ids wrap at ``pid_max``): pid -> (parent pid, session id), as ``table``. (A thread's
+    id reads as its process: a process of a tree then, and moved as a whole.)"""
+    found: dict[int, tuple[int, int]] = {}
+    if now >= last:
+        ids: Iterable[int] = range(last + 1, now + 1)
+    else:  # (wrapped: the kernel goes on from 300; from 1 here, a few reads more)
+        try:
+            with open(f"{PROC}/sys/kernel/pid_max", "rb") as fh:
+                top = int(fh.read())
+        except (OSError, ValueError):
+            top = 1 << 22
+        ids = [*range(last + 1, top), *range(1, now + 1)]
+    for pid in ids:
+        _stat(pid, found)
+    return found
+
+
+def _stat(pid: int, found: dict[int, tuple[int, int]]) -> None:
+    """Put PID's (parent pid, session id) in FOUND, if it is there."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return  # it ended meanwhile, or never was
+    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    fields = data.rpartition(b")")[2].split()
+    if len(fields) > 3:
+        found[pid] = (int(fields[1]), int(fields[3]))
 
 
 def members(root: int, processes: dict[int, tuple[int, int]]) -> set[int]:
