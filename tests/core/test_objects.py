@@ -61,3 +61,28 @@ def test_a_header_longer_than_the_first_chunk_and_what_is_no_object():
     short.write(0, chunks(frames, 4096, shuffle=False)[0][1])
     with pytest.raises(O.ObjectError, match="came"):
         short.frames()
+
+
+def test_a_big_file_is_read_whole_in_pieces_and_a_cut_one_is_refused(tmp_path):
+    """A value over several readers' pieces (read on threads at the same time) comes back
+    byte for byte, a bytes value as bytes made for it, arrays as a mapping of the file; a
+    file cut short says so, from whichever piece found it."""
+    value = os.urandom(3 * O._PIECE + 12_345)
+    array = np.arange(O._PIECE // 2, dtype=np.float64)  # (4 MiB: mapped, not read)
+    for name, obj in (("bytes", value), ("mixed", {"v": value, "a": array})):
+        path = str(tmp_path / name)
+        O.write_object(path, dumps(obj))
+        frames = O.read_object(path)
+        back = loads(frames)
+        if name == "bytes":
+            assert type(frames[1]) is bytes and back == value
+        else:
+            assert back["v"] == value and (back["a"] == array).all()
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 10)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(O.ObjectError, match="holds no object"):
+                O.read_file(fd, os.path.getsize(path) + 10)
+        finally:
+            os.close(fd)
