@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -86,3 +87,22 @@ def test_a_big_file_is_read_whole_in_pieces_and_a_cut_one_is_refused(tmp_path):
                 O.read_file(fd, os.path.getsize(path) + 10)
         finally:
             os.close(fd)
+
+
+def test_a_child_forked_after_big_reads_reads_big_values_too(tmp_path):
+    """The readers' threads are not in a forked child: it starts its own (a child waiting
+    on its parent's pool would hang)."""
+    value = os.urandom(3 * O._PIECE)
+    path = str(tmp_path / "v")
+    O.write_object(path, dumps(value))
+    assert loads(O.read_object(path)) == value  # (the pool runs here now)
+    pid = os.fork()
+    if pid == 0:  # (the child: its exit status says whether it read the value)
+        os._exit(0 if loads(O.read_object(path)) == value else 3)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung"

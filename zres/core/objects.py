@@ -374,8 +374,15 @@ def _readers() -> ThreadPoolExecutor:
         return _pool[0]
 
 
-# (a child forked from a process whose readers are running has none of those threads)
-os.register_at_fork(after_in_child=_pool.clear)
+def _forget_readers() -> None:
+    """In a child forked from a process whose readers ran: it has none of those threads
+    (nor, perhaps, a free lock)."""
+    global _pool_lock
+    _pool.clear()
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_readers)
 
 
 def _copy_file(source: int, target: int, size: int) -> None:
