@@ -174,7 +174,7 @@ def test_a_reader_on_the_holders_host_is_given_the_file_for_its_token_and_reads_
     first request for bytes), and reads each object's file in place: a NumPy array is a
     mapping of the store, no byte served over the port, the first fetch's neither."""
     store, server, _ = served
-    array = np.arange(local_reads.MAP_MIN // 4, dtype=np.float64)
+    array = np.arange(O.MAP_MIN // 4, dtype=np.float64)
     big = os.urandom(3 * T.CHUNK + 12345)
     values: dict[int, Any] = {1: big, 2: {"small": [1, 2]}, 3: array}
     sizes = {i: put_local(store, i, v) for i, v in values.items()}

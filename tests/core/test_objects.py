@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -61,3 +62,47 @@ def test_a_header_longer_than_the_first_chunk_and_what_is_no_object():
     short.write(0, chunks(frames, 4096, shuffle=False)[0][1])
     with pytest.raises(O.ObjectError, match="came"):
         short.frames()
+
+
+def test_a_big_file_is_read_whole_in_pieces_and_a_cut_one_is_refused(tmp_path):
+    """A value over several readers' pieces (read on threads at the same time) comes back
+    byte for byte, a bytes value as bytes made for it, arrays as a mapping of the file; a
+    file cut short says so, from whichever piece found it."""
+    value = os.urandom(3 * O._PIECE + 12_345)
+    array = np.arange(O._PIECE // 2, dtype=np.float64)  # (4 MiB: mapped, not read)
+    for name, obj in (("bytes", value), ("mixed", {"v": value, "a": array})):
+        path = str(tmp_path / name)
+        O.write_object(path, dumps(obj))
+        frames = O.read_object(path)
+        back = loads(frames)
+        if name == "bytes":
+            assert type(frames[1]) is bytes and back == value
+        else:
+            assert back["v"] == value and (back["a"] == array).all()
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 10)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(O.ObjectError, match="holds no object"):
+                O.read_file(fd, os.path.getsize(path) + 10)
+        finally:
+            os.close(fd)
+
+
+def test_a_child_forked_after_big_reads_reads_big_values_too(tmp_path):
+    """The readers' threads are not in a forked child: it starts its own (a child waiting
+    on its parent's pool would hang)."""
+    value = os.urandom(3 * O._PIECE)
+    path = str(tmp_path / "v")
+    O.write_object(path, dumps(value))
+    assert loads(O.read_object(path)) == value  # (the pool runs here now)
+    pid = os.fork()
+    if pid == 0:  # (the child: its exit status says whether it read the value)
+        os._exit(0 if loads(O.read_object(path)) == value else 3)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung"

@@ -34,10 +34,6 @@ from .errors import ZresError
 
 ENV = "ZRES_LOCAL_READS"
 MODES = ("auto", "never")
-MAP_MIN = 1 << 20   # bytes from which an object is mapped rather than read: a process has
-#                     about 65,000 mappings (vm.max_map_count), and a small one costs more
-#                     to map than to copy
-_HEAD = 4096        # bytes read first: the header, for where the rest goes
 HOLD = 0.5          # seconds a fetch waits for a holder to say where its socket is, at most
 _CRED = struct.Struct("3i")  # SO_PEERCRED's (pid, uid, gid)
 
@@ -86,7 +82,7 @@ class Link:
                               else min(timeout, self._timeout))
         req = next(self._reqs)
         self._sock.send(P.encode(P.GET, {"id": object_id, "token": token, "req": req})[0])
-        data, fds, _, _ = socket.recv_fds(self._sock, _HEAD, 1)
+        data, fds, _, _ = socket.recv_fds(self._sock, O.HEAD, 1)
         try:
             if not data:
                 raise ConnectionResetError("the holder closed its local socket")
@@ -175,18 +171,9 @@ class Links:
 
 
 def frames(fd: int, size: int) -> list[Any]:
-    """The frames of the object in the file FD (SIZE bytes), closing FD: a mapping of it
-    (copy on write) if it is big and not one bytes value, else read into memory of its
-    own (``objects.ObjectBuffer``: each byte copied once)."""
+    """The frames of the object in the file FD (SIZE bytes: ``objects.read_file``),
+    closing FD."""
     try:
-        head = os.pread(fd, min(size, _HEAD), 0)
-        if size >= MAP_MIN and not O.is_bytes_value(head, size):
-            try:
-                return O.frames_of(O.map_file(fd, size))
-            except (OSError, ValueError):
-                pass  # (no mapping left to this process: read instead)
-        buffer = O.ObjectBuffer(size)
-        buffer.read_from(fd, head)
-        return buffer.frames()
+        return O.read_file(fd, size)
     finally:
         os.close(fd)
