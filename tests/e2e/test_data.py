@@ -31,6 +31,13 @@ def made(n: int, mark: str = "") -> bytes:
     return bytes(range(256)) * (n // 256)
 
 
+def made_once(n: int, mark: str) -> bytes:
+    """made(N), the first time; run again (MARK says it ran), it raises."""
+    if os.path.exists(mark):
+        raise RuntimeError("made_once runs once")
+    return made(n, mark)
+
+
 def size(value: bytes) -> int:
     return len(value)
 
@@ -92,7 +99,11 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     kept = client.submit(made, BIG, once, resources={"a": 1})              # retries=0
     again = client.submit(made, BIG, twice, resources={"a": 1}, retries=1)
     remade = client.submit(made, BIG, opted, resources={"a": 1}, recompute=True)
-    zres.wait([kept, again, remade])
+    # Made again, it fails: its result is lost for good then, not "being made again" for
+    # ever (the client had waited out its timeout, then said so).
+    failing = client.submit(made_once, BIG, str(tmp_path / "failing"), resources={"a": 1},
+                            retries=1, key="failing")
+    zres.wait([kept, again, remade, failing])
     waiting = client.submit(size, again, resources={"c": 1})  # (no agent offers c yet)
     os.kill(cluster.agents["agent-a"].pid, signal.SIGKILL)
     wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
@@ -109,6 +120,8 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     assert open(twice).read() == "ran\nran\n"
     assert remade.result(60) == made(BIG), "a recompute=True task did not run again"
     assert open(opted).read() == "ran\nran\n"
+    with pytest.raises(zres.ResultLostError, match="failing.*when it ran again its body raised"):
+        failing.result(30)
 
 
 @pytest.mark.parametrize("local", ["auto", "never"])
