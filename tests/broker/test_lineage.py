@@ -30,8 +30,8 @@ def setup() -> tuple[TaskGraph, Lineage, Queue]:
         queue.queued.append(task.id)
 
     graph = TaskGraph(on_ready=ready, on_recorded=lambda task: None)
-    lineage = Lineage(graph, queue, lambda task: queue.queued.append(task.id),  # type: ignore[arg-type]
-                      lambda task: None)
+    lineage = Lineage(graph, queue,  # type: ignore[arg-type]
+                      lambda task: queue.queued.append(task.id), lambda task: None)
     return graph, lineage, queue
 
 
@@ -93,3 +93,23 @@ def test_a_task_that_could_not_read_an_input_which_was_made_again_and_failed_fai
     assert reader.state is TaskState.FAILED and not again, "it waits for an input never made"
     assert reader.info["type"] == "ResultLostError"
     assert "when it ran again it failed" in reader.info["message"]
+
+
+def test_a_task_going_again_waits_for_an_input_being_made_and_fails_if_it_failed() -> None:
+    graph, lineage, queue = setup()
+    first = submit(graph, 1, [], retries=2)
+    run(graph, queue, first, size=100)
+    reader = submit(graph, 2, [1])
+    queue.queued.remove(reader.id)
+    graph.set_state(reader, TaskState.RUNNING)
+    first.held_at = ()
+    lineage.lost([first], "agent agent-a (killed)")  # (made again: queued)
+    assert lineage.waits_again(reader), "it would go with no input"
+    assert reader.state is TaskState.WAITING and reader.missing == 1
+    run(graph, queue, first, size=100)
+    assert reader.state is TaskState.QUEUED and reader.missing == 0, "the input came"
+    queue.queued.remove(reader.id)
+    graph.set_state(reader, TaskState.RUNNING)
+    lost_on_its_remake(graph, lineage, queue, first)
+    assert lineage.waits_again(reader)
+    assert reader.state is TaskState.FAILED and reader.info["type"] == "ResultLostError"

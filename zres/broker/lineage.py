@@ -5,12 +5,14 @@ needed (a client holds its future, or a task waits for it), its task runs again 
 may: it had retries left (one is spent) or was submitted with ``recompute=True``, and it
 still has its call and its inputs (kept for that: see the task graph). Its dependents
 that had not begun wait for it again; one that had (its worker could not fetch the input)
-says so, having run nothing, and waits too. A task that may not run again
-(``retries=0``: its body runs at most once, whatever fails) is lost for good: what waits
-for it fails with ``ResultLostError`` naming the agent, and its client's future fails so
-when it asks for the result. So does a task made again that fails (its agent lost while it
-ran with no retries left, it raised, it was cancelled), and so does a task that would be
-made again from it: nothing waits for a result that is no longer being made.
+says so, having run nothing, and waits too; so does one granted before the loss that goes
+again (its agent or worker lost): its new grant must carry the input made again. A task
+that may not run again (``retries=0``: its body runs at most once, whatever fails) is lost
+for good: what waits for it fails with ``ResultLostError`` naming the agent, and its
+client's future fails so when it asks for the result. So does a task made again that
+fails (its agent lost while it ran with no retries left, it raised, it was cancelled), and
+so does a task that would be made again from it: nothing waits for a result that is no
+longer being made.
 """
 
 from __future__ import annotations
@@ -86,6 +88,28 @@ class Lineage:
                 self._sched.dequeue(dependent.id)
                 self._graph.set_state(dependent, TaskState.WAITING)
                 dependent.missing += 1
+
+    def waits_again(self, task: Task) -> bool:
+        """TASK (granted, and going again: its agent or worker was lost, or it never
+        started there) may have inputs lost since it was granted: if one is being made
+        again, it waits for it; if one is lost for good, it fails. Return whether it was
+        so (else it may be queued: its inputs are there). Queued at once, its grant would
+        carry what such an input has now, nothing, and its call would find no input."""
+        waits = 0
+        for dep_id in task.deps:
+            dep = self._graph.get(dep_id)
+            why = gone_why(dep, dep_id)
+            if dep is None or why:
+                self._graph.fail(task, LOST, f"task {task.name} cannot run: {why}")
+                return True
+            if not _usable(dep):
+                waits += 1
+                if task.id not in dep.dependents:
+                    dep.dependents = [*dep.dependents, task.id]
+        if waits:
+            self._graph.set_state(task, TaskState.WAITING)
+            task.missing = waits
+        return bool(waits)
 
     def _gone(self, task: Task) -> None:
         """TASK's result is lost for good: what waits for it fails (what runs with it as
