@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -352,7 +353,7 @@ class Round:
                                     "began")
             else:
                 outcomes[type(error).__name__] += 1
-                problems.append(f"{key}: {type(error).__name__}: {error}")
+                problems.append(f"{key}: {type(error).__name__}: {error}{_raised_at(error)}")
             if starts[key] > self.retries[key] + 1:
                 problems.append(f"{key}: began {starts[key]} times with retries="
                                 f"{self.retries[key]}; {self._story(key, future)}")
@@ -378,6 +379,13 @@ class Round:
                   if first - 3 < t < first + 6]
         outcome = future.exception() or "ok"
         return f"ledger: {events}; faults: {faults}; outcome: {outcome!r}"
+
+
+def _raised_at(error: BaseException) -> str:
+    """Where ERROR was raised in this process (its innermost frames), to find a bug by."""
+    frames = traceback.extract_tb(error.__traceback__)[-4:]
+    return (" (raised at " + " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                        for f in reversed(frames)) + ")") if frames else ""
 
 
 def _children(pid: int) -> list[int]:

@@ -33,6 +33,21 @@ def made(n: int, mark: str = "") -> bytes:
     return bytes(range(256)) * (n // 256)
 
 
+def made_once(n: int, mark: str) -> bytes:
+    """made(N), the first time; run again (MARK says it ran), it raises."""
+    if os.path.exists(mark):
+        raise RuntimeError("made_once runs once")
+    return made(n, mark)
+
+
+def read_slowly(value: bytes, mark: str) -> int:
+    """len(VALUE): at once when run again (MARK says it began), else after a long wait."""
+    if not os.path.exists(mark):
+        open(mark, "w").close()
+        time.sleep(60)
+    return len(value)
+
+
 def size(value: bytes) -> int:
     return len(value)
 
@@ -94,7 +109,11 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     kept = client.submit(made, BIG, once, resources={"a": 1})              # retries=0
     again = client.submit(made, BIG, twice, resources={"a": 1}, retries=1)
     remade = client.submit(made, BIG, opted, resources={"a": 1}, recompute=True)
-    zres.wait([kept, again, remade])
+    # Made again, it fails: its result is lost for good then, not "being made again" for
+    # ever (the client had waited out its timeout, then said so).
+    failing = client.submit(made_once, BIG, str(tmp_path / "failing"), resources={"a": 1},
+                            retries=1, key="failing")
+    zres.wait([kept, again, remade, failing])
     waiting = client.submit(size, again, resources={"c": 1})  # (no agent offers c yet)
     os.kill(cluster.agents["agent-a"].pid, signal.SIGKILL)
     wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
@@ -119,6 +138,28 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
     assert open(twice).read() == "ran\nran\n"
     assert remade.result(60) == made(BIG), "a recompute=True task did not run again"
     assert open(opted).read() == "ran\nran\n"
+    with pytest.raises(zres.ResultLostError, match="failing.*when it ran again its body raised"):
+        failing.result(30)
+
+
+def test_a_task_going_again_while_its_input_is_made_again_waits_for_it(
+        make_cluster, make_client, tmp_path: Path):
+    """Its agent lost, a task goes again after its input, lost too and being made again:
+    not at once, its grant carrying no input (its call had failed with an IndexError)."""
+    cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"], **LOSS)
+    client = make_client(cluster.address)
+    value = client.submit(made, BIG, resources={"a": 1}, retries=1)
+    mark = str(tmp_path / "began")
+    reader = client.submit(read_slowly, value, mark, resources={"b": 1}, retries=1)
+    wait_until(lambda: os.path.exists(mark), message="the reader to begin")
+    for agent in ("agent-a", "agent-b"):  # (agent-b has a copy of VALUE: lost after it)
+        os.kill(cluster.agents[agent].pid, signal.SIGKILL)
+        wait_until(lambda name=agent: name not in [a["name"] for a in client.status()["agents"]],
+                   message=f"{agent} to be declared lost")
+    cluster.add_agent({"b": 1}, name="agent-c")  # (where the reader may go again)
+    cluster.add_agent({"a": 1}, name="agent-d")  # (where VALUE is made again)
+    assert reader.result(60) == BIG
+    assert value.result(60) == made(BIG)
 
 
 @pytest.mark.parametrize("local", ["auto", "never"])

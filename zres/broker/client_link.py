@@ -28,6 +28,7 @@ from .dispatch import CancelOutcome, Dispatcher
 from .graph import TaskGraph
 from .jobs import JobTable
 from .keeping import TaskKeeper
+from .lineage import gone_why
 from .outbox import Batches
 from .status import Explainer
 from .store import StateUnwritable, Store
@@ -400,8 +401,8 @@ class ClientLink:
             task = self._graph.get(client.ids.get(local, -1))
             if task is None:
                 lost[local] = "the broker no longer has it (released, or lost in a restart)"
-            elif task.lost:
-                lost[local] = task.lost
+            elif why := gone_why(task, task.id):  # (lost for good, or made again and failed)
+                lost[local] = why
             elif task.state is TaskState.DONE and task.size:
                 ref = self._refer(task)
                 if ref is None:

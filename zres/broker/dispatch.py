@@ -346,9 +346,12 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
             self._graph.fail(task, "CancelledError",
                          f"task {task.name} (id {task.id}) was cancelled")
             return
-        self._graph.set_state(task, TaskState.QUEUED)
         task.held = task.begun = task.unheard = False
         self._jobs.requeued(task)
+        if self.lineage.waits_again(task):  # (an input lost since it was granted)
+            self._on_changed(task)
+            return
+        self._graph.set_state(task, TaskState.QUEUED)
         self._on_changed(task)
         self._enqueue(task)
 

@@ -5,10 +5,14 @@ needed (a client holds its future, or a task waits for it), its task runs again 
 may: it had retries left (one is spent) or was submitted with ``recompute=True``, and it
 still has its call and its inputs (kept for that: see the task graph). Its dependents
 that had not begun wait for it again; one that had (its worker could not fetch the input)
-says so, having run nothing, and waits too. A task that may not run again
-(``retries=0``: its body runs at most once, whatever fails) is lost for good: what waits
-for it fails with ``ResultLostError`` naming the agent, and its client's future fails so
-when it asks for the result.
+says so, having run nothing, and waits too; so does one granted before the loss that goes
+again (its agent or worker lost): its new grant must carry the input made again. A task
+that may not run again (``retries=0``: its body runs at most once, whatever fails) is lost
+for good: what waits for it fails with ``ResultLostError`` naming the agent, and its
+client's future fails so when it asks for the result. So does a task made again that
+fails (its agent lost while it ran with no retries left, it raised, it was cancelled), and
+so does a task that would be made again from it: nothing waits for a result that is no
+longer being made.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..core import protocol as P
 from ..core.tasks import NO_INFO, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
@@ -41,9 +46,10 @@ class Lineage:
         for task in sorted(tasks, key=lambda t: t.id):
             if task.state is not TaskState.DONE or task.id not in self._graph.tasks:
                 continue
-            deps = [self._graph.tasks.get(d) for d in task.deps]
-            if (task.retries > 0 or task.recompute) and task.payload and all(
-                    dep is not None and not dep.lost for dep in deps):
+            # (an input lost for good, or whose own making again failed: it cannot run)
+            gone = next(filter(None, (gone_why(self._graph.tasks.get(d), d)
+                                      for d in task.deps)), "")
+            if (task.retries > 0 or task.recompute) and task.payload and not gone:
                 if not task.recompute:  # (recompute=True: it was asked for, at no charge)
                     task.retries -= 1
                 log.warning("result_lost_run_again", task=task.name, id=task.id, why=why,
@@ -51,8 +57,9 @@ class Lineage:
                 self._again(task)
             else:
                 task.lost = (f"the result of task {task.name} was lost with {why}, and it "
-                             "may not run again (retries=0: its body runs at most once; "
-                             "submit(recompute=True) lets it)")
+                             + (f"cannot be made again: {gone}" if gone else
+                                "may not run again (retries=0: its body runs at most once; "
+                                "submit(recompute=True) lets it)"))
                 log.warning("result_lost", task=task.name, id=task.id, why=why)
                 self._gone(task)
             self._changed(task)
@@ -82,6 +89,28 @@ class Lineage:
                 self._graph.set_state(dependent, TaskState.WAITING)
                 dependent.missing += 1
 
+    def waits_again(self, task: Task) -> bool:
+        """TASK (granted, and going again: its agent or worker was lost, or it never
+        started there) may have inputs lost since it was granted: if one is being made
+        again, it waits for it; if one is lost for good, it fails. Return whether it was
+        so (else it may be queued: its inputs are there). Queued at once, its grant would
+        carry what such an input has now, nothing, and its call would find no input."""
+        waits = 0
+        for dep_id in task.deps:
+            dep = self._graph.get(dep_id)
+            why = gone_why(dep, dep_id)
+            if dep is None or why:
+                self._graph.fail(task, LOST, f"task {task.name} cannot run: {why}")
+                return True
+            if not _usable(dep):
+                waits += 1
+                if task.id not in dep.dependents:
+                    dep.dependents = [*dep.dependents, task.id]
+        if waits:
+            self._graph.set_state(task, TaskState.WAITING)
+            task.missing = waits
+        return bool(waits)
+
     def _gone(self, task: Task) -> None:
         """TASK's result is lost for good: what waits for it fails (what runs with it as
         an input fails when it cannot read it: see ``input_lost``)."""
@@ -99,8 +128,8 @@ class Lineage:
         """TASK's worker could not read an input (INFO names it) and ran nothing: it runs
         again, uncharged (AGAIN queues it), when the input is there; or it fails with it."""
         dep = self._graph.get(info.get("input"))  # type: ignore[arg-type]
-        if dep is None or dep.lost:
-            why = dep.lost if dep is not None else f"its input {info.get('input')} is gone"
+        why = gone_why(dep, info.get("input"))
+        if dep is None or why:
             self._graph.fail(task, LOST, f"task {task.name} cannot run: {why}")
         elif _usable(dep):
             again(task)  # (its holder still answers, or another has a copy)
@@ -110,6 +139,20 @@ class Lineage:
             task.missing += 1
             if task.id not in dep.dependents:
                 dep.dependents = [*dep.dependents, task.id]
+
+
+def gone_why(task: Task | None, task_id: Any) -> str:
+    """Why the result of TASK (TASK_ID; None: no longer held) can never be read again, or
+    "" while it can be, or is being made again. A task made again that failed (its agent
+    was lost while it ran, with no retries left; it raised; it was cancelled) is lost for
+    good: whoever waited for it to be made again is told so, never left waiting."""
+    if task is None:
+        return f"its input {task_id} is gone"
+    if task.lost or task.state is not TaskState.FAILED:
+        return task.lost
+    how = ("its body raised an exception" if task.outcome == P.RAISED else
+           f"it failed: {task.info.get('message') or task.info.get('type') or 'unsaid'}")
+    return f"the result of task {task.name} was lost with its agent, and when it ran again {how}"
 
 
 def _usable(task: Task) -> bool:

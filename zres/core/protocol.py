@@ -121,7 +121,8 @@ client -> broker
     locate     {ids: [id...], req}              where these results are now (a holder it
                                                 fetched from is gone) -> locate_reply {req,
                                                 refs: {id: ref}, lost: {id: why}, pending:
-                                                [id...]} (pending: it runs again)
+                                                [id...]} (pending: it runs again; lost:
+                                                for good, or it ran again and failed)
 broker -> client
     welcome    {epoch, cluster, keeps, heartbeat: seconds, new, resumed, limits:
                 {header_bytes, payload_bytes, tasks}, relay?}  limits: what one submit

@@ -1,0 +1,115 @@
+"""Lineage over a real task graph, stepped by hand (no processes): a result whose task was
+made again and failed is lost for good, and nothing waits for it to be made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zres.broker.graph import TaskGraph
+from zres.broker.lineage import Lineage
+from zres.core import protocol as P
+from zres.core.tasks import Task, TaskState
+
+
+class Queue:
+    """The scheduler's queue, as lineage sees it."""
+
+    def __init__(self) -> None:
+        self.queued: list[int] = []
+
+    def dequeue(self, task_id: int) -> bool:
+        self.queued.remove(task_id)
+        return True
+
+
+def setup() -> tuple[TaskGraph, Lineage, Queue]:
+    queue = Queue()
+
+    def ready(task: Task) -> None:
+        graph.set_state(task, TaskState.QUEUED)
+        queue.queued.append(task.id)
+
+    graph = TaskGraph(on_ready=ready, on_recorded=lambda task: None)
+    lineage = Lineage(graph, queue,  # type: ignore[arg-type]
+                      lambda task: queue.queued.append(task.id), lambda task: None)
+    return graph, lineage, queue
+
+
+def submit(graph: TaskGraph, task_id: int, deps: list[int], retries: int = 1) -> Task:
+    task = Task(task_id, b"client", task_id, {}, 0, retries, f"t{task_id}", False, [b"call"],
+                ())
+    graph.add(task)
+    graph.link(task, deps)
+    return task
+
+
+def run(graph: TaskGraph, queue: Queue, task: Task, size: int = 0) -> None:
+    """TASK (queued) is granted and ends well, its result of SIZE bytes kept on agent-a."""
+    queue.queued.remove(task.id)
+    graph.set_state(task, TaskState.RUNNING)
+    task.size, task.held_at = size, ["agent-a"] if size else ()
+    graph.finish(task, P.OK, [], {"agent": "agent-a"})
+
+
+def lost_on_its_remake(graph: TaskGraph, lineage: Lineage, queue: Queue, task: Task) -> None:
+    """TASK's result is lost; made again, its agent is lost while it runs, no retries
+    left."""
+    task.held_at = ()
+    lineage.lost([task], "agent agent-a (killed)")
+    assert task.state is TaskState.QUEUED and task.retries == 0
+    queue.queued.remove(task.id)
+    graph.set_state(task, TaskState.RUNNING)
+    graph.fail(task, "AgentLostError", f"agent agent-c was lost while running task "
+               f"{task.name}, and it had no retries left")
+
+
+def test_a_result_lost_after_its_input_was_made_again_and_failed_is_lost_for_good() -> None:
+    graph, lineage, queue = setup()
+    first = submit(graph, 1, [])
+    run(graph, queue, first, size=100)
+    second = submit(graph, 2, [1])  # (it holds FIRST: it may run again)
+    run(graph, queue, second, size=100)
+    lost_on_its_remake(graph, lineage, queue, first)
+    assert first.state is TaskState.FAILED and second.state is TaskState.DONE
+    second.held_at = ()
+    lineage.lost([second], "agent agent-b (killed)")
+    assert second.state is not TaskState.WAITING, "it waits for an input never to be made"
+    assert "t2 was lost with agent agent-b" in second.lost
+    assert "t1 was lost with its agent, and when it ran again it failed: agent agent-c " \
+        "was lost" in second.lost
+    assert second.retries == 1, "a retry was spent on a run that never came"
+
+
+def test_a_task_that_could_not_read_an_input_which_was_made_again_and_failed_fails() -> None:
+    graph, lineage, queue = setup()
+    first = submit(graph, 1, [])
+    run(graph, queue, first, size=100)
+    reader = submit(graph, 2, [1])
+    queue.queued.remove(reader.id)
+    graph.set_state(reader, TaskState.RUNNING)  # (its worker fetches FIRST from agent-a)
+    lost_on_its_remake(graph, lineage, queue, first)
+    again: list[Any] = []
+    lineage.input_lost(reader, {"input": 1}, again.append)
+    assert reader.state is TaskState.FAILED and not again, "it waits for an input never made"
+    assert reader.info["type"] == "ResultLostError"
+    assert "when it ran again it failed" in reader.info["message"]
+
+
+def test_a_task_going_again_waits_for_an_input_being_made_and_fails_if_it_failed() -> None:
+    graph, lineage, queue = setup()
+    first = submit(graph, 1, [], retries=2)
+    run(graph, queue, first, size=100)
+    reader = submit(graph, 2, [1])
+    queue.queued.remove(reader.id)
+    graph.set_state(reader, TaskState.RUNNING)
+    first.held_at = ()
+    lineage.lost([first], "agent agent-a (killed)")  # (made again: queued)
+    assert lineage.waits_again(reader), "it would go with no input"
+    assert reader.state is TaskState.WAITING and reader.missing == 1
+    run(graph, queue, first, size=100)
+    assert reader.state is TaskState.QUEUED and reader.missing == 0, "the input came"
+    queue.queued.remove(reader.id)
+    graph.set_state(reader, TaskState.RUNNING)
+    lost_on_its_remake(graph, lineage, queue, first)
+    assert lineage.waits_again(reader)
+    assert reader.state is TaskState.FAILED and reader.info["type"] == "ResultLostError"
