@@ -254,3 +254,25 @@ def test_a_queued_grant_starting_calls_for_a_pass_that_fills_its_place():
     assert sched.needs_pass()
     assert [(g.task, g.started) for g in sched.schedule()] == [(3, False)]
     assert not sched.needs_pass()
+
+
+def test_room_freed_with_nothing_waiting_calls_for_no_pass_until_a_task_waits():
+    """Short tasks end with nothing waiting: no pass (it could place nothing, and a task
+    ending one at a time would cost one each); what they freed, room and a queue's place,
+    is there for the pass that a task queued later calls for."""
+    sched = Scheduler(prefetch=1)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.finished("short", 0.001)
+    for task in (1, 2):
+        sched.enqueue(task, req(CPU=1), kind="short")
+    assert [(g.task, g.started) for g in sched.schedule()] == [(1, True), (2, False)]
+    sched.release(1)
+    assert agent_starts(sched, 1) == [2]
+    sched.release(2)
+    assert not sched.needs_pass(), "a pass with nothing waiting"
+    for task in (3, 4):
+        sched.enqueue(task, req(CPU=1), kind="short")
+    assert sched.needs_pass()
+    assert [(g.task, g.started) for g in sched.schedule()] == [(3, True), (4, False)]
+    check_started_fit(sched)
+    assert not sched.needs_pass()

@@ -73,6 +73,8 @@ class Heartbeats:
         """Answer the agents' beats of this turn (after its commit): the lease's echo, and
         every report kept so far acknowledged. One message each, as they come: never one
         to every agent in one turn."""
+        if not self._beats:
+            return
         beats, self._beats = self._beats, {}
         for ident in beats:
             agent = self._agents.get(ident)

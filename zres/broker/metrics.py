@@ -49,7 +49,8 @@ class Traffic:
         self.turns += 1
         if seconds > self.longest_turn:
             self.longest_turn = seconds
-        cpu, self._cpu = time.thread_time() - self._cpu, time.thread_time()
+        now = time.thread_time()  # (a system call each time: one a turn)
+        cpu, self._cpu = now - self._cpu, now
         if cpu > self.longest_cpu:
             self.longest_cpu = cpu
 

@@ -50,6 +50,8 @@ class Batches:
 
     def flush(self, extra: Callable[[bytes], dict[str, Any]] | None = None) -> None:
         """Send every peer's batch, with EXTRA(ident)'s fields in its body."""
+        if not self._pending:
+            return  # (most calls: several batches are flushed every loop turn)
         pending, self._pending = self._pending, {}
         for ident, (items, frames) in pending.items():
             body = {self._key: items, **(extra(ident) if extra is not None else {})}

@@ -248,34 +248,39 @@ class Store:
         # costs ~0.4 ms, several times a short task's own cost here.
         sync = "FULL" if self._meta or self._jobs or self._forget or self._actors \
             or self._dropped_actors or self._envs or self._dropped_envs else "NORMAL"
+        writes = [(sql, rows) for sql, rows in (
+            ("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+             [(k, msgpack.packb(v)) for k, v in self._meta.items()]),
+            ("INSERT OR REPLACE INTO jobs (id, record) VALUES (?, ?)",
+             [(i, msgpack.packb(r)) for i, r in self._jobs.items()]),
+            ("DELETE FROM jobs WHERE id = ?", [(i,) for i in self._forget]),
+            ("INSERT OR REPLACE INTO envs (key, env) VALUES (?, ?)",
+             [(k, msgpack.packb(e)) for k, e in self._envs.items()]),
+            ("DELETE FROM envs WHERE key = ?", [(k,) for k in self._dropped_envs]),
+            ("INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)",
+             list(self._new_blobs.items())),
+            ("INSERT OR REPLACE INTO tasks (id, record, payload, state, result, blob) "
+             "VALUES (?, ?, ?, ?, ?, ?)", [(i, *row) for i, row in self._new_tasks.items()]),
+            ("UPDATE tasks SET state = ?, result = ? WHERE id = ?",
+             [(st, r, i) for i, (st, r) in self._changed_tasks.items()]),
+            ("DELETE FROM tasks WHERE id = ?", [(i,) for i in self._dropped_tasks]),
+            ("INSERT OR REPLACE INTO actors (id, record, spawn) VALUES (?, ?, ?)",
+             [(i, *row) for i, row in self._actors.items()]),
+            ("DELETE FROM actors WHERE id = ?", [(i,) for i in self._dropped_actors]))
+            if rows]  # (an empty one would still cost a statement's preparation)
         try:
             if sync != self._sync:
                 self._db.execute(f"PRAGMA synchronous={sync}")
                 self._sync = sync
-            self._db.execute("BEGIN")
-            for sql, rows in (
-                    ("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                     [(k, msgpack.packb(v)) for k, v in self._meta.items()]),
-                    ("INSERT OR REPLACE INTO jobs (id, record) VALUES (?, ?)",
-                     [(i, msgpack.packb(r)) for i, r in self._jobs.items()]),
-                    ("DELETE FROM jobs WHERE id = ?", [(i,) for i in self._forget]),
-                    ("INSERT OR REPLACE INTO envs (key, env) VALUES (?, ?)",
-                     [(k, msgpack.packb(e)) for k, e in self._envs.items()]),
-                    ("DELETE FROM envs WHERE key = ?", [(k,) for k in self._dropped_envs]),
-                    ("INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)",
-                     list(self._new_blobs.items())),
-                    ("INSERT OR REPLACE INTO tasks (id, record, payload, state, result, "
-                     "blob) VALUES (?, ?, ?, ?, ?, ?)",
-                     [(i, *row) for i, row in self._new_tasks.items()]),
-                    ("UPDATE tasks SET state = ?, result = ? WHERE id = ?",
-                     [(st, r, i) for i, (st, r) in self._changed_tasks.items()]),
-                    ("DELETE FROM tasks WHERE id = ?", [(i,) for i in self._dropped_tasks]),
-                    ("INSERT OR REPLACE INTO actors (id, record, spawn) VALUES (?, ?, ?)",
-                     [(i, *row) for i, row in self._actors.items()]),
-                    ("DELETE FROM actors WHERE id = ?", [(i,) for i in self._dropped_actors])):
-                if rows:  # (an empty one still costs a statement's preparation)
+            if len(writes) == 1 and len(writes[0][1]) == 1:
+                # One row (as when a turn ended one task): a statement is a transaction of
+                # its own, as atomic and as durable, without a BEGIN and a COMMIT to run.
+                self._db.execute(writes[0][0], writes[0][1][0])
+            else:
+                self._db.execute("BEGIN")
+                for sql, rows in writes:
                     self._db.executemany(sql, rows)
-            self._db.execute("COMMIT")
+                self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
                 self._db.execute("ROLLBACK")

@@ -119,8 +119,11 @@ class Scheduler(Asking, Reserving, Ganging):
     def needs_pass(self) -> bool:
         """Return whether anything changed since the last pass that a pass could act on:
         a task queued or gone, a slot added, changed, gaining room or a place in its queue
-        (run schedule again)."""
-        return self._changed or bool(self.table.gained) or bool(self.table.queue_freed)
+        (run schedule again). With no task waiting a pass could place nothing: none runs
+        until one waits (what changed meanwhile is still there for that pass to see); a
+        short task's end, the room it frees, would otherwise cost a pass each."""
+        return bool(self.queue.tasks) and (self._changed or bool(self.table.gained)
+                                           or bool(self.table.queue_freed))
 
     def _fitting(self, task: Waiting) -> set[int]:
         """Ids of the open slots whose total capacity could ever run TASK's shape."""
