@@ -34,7 +34,9 @@ Workloads, per system (quick mode's sizes in brackets):
 3. latency: 1,000 [200] sequential submit-then-result calls, median and p99;
 4. dependencies: a chain of 1,000 [300] tasks (each takes the previous one's future), and
    1,000 [500] no-op results fanned into one task (``total(*futures)``);
-5. data: 100 [20] tasks returning 10 MB of bytes each, gathered to the client; the same as
+5. data: 100 [20] tasks returning 10 MB of bytes each, gathered to the client (timed from
+   their submit, and again from when all are made: the moving alone, since on a machine of
+   few cores making and storing the values shares the cores with moving them); the same as
    NumPy arrays (which pickle protocol 5 can move without copies, unlike bytes); and 100
    [20] bytes tasks each passed to a dependent task returning its length (submitted at
    once; MB/s of blobs consumed, whether or not the bytes had to move);
@@ -141,6 +143,7 @@ def figures(sizes: Sizes) -> list[Figure]:
         Figure("chain", f"chain of {sizes.chain:,} dependent tasks", "s", "lower"),
         Figure("fan_in", f"fan-in of {sizes.fan_in:,} results into one", "s", "lower"),
         Figure("gather", f"gather {sizes.blobs} x 10 MB to the client", "MB/s", "higher"),
+        Figure("gather_made", "the same, once all are made", "MB/s", "higher"),
         Figure("gather_arrays", "the same as NumPy arrays", "MB/s", "higher"),
         Figure("dependents", f"{sizes.blobs} x 10 MB into dependents", "MB/s", "higher"),
         Figure("startup", "start-up to first result", "s", "lower"),
@@ -200,6 +203,10 @@ class Backend:
     def gather(self, handles: list[Any]) -> list[Any]:
         raise NotImplementedError
 
+    def wait(self, handles: list[Any]) -> None:
+        """Return once every call of HANDLES has finished (fetching none of its results)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -228,6 +235,9 @@ class ZresBackend(Backend):
 
     def gather(self, handles: list[Any]) -> list[Any]:
         return self.client.gather(handles)  # type: ignore[no-any-return]
+
+    def wait(self, handles: list[Any]) -> None:
+        self.zres.wait(handles)
 
     def close(self) -> None:
         if self.client is not None:
@@ -274,6 +284,9 @@ class DaskBackend(Backend):
 
     def gather(self, handles: list[Any]) -> list[Any]:
         return self.client.gather(handles)  # type: ignore[no-any-return]
+
+    def wait(self, handles: list[Any]) -> None:
+        self.distributed.wait(handles)
 
     def close(self) -> None:
         if self.client is not None:
@@ -331,6 +344,9 @@ class RayBackend(Backend):
 
     def gather(self, handles: list[Any]) -> list[Any]:
         return self.ray.get(handles)  # type: ignore[no-any-return]
+
+    def wait(self, handles: list[Any]) -> None:
+        self.ray.wait(handles, num_returns=len(handles), fetch_local=False)
 
     def close(self) -> None:
         self.ray.shutdown()
@@ -390,6 +406,19 @@ def fan_in(backend: Backend, n: int) -> float:
 def gather_blobs(backend: Backend, n: int) -> float:
     start = time.perf_counter()
     results = backend.gather(backend.map(blob, range(n)))
+    elapsed = time.perf_counter() - start
+    assert [len(r) for r in results] == [BLOB_SIZE] * n
+    return n * BLOB_SIZE / MB / elapsed
+
+
+def gather_made(backend: Backend, n: int) -> float:
+    """As gather_blobs, timed from when every result has been made: the moving alone (on a
+    machine of few cores, making the values and storing them shares the cores with moving
+    them, and bounds gather_blobs: see the floor)."""
+    handles = backend.map(blob, range(n))
+    backend.wait(handles)
+    start = time.perf_counter()
+    results = backend.gather(handles)
     elapsed = time.perf_counter() - start
     assert [len(r) for r in results] == [BLOB_SIZE] * n
     return n * BLOB_SIZE / MB / elapsed
@@ -521,6 +550,7 @@ def run_system(name: str, sizes: Sizes, out: str) -> None:
             ("chain", lambda: chain(backend, sizes.chain), lowest),
             ("fan_in", lambda: fan_in(backend, sizes.fan_in), lowest),
             ("gather", lambda: gather_blobs(backend, sizes.blobs), highest),
+            ("gather_made", lambda: gather_made(backend, sizes.blobs), highest),
             ("gather_arrays", lambda: gather_arrays(backend, sizes.blobs), highest),
             ("dependents", lambda: blob_dependents(backend, sizes.blobs), highest),
         ]
@@ -764,6 +794,9 @@ def build_report(mode: str, sizes: Sizes, systems: list[str],
             gathered / kept if numbers(gathered, kept) else None)
         over_floor[name]["arrays_over_socket"] = (
             arrays / socket if numbers(arrays, socket) else None)
+        made = results[name]["values"].get("gather_made")
+        over_floor[name]["made_over_socket"] = (
+            made / socket if numbers(made, socket) else None)
         # Issue 29's targets with keys: gather and dependents against one CURVE link.
         curve = floor["values"].get("curve_bandwidth")
         for key in ("gather", "dependents"):
@@ -836,7 +869,8 @@ def print_report(report: dict[str, Any], systems: list[str]) -> None:
               f"({times(over['latency_over_echo_chain'])} of the chain's); gather / socket "
               f"bandwidth {times(over['gather_over_socket'])} "
               f"({times(over['gather_over_socket_chain'])} of the chain's, "
-              f"{times(over['gather_over_kept'])} of one link kept as bytes), as arrays "
+              f"{times(over['gather_over_kept'])} of one link kept as bytes; once made "
+              f"{times(over.get('made_over_socket'))}), as arrays "
               f"{times(over['arrays_over_socket'])}; gather / CURVE link "
               f"{times(over.get('gather_over_curve'))}, dependents / CURVE link "
               f"{times(over.get('dependents_over_curve'))}")
