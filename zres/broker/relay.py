@@ -377,9 +377,9 @@ class Relay:
         return bool(gone)
 
     def _close(self, back: _Back, why: str) -> None:
-        """Answer BACK's requests with the error WHY, and close it."""
-        for req in back.waiting:
-            request = self._inflight.pop(req)
+        """Answer BACK's requests with the error WHY, and close it (none counted in flight
+        once its first answer has gone: a requester told may look at once)."""
+        for request in [self._inflight.pop(req) for req in back.waiting]:
             P.send(self._front, [request.ident, *P.encode(request.answer, {
                 "req": request.req, "id": request.object_id, "offset": request.offset,
                 "error": why})])
