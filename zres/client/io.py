@@ -146,16 +146,21 @@ class IOThread(OutboxSender):
         last_beat = time.monotonic()
         try:
             while not self._stop:
-                poller.poll(int(self.hb_interval * 500))
-                try:
-                    while os.read(self._wake_r, 4096):
+                # (the pipe and the monitor are looked at only when the poll says so: a
+                # turn woken by a message, as most are, makes no call for them)
+                events = dict(poller.poll(int(self.hb_interval * 500)))
+                if self._wake_r in events:
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except BlockingIOError:
                         pass
-                except BlockingIOError:
-                    pass
-                # Only once the pipe is empty: a wake() after this writes a new byte (cleared
-                # before, a wake() between the two would be swallowed until the next beat).
-                self._awake = False
-                self._check_handshakes()
+                    # Only once the pipe is empty: a wake() after this writes a new byte
+                    # (cleared before, a wake() between the two would be swallowed until
+                    # the next beat).
+                    self._awake = False
+                if self._monitor in events:
+                    self._check_handshakes()
                 if self._welcomed:
                     self._send_outbox()
                 self._receive()
