@@ -3,7 +3,9 @@
 Each worker process serves one slot of one agent with one fixed GPU visibility: the agent
 sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task granted a
 different device set, so a CUDA context made by one task is never reused for another
-device. Tasks run on a pool of threads; results go back to the agent in batches.
+device. Tasks run on a pool of threads; results go back to the agent in batches, sent by
+the thread that ran the task (on a socket of the process's own for what it sends: no
+hand-off to the main thread, which waits for the agent's messages on the other).
 
 Every start is written to this process's start log (shared with the agent, see
 ``shared``) before the task's body runs, and reported to the agent with the next batch:
@@ -45,7 +47,7 @@ from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
 from .data.worker_side import InputLost, WorkerObjects
 from .output import OutputBuffer, capture
-from .shared import Lease, StartLog
+from .shared import OUT, Lease, StartLog
 from .stopping import CallStopper, Stopped
 
 _MAX_THREADS = 1024
@@ -84,8 +86,18 @@ class WorkerProcess:
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
         self.agent.setsockopt(zmq.LINGER, 2000)
         self.agent.connect(address)
-        # Task threads hand results to the main thread (the only one that may use the
-        # socket) as Python objects, and wake it through a pipe: nothing is encoded twice.
+        # What goes to the agent (READY aside) goes on a socket of its own, used under a
+        # lock by whichever thread has something to send: a task thread sends its result
+        # itself, with no hand-off to the main thread (which waits on the other socket,
+        # and so may not share it). The main thread still sends what only it knows of
+        # (starts reported alone, output due, an actor's results: see _put).
+        self.out = self.ctx.socket(zmq.DEALER)
+        self.out.setsockopt(zmq.ROUTING_ID, identity + OUT)
+        self.out.setsockopt(zmq.LINGER, 2000)
+        self.out.connect(address)
+        self._send_lock = threading.Lock()
+        # Task threads hand results to the sender as Python objects (an actor's to the
+        # main thread, woken through a pipe): nothing is encoded twice.
         self.results: queue.SimpleQueue[tuple[int, str, list[Any], dict[str, Any]]] = \
             queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -327,7 +339,10 @@ class WorkerProcess:
 
     def _put(self, result: tuple[int, str, list[Any], dict[str, Any]]) -> None:
         self.results.put(result)
-        self._wake()
+        if self.actor is None:
+            self._send_batch()  # (sent by this thread: see __init__)
+        else:
+            self._wake()  # the main thread feeds the actor its next call once it is sent
 
     def _wake(self) -> None:
         """Have the main thread send what is waiting to go to the agent."""
@@ -343,6 +358,17 @@ class WorkerProcess:
             pass
         # Only after the pipe is empty: a thread that then sees False writes a new byte.
         self._wake_pending = False
+        self._send_batch()
+        # Only now: the agent must hear of a result before the call taking its place starts.
+        self._start_actor_calls()
+
+    def _send_batch(self) -> None:
+        """Send the agent the results put, the output before them, starts and drops (any
+        thread: one at a time, a batch taking everything put so far)."""
+        with self._send_lock:
+            self._send_batch_locked()
+
+    def _send_batch_locked(self) -> None:
         items: list[Any] = []
         frames: list[Any] = []
         while True:
@@ -359,7 +385,7 @@ class WorkerProcess:
         # result, only once due (a wake for output alone starts the clock, see output).
         due = self.output.due
         if items or due is not None and time.monotonic() >= due:
-            self._send_output()
+            self._send_output_locked()
         # Read after the results: a queued grant is marked started before its result is
         # put, so no result goes out ahead of its start.
         with self._lock:
@@ -372,14 +398,16 @@ class WorkerProcess:
                 body["started"], body["dropped"] = started, dropped
             if replicas:
                 body["replicas"] = replicas
-            P.send(self.agent, P.encode(P.DONE, body, frames))
-        # Only now: the agent must hear of a result before the call taking its place starts.
-        self._start_actor_calls()
+            P.send(self.out, P.encode(P.DONE, body, frames))
 
     def _send_output(self) -> None:
+        with self._send_lock:
+            self._send_output_locked()
+
+    def _send_output_locked(self) -> None:
         items = self.output.take()
         if items:
-            P.send(self.agent, P.encode(P.OUTPUT, {"items": items}))
+            P.send(self.out, P.encode(P.OUTPUT, {"items": items}))
 
 
 def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
