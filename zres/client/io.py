@@ -79,6 +79,8 @@ class IOThread(OutboxSender):
         # tasks in all (at most ``outbox.WINDOW``).
         self.in_flight: deque[tuple[int, int]] = deque()
         self.flying = 0
+        self.releases: list[int] = []   # let go of, sent within RELEASE_EVERY (outbox)
+        self.released_at = 0.0
         self.keeps = True       # whether the broker keeps its state (says its welcome)
         self.cluster: str | None = None
         self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
@@ -179,6 +181,8 @@ class IOThread(OutboxSender):
                             self.ask(P.CANCEL, {"ids": lost})
                         for task_id in lost:
                             self.outbox.append((P.RELEASE, task_id, ()))
+            if self._welcomed:
+                self._send_releases(now=True)  # (those gathered go before the goodbye)
             P.send_now(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
