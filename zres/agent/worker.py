@@ -36,7 +36,6 @@ import queue
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -49,6 +48,7 @@ from .data.worker_side import InputLost, WorkerObjects
 from .output import OutputBuffer, capture
 from .shared import OUT, Lease, StartLog
 from .stopping import CallStopper, Stopped
+from .threads import TaskThreads
 
 _MAX_THREADS = 1024
 _PR_SET_PDEATHSIG = 1
@@ -87,10 +87,8 @@ class WorkerProcess:
         self.agent.setsockopt(zmq.LINGER, 2000)
         self.agent.connect(address)
         # What goes to the agent (READY aside) goes on a socket of its own, used under a
-        # lock by whichever thread has something to send: a task thread sends its result
-        # itself, with no hand-off to the main thread (which waits on the other socket,
-        # and so may not share it). The main thread still sends what only it knows of
-        # (starts reported alone, output due, an actor's results: see _put).
+        # lock by any thread: a task thread sends its result itself, with no hand-off to
+        # the main thread (which waits on the other socket, so may not share it).
         self.out = self.ctx.socket(zmq.DEALER)
         self.out.setsockopt(zmq.ROUTING_ID, identity + OUT)
         self.out.setsockopt(zmq.LINGER, 2000)
@@ -110,8 +108,8 @@ class WorkerProcess:
         # and the agent have checked. Threads are made on demand and reused; NTHREADS is
         # what the slot offers as CPU. An actor's calls are paced by the agent, never more
         # than NTHREADS at once.
-        self.pool = ThreadPoolExecutor(nthreads if actor else max(_MAX_THREADS, nthreads),
-                                       thread_name_prefix="zres-task")
+        self.pool = TaskThreads(nthreads if actor else max(_MAX_THREADS, nthreads),
+                                "zres-task")
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
