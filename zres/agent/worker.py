@@ -4,8 +4,7 @@ Each worker process serves one slot of one agent with one fixed GPU visibility: 
 sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task granted a
 different device set, so a CUDA context made by one task is never reused for another
 device. Tasks run on a pool of threads; results go back to the agent in batches, sent by
-the thread that ran the task (on a socket of the process's own for what it sends: no
-hand-off to the main thread, which waits for the agent's messages on the other).
+the thread that ran the task (on a socket of their own: no hand-off to the main thread).
 
 Every start is written to this process's start log (shared with the agent, see
 ``shared``) before the task's body runs, and reported to the agent with the next batch:
@@ -156,11 +155,13 @@ class WorkerProcess:
                 os._exit(0)  # the agent died and no kernel told us (not Linux)
 
     def _receive(self) -> None:
-        while True:
+        more = True
+        while more:
             try:
                 frames = P.recv(self.agent)
             except zmq.Again:
                 return
+            more = P.waiting(self.agent)  # (asked now: no zmq.Again at the end)
             msg = P.decode(frames)
             if msg.kind == P.CANCEL:
                 self._cancel(msg.body.get("ids", []))

@@ -235,6 +235,8 @@ class IOThread(OutboxSender):
                 self._handle(P.decode(frames))
             except errors.ProtocolError as exc:
                 log.warning("bad_message", error=str(exc))
+            if not P.waiting(self.sock):
+                return  # (asked: no zmq.Again at the end)
 
     def _handle(self, msg: P.Message) -> None:
         self._last_heard = time.monotonic()

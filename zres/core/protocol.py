@@ -334,10 +334,11 @@ from .wire import (
     send,
     send_now,
     split_frames,
+    waiting,
 )
 
 __all__ = ["VERSION", "Frame", "Message", "buffer", "check_units", "decode", "encode",
-           "field", "recv", "send", "send_now", "split_frames"]
+           "field", "recv", "send", "send_now", "split_frames", "waiting"]
 
 # Message kinds.
 HELLO = "hello"
