@@ -3,8 +3,8 @@
 Each worker process serves one slot of one agent with one fixed GPU visibility: the agent
 sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task granted a
 different device set, so a CUDA context made by one task is never reused for another
-device. Tasks run on a pool of threads; results go back to the agent in batches, sent by
-the thread that ran the task (on a socket of their own: no hand-off to the main thread).
+device. Tasks run on a pool of threads; results go back to the agent in batches (the last
+task running sends its own, on a socket for sending: no hand-off to the main thread).
 
 Every start is written to this process's start log (shared with the agent, see
 ``shared``) before the task's body runs, and reported to the agent with the next batch:
@@ -86,8 +86,8 @@ class WorkerProcess:
         self.agent.setsockopt(zmq.LINGER, 2000)
         self.agent.connect(address)
         # What goes to the agent (READY aside) goes on a socket of its own, used under a
-        # lock by any thread: a task thread sends its result itself, with no hand-off to
-        # the main thread (which waits on the other socket, so may not share it).
+        # lock by any thread: the last task running sends its result itself, with no
+        # hand-off to the main thread (which waits on the other socket: may not share it).
         self.out = self.ctx.socket(zmq.DEALER)
         self.out.setsockopt(zmq.ROUTING_ID, identity + OUT)
         self.out.setsockopt(zmq.LINGER, 2000)
@@ -126,6 +126,7 @@ class WorkerProcess:
         self.starve = 5.0
         self.used: dict[str, int] = {}
         self.taken: dict[int, dict[str, int]] = {}        # running task -> what it took
+        self.running = 0                                  # tasks begun, not ended
         self.queued: list[Queued] = []                    # in order (priority, then seq)
         self.started: list[int] = []                      # starts not reported yet
         self.dropped: list[int] = []                      # ... and queued grants cancelled
@@ -150,7 +151,8 @@ class WorkerProcess:
             if self._wake_r in events or (not events and self.started):
                 self._send_results()
             elif self.output.due is not None and time.monotonic() >= self.output.due:
-                self._send_output()
+                with self._send_lock:
+                    self._send_output()
             if os.getppid() != self.agent_pid:
                 os._exit(0)  # the agent died and no kernel told us (not Linux)
 
@@ -203,6 +205,7 @@ class WorkerProcess:
         """CALL starts now (under the lock): log it, report it, count what it takes."""
         self.starts.record(call[3]["run"])
         self.started.append(call[0])
+        self.running += 1
         taken = call[3].get("taken")
         if taken:
             self.taken[call[0]] = taken
@@ -212,6 +215,8 @@ class WorkerProcess:
     def _next_queued(self, ended: int | None = None) -> tuple[Any, ...] | None:
         """Give back what ENDED took; start and return the first queued grant that fits."""
         with self._lock:
+            if ended is not None:
+                self.running -= 1
             taken = self.taken.pop(ended, None) if ended is not None else None
             if taken:
                 for name, amount in taken.items():
@@ -246,8 +251,9 @@ class WorkerProcess:
             following = self._next_queued(call[0])
             # The result goes after the start it allowed, so one message reports both
             # (see _send_results), and before any other start, so no task that this end
-            # let start can be reported ended ahead of it.
-            self._put(result)
+            # let start can be reported ended ahead of it. The last task running sends it
+            # itself (one at a time: no batch to wait for); else the main thread batches.
+            self._put(result, alone=following is None and not self.running)
             if following is not None and self._start_queued():  # more fit beside it
                 self._wake()
             call = following
@@ -336,12 +342,13 @@ class WorkerProcess:
             self.output.end(task_id)  # before its result is put: see _send_results
         return task_id, outcome, frames, task.report
 
-    def _put(self, result: tuple[int, str, list[Any], dict[str, Any]]) -> None:
+    def _put(self, result: tuple[int, str, list[Any], dict[str, Any]],
+             alone: bool = False) -> None:
         self.results.put(result)
-        if self.actor is None:
+        if alone and self.actor is None:
             self._send_batch()  # (sent by this thread: see __init__)
         else:
-            self._wake()  # the main thread feeds the actor its next call once it is sent
+            self._wake()  # (an actor's next call is fed by the main thread once it is sent)
 
     def _wake(self) -> None:
         """Have the main thread send what is waiting to go to the agent."""
@@ -365,49 +372,42 @@ class WorkerProcess:
         """Send the agent the results put, the output before them, starts and drops (any
         thread: one at a time, a batch taking everything put so far)."""
         with self._send_lock:
-            self._send_batch_locked()
-
-    def _send_batch_locked(self) -> None:
-        items: list[Any] = []
-        frames: list[Any] = []
-        while True:
-            try:
-                task_id, outcome, task_frames, report = self.results.get_nowait()
-            except queue.Empty:
-                break
-            items.append([task_id, outcome, len(task_frames), report])
-            frames.extend(task_frames)
-            if self.actor is not None:
-                self.actor.finished(outcome)
-        # Output after the results, and sent before them: a task's output is kept before
-        # its result is put, so none of it can be left behind a result sent now. With no
-        # result, only once due (a wake for output alone starts the clock, see output).
-        due = self.output.due
-        if items or due is not None and time.monotonic() >= due:
-            self._send_output_locked()
-        # Read after the results: a queued grant is marked started before its result is
-        # put, so no result goes out ahead of its start.
-        with self._lock:
-            started, dropped = self.started, self.dropped
-            self.started, self.dropped = [], []
-        replicas = self.objects.take_replicas()  # (inputs fetched: the agent counts them)
-        if items or started or dropped or replicas:
-            body: dict[str, Any] = {"results": items}
-            if started or dropped:
-                body["started"], body["dropped"] = started, dropped
-            if replicas:
-                body["replicas"] = replicas
-            P.send(self.out, P.encode(P.DONE, body, frames))
+            items: list[Any] = []
+            frames: list[Any] = []
+            while True:
+                try:
+                    task_id, outcome, task_frames, report = self.results.get_nowait()
+                except queue.Empty:
+                    break
+                items.append([task_id, outcome, len(task_frames), report])
+                frames.extend(task_frames)
+                if self.actor is not None:
+                    self.actor.finished(outcome)
+            # Output after the results, and sent before them: a task's output is kept
+            # before its result is put, so none of it can be left behind a result sent now.
+            # With no result, only once due (a wake for output alone starts the clock).
+            due = self.output.due
+            if items or due is not None and time.monotonic() >= due:
+                self._send_output()
+            # Read after the results: a queued grant is marked started before its result
+            # is put, so no result goes out ahead of its start.
+            with self._lock:
+                started, dropped = self.started, self.dropped
+                self.started, self.dropped = [], []
+            replicas = self.objects.take_replicas()  # (inputs fetched: the agent counts them)
+            if items or started or dropped or replicas:
+                body: dict[str, Any] = {"results": items}
+                if started or dropped:
+                    body["started"], body["dropped"] = started, dropped
+                if replicas:
+                    body["replicas"] = replicas
+                P.send(self.out, P.encode(P.DONE, body, frames))
 
     def _send_output(self) -> None:
-        with self._send_lock:
-            self._send_output_locked()
-
-    def _send_output_locked(self) -> None:
+        """Send what tasks printed (under _send_lock)."""
         items = self.output.take()
         if items:
             P.send(self.out, P.encode(P.OUTPUT, {"items": items}))
-
 
 def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
     """VALUE pickled to be sent back; if it cannot be, an error of the same type that says
