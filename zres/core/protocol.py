@@ -273,7 +273,8 @@ agent -> worker process (over ipc)
                 error?: info}                   force: stop them where they run (an
                                                 exception raised in the call's thread),
                                                 failing them with ERROR (else cancelled)
-worker process -> agent
+worker process -> agent (ready on the socket the agent sends to; done and output on a
+second one, routing id that one's + ".out", which the worker's threads send on in turn)
     done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?,
                 replicas?: [[id, size]...]}     info.stored: as in report; replicas: inputs
                                                 it fetched into its agent's store
