@@ -216,6 +216,8 @@ class Agent(Draining, Fencing):
                 log.warning("bad_message", error=str(exc))
             except Exception:  # a bug must not take the node's running work down
                 log.exception("message_failed")
+            if not P.waiting(sock):
+                return
 
     def _on_connection_events(self) -> None:
         for event in self._connection.events():

@@ -3,7 +3,8 @@
 Each worker process serves one slot of one agent with one fixed GPU visibility: the agent
 sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task granted a
 different device set, so a CUDA context made by one task is never reused for another
-device. Tasks run on a pool of threads; results go back to the agent in batches.
+device. Tasks run on a pool of threads; results go back to the agent in batches (the last
+task running sends its own, on a socket for sending: no hand-off to the main thread).
 
 Every start is written to this process's start log (shared with the agent, see
 ``shared``) before the task's body runs, and reported to the agent with the next batch:
@@ -34,7 +35,6 @@ import queue
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -45,8 +45,9 @@ from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
 from .data.worker_side import InputLost, WorkerObjects
 from .output import OutputBuffer, capture
-from .shared import Lease, StartLog
+from .shared import OUT, Lease, StartLog
 from .stopping import CallStopper, Stopped
+from .threads import TaskThreads
 
 _MAX_THREADS = 1024
 _PR_SET_PDEATHSIG = 1
@@ -84,8 +85,16 @@ class WorkerProcess:
         self.agent.setsockopt(zmq.ROUTING_ID, identity)
         self.agent.setsockopt(zmq.LINGER, 2000)
         self.agent.connect(address)
-        # Task threads hand results to the main thread (the only one that may use the
-        # socket) as Python objects, and wake it through a pipe: nothing is encoded twice.
+        # What goes to the agent (READY aside) goes on a socket of its own, used under a
+        # lock by any thread: the last task running sends its result itself, with no
+        # hand-off to the main thread (which waits on the other socket: may not share it).
+        self.out = self.ctx.socket(zmq.DEALER)
+        self.out.setsockopt(zmq.ROUTING_ID, identity + OUT)
+        self.out.setsockopt(zmq.LINGER, 2000)
+        self.out.connect(address)
+        self._send_lock = threading.Lock()
+        # Task threads hand results to the sender as Python objects (an actor's to the
+        # main thread, woken through a pipe): nothing is encoded twice.
         self.results: queue.SimpleQueue[tuple[int, str, list[Any], dict[str, Any]]] = \
             queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -98,8 +107,8 @@ class WorkerProcess:
         # and the agent have checked. Threads are made on demand and reused; NTHREADS is
         # what the slot offers as CPU. An actor's calls are paced by the agent, never more
         # than NTHREADS at once.
-        self.pool = ThreadPoolExecutor(nthreads if actor else max(_MAX_THREADS, nthreads),
-                                       thread_name_prefix="zres-task")
+        self.pool = TaskThreads(nthreads if actor else max(_MAX_THREADS, nthreads),
+                                "zres-task")
         self.actor = ActorHost(nthreads) if actor else None
         self.agent_pid = agent_pid
         self.loader = CallLoader()
@@ -117,6 +126,7 @@ class WorkerProcess:
         self.starve = 5.0
         self.used: dict[str, int] = {}
         self.taken: dict[int, dict[str, int]] = {}        # running task -> what it took
+        self.running = 0                                  # tasks begun, not ended
         self.queued: list[Queued] = []                    # in order (priority, then seq)
         self.started: list[int] = []                      # starts not reported yet
         self.dropped: list[int] = []                      # ... and queued grants cancelled
@@ -141,16 +151,19 @@ class WorkerProcess:
             if self._wake_r in events or (not events and self.started):
                 self._send_results()
             elif self.output.due is not None and time.monotonic() >= self.output.due:
-                self._send_output()
+                with self._send_lock:
+                    self._send_output()
             if os.getppid() != self.agent_pid:
                 os._exit(0)  # the agent died and no kernel told us (not Linux)
 
     def _receive(self) -> None:
-        while True:
+        more = True
+        while more:
             try:
                 frames = P.recv(self.agent)
             except zmq.Again:
                 return
+            more = P.waiting(self.agent)  # (asked now: no zmq.Again at the end)
             msg = P.decode(frames)
             if msg.kind == P.CANCEL:
                 self._cancel(msg.body.get("ids", []))
@@ -192,6 +205,7 @@ class WorkerProcess:
         """CALL starts now (under the lock): log it, report it, count what it takes."""
         self.starts.record(call[3]["run"])
         self.started.append(call[0])
+        self.running += 1
         taken = call[3].get("taken")
         if taken:
             self.taken[call[0]] = taken
@@ -201,6 +215,8 @@ class WorkerProcess:
     def _next_queued(self, ended: int | None = None) -> tuple[Any, ...] | None:
         """Give back what ENDED took; start and return the first queued grant that fits."""
         with self._lock:
+            if ended is not None:
+                self.running -= 1
             taken = self.taken.pop(ended, None) if ended is not None else None
             if taken:
                 for name, amount in taken.items():
@@ -235,8 +251,9 @@ class WorkerProcess:
             following = self._next_queued(call[0])
             # The result goes after the start it allowed, so one message reports both
             # (see _send_results), and before any other start, so no task that this end
-            # let start can be reported ended ahead of it.
-            self._put(result)
+            # let start can be reported ended ahead of it. The last task running sends it
+            # itself (one at a time: no batch to wait for); else the main thread batches.
+            self._put(result, alone=following is None and not self.running)
             if following is not None and self._start_queued():  # more fit beside it
                 self._wake()
             call = following
@@ -325,9 +342,13 @@ class WorkerProcess:
             self.output.end(task_id)  # before its result is put: see _send_results
         return task_id, outcome, frames, task.report
 
-    def _put(self, result: tuple[int, str, list[Any], dict[str, Any]]) -> None:
+    def _put(self, result: tuple[int, str, list[Any], dict[str, Any]],
+             alone: bool = False) -> None:
         self.results.put(result)
-        self._wake()
+        if alone and self.actor is None:
+            self._send_batch()  # (sent by this thread: see __init__)
+        else:
+            self._wake()  # (an actor's next call is fed by the main thread once it is sent)
 
     def _wake(self) -> None:
         """Have the main thread send what is waiting to go to the agent."""
@@ -343,44 +364,50 @@ class WorkerProcess:
             pass
         # Only after the pipe is empty: a thread that then sees False writes a new byte.
         self._wake_pending = False
-        items: list[Any] = []
-        frames: list[Any] = []
-        while True:
-            try:
-                task_id, outcome, task_frames, report = self.results.get_nowait()
-            except queue.Empty:
-                break
-            items.append([task_id, outcome, len(task_frames), report])
-            frames.extend(task_frames)
-            if self.actor is not None:
-                self.actor.finished(outcome)
-        # Output after the results, and sent before them: a task's output is kept before
-        # its result is put, so none of it can be left behind a result sent now. With no
-        # result, only once due (a wake for output alone starts the clock, see output).
-        due = self.output.due
-        if items or due is not None and time.monotonic() >= due:
-            self._send_output()
-        # Read after the results: a queued grant is marked started before its result is
-        # put, so no result goes out ahead of its start.
-        with self._lock:
-            started, dropped = self.started, self.dropped
-            self.started, self.dropped = [], []
-        replicas = self.objects.take_replicas()  # (inputs fetched: the agent counts them)
-        if items or started or dropped or replicas:
-            body: dict[str, Any] = {"results": items}
-            if started or dropped:
-                body["started"], body["dropped"] = started, dropped
-            if replicas:
-                body["replicas"] = replicas
-            P.send(self.agent, P.encode(P.DONE, body, frames))
+        self._send_batch()
         # Only now: the agent must hear of a result before the call taking its place starts.
         self._start_actor_calls()
 
+    def _send_batch(self) -> None:
+        """Send the agent the results put, the output before them, starts and drops (any
+        thread: one at a time, a batch taking everything put so far)."""
+        with self._send_lock:
+            items: list[Any] = []
+            frames: list[Any] = []
+            while True:
+                try:
+                    task_id, outcome, task_frames, report = self.results.get_nowait()
+                except queue.Empty:
+                    break
+                items.append([task_id, outcome, len(task_frames), report])
+                frames.extend(task_frames)
+                if self.actor is not None:
+                    self.actor.finished(outcome)
+            # Output after the results, and sent before them: a task's output is kept
+            # before its result is put, so none of it can be left behind a result sent now.
+            # With no result, only once due (a wake for output alone starts the clock).
+            due = self.output.due
+            if items or due is not None and time.monotonic() >= due:
+                self._send_output()
+            # Read after the results: a queued grant is marked started before its result
+            # is put, so no result goes out ahead of its start.
+            with self._lock:
+                started, dropped = self.started, self.dropped
+                self.started, self.dropped = [], []
+            replicas = self.objects.take_replicas()  # (inputs fetched: the agent counts them)
+            if items or started or dropped or replicas:
+                body: dict[str, Any] = {"results": items}
+                if started or dropped:
+                    body["started"], body["dropped"] = started, dropped
+                if replicas:
+                    body["replicas"] = replicas
+                P.send(self.out, P.encode(P.DONE, body, frames))
+
     def _send_output(self) -> None:
+        """Send what tasks printed (under _send_lock)."""
         items = self.output.take()
         if items:
-            P.send(self.agent, P.encode(P.OUTPUT, {"items": items}))
-
+            P.send(self.out, P.encode(P.OUTPUT, {"items": items}))
 
 def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
     """VALUE pickled to be sent back; if it cannot be, an error of the same type that says

@@ -27,7 +27,7 @@ from ..logs import get_logger
 from .data.worker_side import ENV as OBJECTS_ENV
 from .files import AgentFiles
 from .memory import procs
-from .shared import Lease, StartLog
+from .shared import OUT, Lease, StartLog
 from .slots import SlotSpec
 
 log = get_logger("zres.agent")
@@ -136,7 +136,7 @@ class WorkerPool:
         # agent has stopped anything, the kernel takes it, never the agent)
         procs.kill_first(proc.pid)
         worker = Worker(ident, slot, devices, proc, starts, task=solo)
-        self.by_ident[ident] = worker
+        self.by_ident[ident] = self.by_ident[ident + OUT] = worker  # (its two sockets)
         if solo:
             self.solo[ident] = worker
         elif not actor:
@@ -154,6 +154,7 @@ class WorkerPool:
         if self.by_slot.get((worker.slot, worker.gpus)) is worker:
             del self.by_slot[(worker.slot, worker.gpus)]
         self.solo.pop(worker.ident, None)
+        self.by_ident.pop(worker.ident + OUT, None)
         if self.by_ident.pop(worker.ident, None) is not None:
             worker.starts.close()
             try:

@@ -79,6 +79,8 @@ class IOThread(OutboxSender):
         # tasks in all (at most ``outbox.WINDOW``).
         self.in_flight: deque[tuple[int, int]] = deque()
         self.flying = 0
+        self.releases: list[int] = []   # let go of, sent within RELEASE_EVERY (outbox)
+        self.released_at = 0.0
         self.keeps = True       # whether the broker keeps its state (says its welcome)
         self.cluster: str | None = None
         self.requests: dict[int, cf.Future] = {}  # type: ignore[type-arg]
@@ -146,16 +148,21 @@ class IOThread(OutboxSender):
         last_beat = time.monotonic()
         try:
             while not self._stop:
-                poller.poll(int(self.hb_interval * 500))
-                try:
-                    while os.read(self._wake_r, 4096):
+                # (the pipe and the monitor are looked at only when the poll says so: a
+                # turn woken by a message, as most are, makes no call for them)
+                events = dict(poller.poll(int(self.hb_interval * 500)))
+                if self._wake_r in events:
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except BlockingIOError:
                         pass
-                except BlockingIOError:
-                    pass
-                # Only once the pipe is empty: a wake() after this writes a new byte (cleared
-                # before, a wake() between the two would be swallowed until the next beat).
-                self._awake = False
-                self._check_handshakes()
+                    # Only once the pipe is empty: a wake() after this writes a new byte
+                    # (cleared before, a wake() between the two would be swallowed until
+                    # the next beat).
+                    self._awake = False
+                if self._monitor in events:
+                    self._check_handshakes()
                 if self._welcomed:
                     self._send_outbox()
                 self._receive()
@@ -174,6 +181,8 @@ class IOThread(OutboxSender):
                             self.ask(P.CANCEL, {"ids": lost})
                         for task_id in lost:
                             self.outbox.append((P.RELEASE, task_id, ()))
+            if self._welcomed:
+                self._send_releases(now=True)  # (those gathered go before the goodbye)
             P.send_now(self.sock, P.encode(P.BYE))
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
@@ -226,6 +235,8 @@ class IOThread(OutboxSender):
                 self._handle(P.decode(frames))
             except errors.ProtocolError as exc:
                 log.warning("bad_message", error=str(exc))
+            if not P.waiting(self.sock):
+                return  # (asked: no zmq.Again at the end)
 
     def _handle(self, msg: P.Message) -> None:
         self._last_heard = time.monotonic()

@@ -274,7 +274,8 @@ agent -> worker process (over ipc)
                 error?: info}                   force: stop them where they run (an
                                                 exception raised in the call's thread),
                                                 failing them with ERROR (else cancelled)
-worker process -> agent
+worker process -> agent (ready on the socket the agent sends to; done and output on a
+second one, routing id that one's + ".out", which the worker's threads send on in turn)
     done       {results: [[id, outcome, nframes, info]], started?: [id...], dropped?,
                 replicas?: [[id, size]...]}     info.stored: as in report; replicas: inputs
                                                 it fetched into its agent's store
@@ -335,10 +336,11 @@ from .wire import (
     send,
     send_now,
     split_frames,
+    waiting,
 )
 
 __all__ = ["VERSION", "Frame", "Message", "buffer", "check_units", "decode", "encode",
-           "field", "recv", "send", "send_now", "split_frames"]
+           "field", "recv", "send", "send_now", "split_frames", "waiting"]
 
 # Message kinds.
 HELLO = "hello"

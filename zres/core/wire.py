@@ -38,6 +38,9 @@ def encode(kind: str, body: dict[str, Any] | None = None,
 # through these two.
 _backend_send = zmq.backend.Socket.send
 _backend_recv = zmq.backend.Socket.recv
+_backend_get = zmq.backend.Socket.get
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
 
@@ -72,6 +75,13 @@ def recv(sock: zmq.Socket[Any]) -> list[Frame]:
         frame = _backend_recv(sock, _NOBLOCK, False)
         frames.append(frame)
     return frames
+
+
+def waiting(sock: zmq.Socket[Any]) -> bool:
+    """Whether a message waits on SOCK: a loop that drains a socket asks this after each
+    message rather than ending on recv's zmq.Again (an exception made and raised costs a
+    few microseconds, on every wake-up of every loop)."""
+    return bool(_backend_get(sock, _EVENTS) & _POLLIN)
 
 
 def buffer(frame: Frame) -> Any:
