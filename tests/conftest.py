@@ -5,6 +5,7 @@ from __future__ import annotations
 import compileall
 import os
 import py_compile
+import signal
 import subprocess
 import sys
 import time
@@ -66,6 +67,24 @@ def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP process PID and return once every thread of it has stopped: kill() returns
+    at once, and on a busy machine a thread already running could still answer a
+    request sent right after it."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                        return False
+            except FileNotFoundError:
+                pass  # (a thread that ended meanwhile)
+        return True
+    wait_until(stopped, message=f"process {pid} to stop")
 
 
 def process_gone(pid: int) -> bool:

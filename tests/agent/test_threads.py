@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -32,13 +34,15 @@ def test_calls_run_on_reused_threads_at_most_the_bound_at_once():
     assert names == {"t_0", "t_1"}
 
 
-def test_a_call_that_raises_leaves_its_thread_serving():
-    threads = TaskThreads(1, "t")
-    ran = []
-
-    def fail():
-        raise SystemExit(3)
-
-    threads.submit(fail)
-    threads.submit(ran.append, 1)
-    wait_until(lambda: ran == [1], message="the call after the failing one")
+def test_what_escapes_a_call_ends_the_process_rather_than_leave_a_task_unreported():
+    """A task's own error is caught where it runs; what escapes a call is a bug of the
+    worker's: the process ends (its agent fails its tasks as lost) instead of going on
+    with an outcome never sent (dropped silently, a task's owner would wait for ever)."""
+    code = ("import time; from zres.agent.threads import TaskThreads\n"
+            "def fail(): raise RuntimeError('a bug')\n"
+            "TaskThreads(1, 't').submit(fail)\n"
+            "time.sleep(20)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20,
+                          text=True)
+    assert done.returncode == 70, done.stderr
+    assert "task_thread_failed" in done.stderr and "a bug" in done.stderr

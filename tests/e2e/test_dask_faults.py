@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import stop_process, wait_until
 from tests.tasks import wait_for_file
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,11 +93,10 @@ def test_a_compute_whose_broker_dies_before_keeping_it_is_sent_again_and_let_go(
     them (SIGSTOPped, then SIGKILLed), the submits go again to the restarted broker, and
     so must the releases: without them the intermediates were held until the client
     left."""
-    import signal
 
     cluster = make_cluster(agents=[{"CPU": 2}])
     client = make_client(cluster.address)
-    os.kill(cluster.broker.pid, signal.SIGSTOP)
+    stop_process(cluster.broker.pid)
     total = client.compute(dask.delayed(sum)([dask.delayed(inc)(i) for i in range(5)]))
     cluster.restart_broker()
     assert total.result(60) == 15

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import zres
-from tests.conftest import LOSS, wait_until
+from tests.conftest import LOSS, stop_process, wait_until
 from zres.cli.status_text import render_status
 from zres.core import transfer as T
 from zres.core.relaying import Routes
@@ -176,7 +176,7 @@ def test_result_with_a_timeout_gives_up_in_that_time_on_a_holder_that_does_not_a
     assert first.result(60) == made(BIG)  # (its holder's local socket, if any, is known)
     zres.wait([second])
     agent = cluster.agents["agent-0"].pid
-    os.kill(agent, signal.SIGSTOP)
+    stop_process(agent)
     try:
         with pytest.raises(TimeoutError, match="within 1s"):
             second.result(1)

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import LOSS, process_gone, raw_dealer, wait_until
+from tests.conftest import LOSS, process_gone, raw_dealer, stop_process, wait_until
 from tests.tasks import hold, wait_for_file
 from zres.core import protocol as P
 from zres.local import request
@@ -257,7 +257,7 @@ def test_paused_agent_is_declared_lost_and_rejoins_when_resumed(make_cluster, ma
                        message="the first attempt to start")
     other = ({"node-a", "node-b"} - {first}).pop()
     paused = cluster.agents[first]
-    paused.send_signal(signal.SIGSTOP)
+    stop_process(paused.pid)
     try:
         assert future.result(30) == other
         assert first not in agent_names(cluster.address)
@@ -361,7 +361,7 @@ def test_worker_that_died_while_idle_does_not_fail_the_next_task(make_cluster, m
     client = make_client(cluster.address)
     worker = client.submit(pid).result(30)
     agent = cluster.agents["node-w"]
-    agent.send_signal(signal.SIGSTOP)
+    stop_process(agent.pid)
     try:
         os.kill(worker, signal.SIGKILL)
         wait_until(lambda: process_gone(worker), message="the worker to die")

@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 import zres
-from tests.conftest import LOSS, process_gone, raw_dealer, wait_until
+from tests.conftest import LOSS, process_gone, raw_dealer, stop_process, wait_until
 from tests.tasks import hold, ledgered, starts, wait_for_file
 from zres.core import keys
 from zres.core import protocol as P
@@ -42,7 +42,7 @@ def agent_names(cluster: zres.LocalCluster) -> set[str]:
 
 def paused(proc: subprocess.Popen[bytes], seconds: float) -> None:
     """Stop PROC for SECONDS (the fault), then let it go on."""
-    os.kill(proc.pid, signal.SIGSTOP)
+    stop_process(proc.pid)
     try:
         time.sleep(seconds)
     finally:
@@ -117,7 +117,7 @@ def test_a_killed_agents_direct_grants_count_as_begun_its_queued_ones_run_elsewh
     running = client.submit(gated, ledger, "running", gate, resources={"slot": 1}, retries=0)
     wait_until(lambda: starts(ledger).get("running"), message="a task to run on doomed")
     doomed = cluster.agents["doomed"]
-    os.kill(doomed.pid, signal.SIGSTOP)  # it takes in nothing more
+    stop_process(doomed.pid)  # it takes in nothing more
     direct = client.submit(gated, ledger, "direct", resources={"slot": 1}, retries=0)
     queued = client.submit(gated, ledger, "queued", resources={"slot": 1}, retries=0)
     wait_until(lambda: client.why(direct) == "running on doomed"
@@ -150,11 +150,11 @@ def test_a_direct_grant_starts_while_the_broker_that_sent_it_is_stopped(make_clu
     client = make_client(cluster.address)
     assert client.submit(noop, 1).result(30) == 1  # (its worker process is up)
     marker, agent = tmp_path / "started", cluster.agents["a"]
-    os.kill(agent.pid, signal.SIGSTOP)  # (for a moment: its lease holds)
+    stop_process(agent.pid)  # (for a moment: its lease holds)
     try:
         future = client.submit(announce, str(marker), resources={"slot": 1}, retries=0)
         wait_until(lambda: client.why(future) == "running on a", message="the grant to go")
-        os.kill(cluster.broker.pid, signal.SIGSTOP)
+        stop_process(cluster.broker.pid)
     finally:
         os.kill(agent.pid, signal.SIGCONT)
     try:

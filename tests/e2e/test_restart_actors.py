@@ -6,14 +6,13 @@ process with the same state, and every call resolves, in order, once."""
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import stop_process, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,7 +84,7 @@ def test_a_call_that_ends_while_the_broker_is_down_is_not_run_again(make_cluster
     counter = client.actor(Counter, str(ledger), resources={"foo": 1}, max_concurrency=2)
     calls = [counter.add(10, str(gate)), counter.add(5, str(gate))]
     wait_until(lambda: {"add-10", "add-5"} <= set(runs(ledger)), message="the calls to start")
-    os.kill(cluster.broker.pid, signal.SIGSTOP)  # it hears nothing more, then dies
+    stop_process(cluster.broker.pid)  # it hears nothing more, then dies
     gate.touch()
     wait_until(lambda: {"end-10", "end-5"} <= set(runs(ledger)),
                message="the calls to end unheard")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import stop_process, wait_until
 from zres.client import outbox
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,7 +82,7 @@ def test_a_submission_the_broker_never_read_is_sent_again(make_cluster, make_cli
     cluster = make_cluster(agents=[{"foo": 1}])
     client = make_client(cluster.address)
     assert client.submit(inc, 0).result(30) == 1
-    os.kill(cluster.broker.pid, signal.SIGSTOP)  # it reads nothing more, then dies
+    stop_process(cluster.broker.pid)  # it reads nothing more, then dies
     future = client.submit(inc, 41)
     flood = client.map(inc, range(3_000))
     wait_until(lambda: len(client._io.unacked) >= 500, message="a window to be sent")
@@ -143,7 +143,7 @@ def test_a_result_let_go_of_as_the_broker_dies_is_not_kept_for_ever(make_cluster
     client = make_client(cluster.address)
     kept, let_go = client.submit(inc, 1), client.submit(inc, 2)
     assert (kept.result(30), let_go.result(30)) == (2, 3)
-    os.kill(cluster.broker.pid, signal.SIGSTOP)
+    stop_process(cluster.broker.pid)
     epoch = client._io.epoch
     del let_go
     wait_until(lambda: not client._io.outbox, message="the release to be sent")
@@ -165,7 +165,7 @@ def test_a_direct_grant_sent_as_the_broker_is_killed_runs_once(make_cluster, mak
     ledger = tmp_path / "ledger"
     assert client.submit(inc, 0).result(30) == 1
     agent = cluster.agents["node"]
-    os.kill(agent.pid, signal.SIGSTOP)  # (for a moment: its lease holds)
+    stop_process(agent.pid)  # (for a moment: its lease holds)
     try:
         future = client.submit(record, str(ledger), "once", 7, resources={"foo": 1},
                                retries=0)

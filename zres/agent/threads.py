@@ -7,10 +7,15 @@ item cost a few microseconds a task on both threads, on the path of every task."
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from ..logs import get_logger
+
+log = get_logger("zres.worker")
 
 
 class TaskThreads:
@@ -27,8 +32,10 @@ class TaskThreads:
         self._idle = 0   # threads done with their call and not yet handed another
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run FN(*ARGS) on one of the threads; what it raises is dropped (as a future
-        nobody reads would hold it): FN reports its own outcome."""
+        """Run FN(*ARGS) on one of the threads. FN reports its own outcome (a task's error
+        included): what escapes it is a bug of the worker's, which ends the process, as on
+        its main thread (its agent then fails what it ran as lost, rather than wait for
+        ever on an outcome that will never be sent)."""
         with self._lock:
             if self._idle:
                 self._idle -= 1
@@ -45,7 +52,8 @@ class TaskThreads:
             try:
                 fn(*args)
             except BaseException:  # noqa: BLE001 (see submit)
-                pass
+                log.exception("task_thread_failed")
+                os._exit(70)
             del fn, args  # (nothing of a call outlives it here)
             with lock:
                 self._idle += 1

@@ -81,7 +81,7 @@ def waiting(sock: zmq.Socket[Any]) -> bool:
     """Whether a message waits on SOCK: a loop that drains a socket asks this after each
     message rather than ending on recv's zmq.Again (an exception made and raised costs a
     few microseconds, on every wake-up of every loop)."""
-    return bool(_backend_get(sock, _EVENTS) & _POLLIN)
+    return bool(int(_backend_get(sock, _EVENTS)) & _POLLIN)  # type: ignore[arg-type]
 
 
 def buffer(frame: Frame) -> Any:
