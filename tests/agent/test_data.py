@@ -81,12 +81,18 @@ def test_objects_are_fetched_in_chunks_with_their_token_only(served, tmp_path):
     sizes = {1: put_local(store, 1, big), 2: put_local(store, 2, {"small": [1, 2]})}
     first, second = transfers.fetch([ref(server, i, n) for i, n in sizes.items()])
     assert loads(first) == big and loads(second) == {"small": [1, 2]}
+    refuses_and_copies(transfers, server, sizes[1], big, 3, str(tmp_path / "replica"))
+
+
+def refuses_and_copies(transfers: T.Transfers, server: DataServer, size: int, big: bytes,
+                       missing: int, replica: str) -> None:
+    """Object 1 (BIG, SIZE bytes) is refused for another's token; object MISSING is said
+    missing; object 1 copied to the file REPLICA is whole."""
     with pytest.raises(T.TransferError, match="refused"):
-        transfers.fetch([ref(server, 1, sizes[1], token=T.token(SECRET, "get", 2))])
+        transfers.fetch([ref(server, 1, size, token=T.token(SECRET, "get", 2))])
     with pytest.raises(T.TransferError, match="missing"):
-        transfers.fetch([ref(server, 3, 100)])
-    replica = str(tmp_path / "replica")
-    transfers.fetch_to(ref(server, 1, sizes[1]), replica)
+        transfers.fetch([ref(server, missing, 100)])
+    transfers.fetch_to(ref(server, 1, size), replica)
     assert loads(O.read_object(replica)) == big
 
 
@@ -191,13 +197,8 @@ def test_a_reader_on_the_holders_host_is_given_the_file_for_its_token_and_reads_
         assert mapped(loads(again[2])), "the array was copied, not mapped"
         loads(again[2])[0] = -1  # (copy on write: the store's file keeps its own)
         assert loads(O.read_object(store.path(3)))[0] == 0
-        with pytest.raises(T.TransferError, match="refused"):
-            transfers.fetch([ref(server, 1, sizes[1], token=T.token(SECRET, "get", 2))])
-        with pytest.raises(T.TransferError, match="missing"):
-            transfers.fetch([ref(server, 9, 100)])
-        replica = str(tmp_path / "replica")
-        transfers.fetch_to(ref(server, 1, sizes[1]), replica)
-        assert loads(O.read_object(replica)) == big and server.served == served_before
+        refuses_and_copies(transfers, server, sizes[1], big, 9, str(tmp_path / "replica"))
+        assert server.served == served_before
     finally:
         transfers.close()
 

@@ -362,24 +362,24 @@ def _read_pieces(fd: int, pieces: list[tuple[int, memoryview]], size: int) -> No
             wait.result()  # (each waited for, even after a failure: they write into it)
 
 
-_pool: list[ThreadPoolExecutor] = []
+_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
 def _readers() -> ThreadPoolExecutor:
     """The threads that share big reads (started when first needed)."""
+    global _pool
     with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(_READERS, thread_name_prefix="zres-read"))
-        return _pool[0]
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_READERS, thread_name_prefix="zres-read")
+        return _pool
 
 
 def _forget_readers() -> None:
     """In a child forked from a process whose readers ran: it has none of those threads
     (nor, perhaps, a free lock)."""
-    global _pool_lock
-    _pool.clear()
-    _pool_lock = threading.Lock()
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_readers)
