@@ -74,7 +74,7 @@ class Agent(Draining, Fencing):
         self.poller.register(self._connection.monitor, zmq.POLLIN)
         # (hand-offs wait for the broker's ack, and for the lease: see reports)
         self.reports = Reports(lambda: self.session.valid())
-        self.pool = WorkerPool(self.ctx, slots, broker, self.logs.path, self.files)
+        self.pool = WorkerPool(slots, broker, self.logs.path, self.files)
         self.session = Session(self.pool.lease)
         # Its objects (big results, fetched inputs, uploads) and the port it serves them on.
         self.data = NodeData(self.files.path, slots, broker, key, data_listen, store_memory,
@@ -93,7 +93,7 @@ class Agent(Draining, Fencing):
         self.guard = Guard(self.memory, self.name, self.runner, self.actors, self.jobs,
                            self.pool, resume=self._lease_came_back)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
-        self.poller.register(self.pool.sock, zmq.POLLIN)
+        self.poller.register(self.pool.links.fileno(), zmq.POLLIN)
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         # Beats that no busy turn of this loop can hold up; a loop stuck far longer than
         # the broker waits lets the broker give up on us, as for any silent agent.
@@ -161,8 +161,9 @@ class Agent(Draining, Fencing):
             self._on_connection_events()
         if self.broker in events:
             self._drain_socket(self.broker, self._from_broker)
-        if self.pool.sock in events:
-            self._drain_socket(self.pool.sock, self._from_worker)
+        if self.pool.links.fileno() in events:
+            for ident, frames in self.pool.links.receive():
+                self._handled(self._from_worker, ident, frames)
         if self._drain_asked and self._draining_until is None:
             self.drain()
         now = time.monotonic()
@@ -210,14 +211,19 @@ class Agent(Draining, Fencing):
                 frames = P.recv(sock)
             except zmq.Again:
                 return
-            try:
-                handle(frames)
-            except ProtocolError as exc:
-                log.warning("bad_message", error=str(exc))
-            except Exception:  # a bug must not take the node's running work down
-                log.exception("message_failed")
+            self._handled(handle, frames)
             if not P.waiting(sock):
                 return
+
+    @staticmethod
+    def _handled(handle: Any, *args: Any) -> None:
+        """HANDLE(*ARGS), one message: a bad one is logged and dropped, not fatal."""
+        try:
+            handle(*args)
+        except ProtocolError as exc:
+            log.warning("bad_message", error=str(exc))
+        except Exception:  # a bug must not take the node's running work down
+            log.exception("message_failed")
 
     def _on_connection_events(self) -> None:
         for event in self._connection.events():
@@ -422,11 +428,11 @@ class Agent(Draining, Fencing):
         self.reports.result(task_id, outcome, frames, info)
 
     # -- worker side --------------------------------------------------------------------
-    def _from_worker(self, frames: list[Any]) -> None:
-        worker = self.pool.by_ident.get(frames[0].bytes)
+    def _from_worker(self, ident: bytes, frames: list[Any]) -> None:
+        worker = self.pool.by_ident.get(ident)
         if worker is None:
             return
-        msg = P.decode(frames[1:])
+        msg = P.decode(frames)
         if msg.kind == P.READY:
             self.pool.ready(worker)
         elif msg.kind == P.OUTPUT and self.session.registered and \

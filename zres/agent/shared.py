@@ -15,9 +15,6 @@ import os
 import struct
 
 _DOUBLE = struct.Struct("d")
-# A worker sends on a socket of its own (its task threads send results, with no hand-off
-# to its main thread): that socket's routing id is the worker's followed by this.
-OUT = b".out"
 _LOG_ENTRIES = 4096          # starts kept; far more than a worker can hold unreported
 
 

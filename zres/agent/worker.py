@@ -4,7 +4,7 @@ Each worker process serves one slot of one agent with one fixed GPU visibility: 
 sets CUDA_VISIBLE_DEVICES when it starts the process and never sends it a task granted a
 different device set, so a CUDA context made by one task is never reused for another
 device. Tasks run on a pool of threads; results go back to the agent in batches (the last
-task running sends its own, on a socket for sending: no hand-off to the main thread).
+task running sends its own: no hand-off to the main thread; see ``link``).
 
 Every start is written to this process's start log (shared with the agent, see
 ``shared``) before the task's body runs, and reported to the agent with the next batch:
@@ -44,8 +44,9 @@ from ..core.context import TOKEN_ENV, TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps, dumps_exception, loads
 from .actor_host import ActorHost
 from .data.worker_side import InputLost, WorkerObjects
+from .link import AgentLink, LinkClosed
 from .output import OutputBuffer, capture
-from .shared import OUT, Lease, StartLog
+from .shared import Lease, StartLog
 from .stopping import CallStopper, Stopped
 from .threads import TaskThreads
 
@@ -80,18 +81,9 @@ class WorkerProcess:
 
     def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int,
                  lease: str, starts: str, actor: bool = False) -> None:
-        self.ctx: zmq.Context[Any] = zmq.Context.instance()
-        self.agent = self.ctx.socket(zmq.DEALER)
-        self.agent.setsockopt(zmq.ROUTING_ID, identity)
-        self.agent.setsockopt(zmq.LINGER, 2000)
-        self.agent.connect(address)
-        # What goes to the agent (READY aside) goes on a socket of its own, used under a
-        # lock by any thread: the last task running sends its result itself, with no
-        # hand-off to the main thread (which waits on the other socket: may not share it).
-        self.out = self.ctx.socket(zmq.DEALER)
-        self.out.setsockopt(zmq.ROUTING_ID, identity + OUT)
-        self.out.setsockopt(zmq.LINGER, 2000)
-        self.out.connect(address)
+        # Read by the main thread; written under a lock by any thread: the last task
+        # running sends its result itself, with no hand-off to the main thread.
+        self.link = AgentLink(address, identity)
         self._send_lock = threading.Lock()
         # Task threads hand results to the sender as Python objects (an actor's to the
         # main thread, woken through a pipe): nothing is encoded twice.
@@ -132,9 +124,9 @@ class WorkerProcess:
         self.dropped: list[int] = []                      # ... and queued grants cancelled
 
     def run(self) -> None:
-        P.send(self.agent, P.encode(P.READY, {"pid": os.getpid()}))
+        self._send(P.encode(P.READY, {"pid": os.getpid()}))
         poller = zmq.Poller()
-        poller.register(self.agent, zmq.POLLIN)
+        poller.register(self.link.fileno(), zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         while True:
             # Starts are reported with the next results; a start with none soon after is
@@ -144,7 +136,7 @@ class WorkerProcess:
             if due is not None:
                 timeout = min(timeout, max(0, int((due - time.monotonic()) * 1000) + 1))
             events = dict(poller.poll(timeout))
-            if self.agent in events:
+            if self.link.fileno() in events:
                 self._receive()
             elif not events and self.queued and self._start_queued():
                 self._send_results()  # the lease came back (the agent touches us too)
@@ -157,13 +149,11 @@ class WorkerProcess:
                 os._exit(0)  # the agent died and no kernel told us (not Linux)
 
     def _receive(self) -> None:
-        more = True
-        while more:
-            try:
-                frames = P.recv(self.agent)
-            except zmq.Again:
-                return
-            more = P.waiting(self.agent)  # (asked now: no zmq.Again at the end)
+        try:
+            messages = self.link.read()
+        except LinkClosed:
+            os._exit(0)  # the agent has gone: nobody to report to
+        for frames in messages:
             msg = P.decode(frames)
             if msg.kind == P.CANCEL:
                 self._cancel(msg.body.get("ids", []))
@@ -401,13 +391,20 @@ class WorkerProcess:
                     body["started"], body["dropped"] = started, dropped
                 if replicas:
                     body["replicas"] = replicas
-                P.send(self.out, P.encode(P.DONE, body, frames))
+                self._send(P.encode(P.DONE, body, frames))
 
     def _send_output(self) -> None:
         """Send what tasks printed (under _send_lock)."""
         items = self.output.take()
         if items:
-            P.send(self.out, P.encode(P.OUTPUT, {"items": items}))
+            self._send(P.encode(P.OUTPUT, {"items": items}))
+
+    def _send(self, message: list[Any]) -> None:
+        """Send the agent MESSAGE (under _send_lock, READY aside)."""
+        try:
+            self.link.send(message)
+        except LinkClosed:
+            os._exit(0)  # the agent has gone (the kernel kills us too: see die_with_parent)
 
 def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
     """VALUE pickled to be sent back; if it cannot be, an error of the same type that says

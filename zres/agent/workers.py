@@ -1,4 +1,4 @@
-"""An agent's worker processes: started on demand, fed over one ipc socket, stopped.
+"""An agent's worker processes: started on demand, fed over a unix socket (``link``), stopped.
 
 One process serves one slot with one fixed device set (CUDA_VISIBLE_DEVICES is set when it
 starts and never changes), so a CUDA context made by one task is never reused for another
@@ -19,15 +19,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
 from ..core import protocol as P
 from ..core.context import TOKEN_ENV
 from ..logs import get_logger
 from .data.worker_side import ENV as OBJECTS_ENV
 from .files import AgentFiles
+from .link import WorkerLinks
 from .memory import procs
-from .shared import OUT, Lease, StartLog
+from .shared import Lease, StartLog
 from .slots import SlotSpec
 
 log = get_logger("zres.agent")
@@ -77,7 +76,7 @@ class WorkerPool:
     turn); a process that has not said READY yet keeps them in its backlog.
     """
 
-    def __init__(self, ctx: zmq.Context[Any], slots: list[SlotSpec], broker_address: str,
+    def __init__(self, slots: list[SlotSpec], broker_address: str,
                  job_logs: str, files: AgentFiles) -> None:
         self._slots = slots
         self._broker_address = broker_address
@@ -86,10 +85,8 @@ class WorkerPool:
         # The lease, start logs and socket live in the agent's run directory (``files``):
         # removed when it stops, and by its next start after a kill.
         self._run = files.run
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.address = f"ipc://{files.socket}"
-        self.sock.bind(self.address)
+        self.address = files.socket
+        self.links = WorkerLinks(self.address, self._is_worker)
         self.lease = Lease(f"{self._run}/lease", create=True)  # lapsed until renewed
         self.by_slot: dict[tuple[int, tuple[str, ...]], Worker] = {}
         self.by_ident: dict[bytes, Worker] = {}
@@ -136,7 +133,7 @@ class WorkerPool:
         # agent has stopped anything, the kernel takes it, never the agent)
         procs.kill_first(proc.pid)
         worker = Worker(ident, slot, devices, proc, starts, task=solo)
-        self.by_ident[ident] = self.by_ident[ident + OUT] = worker  # (its two sockets)
+        self.by_ident[ident] = worker
         if solo:
             self.solo[ident] = worker
         elif not actor:
@@ -154,13 +151,17 @@ class WorkerPool:
         if self.by_slot.get((worker.slot, worker.gpus)) is worker:
             del self.by_slot[(worker.slot, worker.gpus)]
         self.solo.pop(worker.ident, None)
-        self.by_ident.pop(worker.ident + OUT, None)
         if self.by_ident.pop(worker.ident, None) is not None:
             worker.starts.close()
             try:
                 os.unlink(worker.starts.path)
             except OSError:
                 pass
+
+    def _is_worker(self, ident: bytes, pid: int) -> bool:
+        """Whether process PID is the worker this pool started as IDENT (see link)."""
+        worker = self.by_ident.get(ident)
+        return worker is not None and worker.proc.pid == pid
 
     def started_by(self, worker: Worker) -> set[int]:
         """The run numbers WORKER has started (readable after its death)."""
@@ -187,7 +188,7 @@ class WorkerPool:
             self.run_now(ident, items, frames)
         self._runs.clear()
         for ident, message in self._told:
-            P.send(self.sock, [ident, *message])
+            self.links.send(ident, message)
         self._told.clear()
 
     def drop_pending(self) -> None:
@@ -213,15 +214,15 @@ class WorkerPool:
         if worker is not None and worker.actor is None:
             body["capacity"] = {} if self.paused else self._slots[worker.slot].units
             body["starve"] = self.starve
-        P.send(self.sock, [ident, *P.encode(P.RUN, body, frames)])
+        self.links.send(ident, P.encode(P.RUN, body, frames))
 
     def close(self, workers: list[Worker]) -> None:
-        """Stop WORKERS and every pooled process; close the socket (the agent's files
+        """Stop WORKERS and every pooled process; close the links (the agent's files
         then go: ``AgentFiles.close``)."""
         for worker in [*self.task_workers(), *workers]:
             kill(worker.proc)
             self.forget(worker)
-        self.sock.close(0)
+        self.links.close()
 
 
 def exit_cause(code: int) -> str:
