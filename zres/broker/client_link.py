@@ -3,13 +3,17 @@ and their tasks' news (running, results).
 
 A broker that keeps its state acknowledges submitted tasks (``accepted``) only once they
 are written: a client keeps what it sent until then, and sends it again to a restarted
-broker, which takes each task once. A client that comes back to a restarted broker of its
+broker, which takes each task once. The acknowledgement rides with the client's next
+results when they come within ``ACCEPT_WITHIN`` (a short task's: one message less each
+way, on its path), else goes on its own then, or at once for a large submit (the client
+sends at most a window of tasks ahead of it). A client that comes back to a restarted broker of its
 cluster says which of its tasks it still waits for (``resume``): those that ended are
 told again, those the broker no longer has fail, saying so.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +79,8 @@ class ClientLink:
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self._to_accept: dict[bytes, ClientRecord] = {}
+        self._accept_by: dict[bytes, float] = {}  # when each client's is sent at the latest
+        self.accept_in = 3600.0   # seconds from the last ``accept`` to the next one due
         # LATER(ident, work): go on with a client's large submit at the loop's next round,
         # before what it sent after (see ``backlog``); REFUSE(ident, msg, error, ids): fail
         # the tasks of it that were not taken (LATER None: every submit in one go).
@@ -157,6 +163,7 @@ class ClientLink:
     def forget(self, ident: bytes) -> None:
         """The client IDENT is gone: what was to be told it is not."""
         self._to_accept.pop(ident, None)
+        self._accept_by.pop(ident, None)
         self._to_tell.pop(ident, None)
 
     def on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
@@ -238,6 +245,7 @@ class ClientLink:
                 self._keeper.new(task, deps)
             self._graph.link(task, deps)
         self._to_accept[client.ident] = client
+        self._accept_by.setdefault(client.ident, time.monotonic() + ACCEPT_WITHIN)
         if not reader.done() and self._later is not None:
             self._later(client.ident, lambda: self._go_on(client, msg, reader))
 
@@ -266,14 +274,27 @@ class ClientLink:
 
     def accept(self) -> None:
         """Acknowledge what clients submitted, now that it is written, telling each the
-        ids its tasks have here (what its futures show)."""
+        ids its tasks have here (what its futures show): those due, or large (the rest
+        ride with results, see ``flush``). Sets ``accept_in``."""
+        self.accept_in = ACCEPT_WITHIN
         if self._store is not None and self._store.error is not None:
             return  # kept by its clients until it is written: they send it again
-        for client in self._to_accept.values():
-            self._send(client.ident, P.ACCEPTED, {"upto": client.accepted,
-                                                  "ids": self._to_tell.pop(client.ident, [])})
-        self._to_accept.clear()
-        self._to_tell.clear()
+        now = time.monotonic()
+        for ident, by in list(self._accept_by.items()):
+            if by <= now or sum(run[2] for run in self._to_tell.get(ident, ())) >= \
+                    ACCEPT_AT_ONCE:
+                self._send(ident, P.ACCEPTED, self._acknowledgement(ident))
+        self.accept_in = min(self._accept_by.values(), default=now + 3600.0) - now
+
+    def _acknowledgement(self, ident: bytes) -> dict[str, Any]:
+        """The fields that acknowledge IDENT's submits (once written), and the ids its
+        tasks have here; forgotten once taken (sent)."""
+        if ident not in self._accept_by or (self._store is not None
+                                            and self._store.error is not None):
+            return {}
+        del self._accept_by[ident]
+        return {"upto": self._to_accept.pop(ident).accepted,
+                "ids": self._to_tell.pop(ident, [])}
 
     def on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
         # Heard from a restored client before its hello too: letting go of a task needs no
@@ -420,9 +441,14 @@ class ClientLink:
         for the result, and a message less is a hop less on a short task's way."""
         for ident in self._running.peers():
             self._running.discard(ident, self._results.keys_of(ident))
-        self._results.flush()
+        self._results.flush(self._acknowledgement)
         self._running.flush()
 
+
+# An acknowledgement waits at most this long for results to ride with (seconds), and not at
+# all once a client has this many tasks to hear of.
+ACCEPT_WITHIN = 0.005
+ACCEPT_AT_ONCE = 1_000
 
 
 def _tell_id(told: list[list[int]], local: int, task_id: int) -> None:

@@ -265,7 +265,7 @@ class Broker(Intake):
         start = time.monotonic()
         # (Not run for that long, stopped or stalled: peers were not silent, we were deaf.)
         self.beats.stalled(start - self._last_turn)
-        events = dict(self.poller.poll(int(timeout * 1000)))
+        events = dict(self.poller.poll(int(min(timeout, self.client_link.accept_in) * 1000)))
         busy_from = time.monotonic()  # (a turn's length leaves out its wait for messages)
         if self.gate.zap is not None and self.gate.zap in events:
             self.gate.serve()

@@ -241,6 +241,8 @@ class IOThread(OutboxSender):
     def _handle(self, msg: P.Message) -> None:
         self._last_heard = time.monotonic()
         if msg.kind == P.RESULTS:
+            if "upto" in msg.body:  # (an acknowledgement riding with them: client_link)
+                self._on_accepted(msg.body)
             self._on_results(msg)
         elif msg.kind == P.OUTPUT and self.forward_output:
             self.printer.output(msg.body.get("items", []))
@@ -250,12 +252,7 @@ class IOThread(OutboxSender):
                 if future is not None:
                     future._set_running()
         elif msg.kind == P.ACCEPTED:
-            upto = msg.body.get("upto")
-            while self.unacked and type(upto) is int and self.unacked[0][1][0] <= upto:
-                self.unacked.popleft()
-            self._learn_ids(msg.body.get("ids"))
-            if type(upto) is int:
-                self._acknowledged(upto)
+            self._on_accepted(msg.body)
         elif msg.kind == P.WELCOME:
             self._on_welcome(msg)
         elif msg.kind == P.HEARTBEAT:
@@ -394,6 +391,15 @@ class IOThread(OutboxSender):
         for reply in requests.values():
             reply.set_exception(error(why))
         return list(pending)
+
+    def _on_accepted(self, body: dict[str, Any]) -> None:
+        """The broker has kept our submits up to local id UPTO, with these IDS."""
+        upto = body.get("upto")
+        while self.unacked and type(upto) is int and self.unacked[0][1][0] <= upto:
+            self.unacked.popleft()
+        self._learn_ids(body.get("ids"))
+        if type(upto) is int:
+            self._acknowledged(upto)
 
     def _on_results(self, msg: P.Message) -> None:
         items = msg.body["results"]
