@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import array
 import os
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -145,12 +147,15 @@ def test_each_end_hears_the_other_go(links):
     second.close()
 
 
-def test_a_garbage_stream_is_cut_off(links):
-    import socket
+@pytest.mark.parametrize("garbage", [
+    b"\xff" * 64,                                           # billions of frames
+    struct.pack("<IQ", 1, 1 << 62) + b"x" * 64,              # a frame of 4 EiB
+], ids=["frames", "bytes"])
+def test_a_garbage_stream_is_cut_off(links, garbage):
     agent = links(lambda name, pid: True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(agent.path)
-    sock.sendall(b"\xff" * 64)  # a header claiming billions of frames
+    sock.sendall(garbage)
     for _ in range(50):
         assert agent.receive() == []
     sock.settimeout(5)

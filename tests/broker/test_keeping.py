@@ -15,7 +15,7 @@ import pytest
 from tests.broker.test_agent_link import Peer, report
 from zres.broker.keeping import KEEP_RESULT
 from zres.broker.server import Broker
-from zres.broker.store import Store
+from zres.broker.store import FILENAME, Store
 from zres.core import protocol as P
 from zres.core.resources import UNIT
 
@@ -434,4 +434,35 @@ def test_a_task_sent_again_after_a_restart_is_told_again_if_it_ended_before_its_
         for peer in (client, agent):
             if peer is not None:
                 peer.close()
+        broker.close()
+
+
+def test_a_short_tasks_acknowledgement_rides_with_its_result(tmp_path, monkeypatch):
+    """One message less each way on a short task's path: its result carries the
+    acknowledgement of its submit (once written), and no ACCEPTED goes on its own; a large
+    submit is acknowledged at once (its client sends a window ahead of acknowledgements)."""
+    from zres.broker import client_link
+    monkeypatch.setattr(client_link, "ACCEPT_WITHIN", 60.0)  # (only results may carry it)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        register(agent, session=1)
+        submit(client, 1)
+        [(task, *_)] = agent.take(P.ASSIGN).body["tasks"]
+        assert not [m for m in client.sync() if m.kind == P.ACCEPTED]
+        finish(agent, 1, 1, task, b"one")
+        msg = client.take(P.RESULTS)
+        assert msg.body["upto"] == 1 and msg.body["ids"] == [[1, task, 1]]
+        assert sqlite3.connect(tmp_path / FILENAME).execute(
+            "SELECT count(*) FROM tasks WHERE id = ?", (task,)).fetchone()[0] == 1
+        assert not [m for m in client.sync() if m.kind == P.ACCEPTED]
+        many = client_link.ACCEPT_AT_ONCE
+        client.send(P.SUBMIT, {"tasks": [[local, {"foo": UNIT}, 0, 0, [], 2, f"t{local}",
+                                          False] for local in range(2, 2 + many)]},
+                    [f for _ in range(many) for f in (b"fn", b"args")])
+        assert client.take(P.ACCEPTED).body["upto"] == 1 + many
+    finally:
+        for peer in (client, agent):
+            peer.close()
         broker.close()

@@ -36,7 +36,8 @@ _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 _CHUNK = 256 * 1024           # what one read takes of small messages
 _BIG = 64 * 1024              # a body at least this big is read into memory of its own
-_MAX_FRAMES = 1 << 20         # more than any message has: past it, the stream is garbage
+_MAX_FRAMES = 1 << 20         # more than any message has: past either, the stream is
+_MAX_BYTES = 1 << 40          # garbage (a task's code may write to the socket's descriptor)
 _SEND_AT_ONCE = 64            # buffers handed to one sendmsg (the kernel's iovec limit: 1024)
 _BUFFER = 4 * 1024 * 1024     # the kernel's buffers: a 1 MB output takes one wake-up
 
@@ -112,13 +113,18 @@ class Stream:
                 break
             lengths = struct.unpack_from(f"<{count}Q", buf, pos + _COUNT.size)
             size = sum(lengths)
+            if size > _MAX_BYTES:
+                raise LinkClosed(f"a message of {size} bytes: not a zres link")
             have = len(buf) - start
             if have >= size:
                 with memoryview(buf) as view:
                     messages.append(_cut(view[start:start + size], lengths, copy=True))
                 pos = start + size
             elif size >= _BIG:  # the rest straight into memory of its own: one copy, not two
-                body = bytearray(size)
+                try:
+                    body = bytearray(size)
+                except MemoryError:
+                    raise LinkClosed(f"no memory for a message of {size} bytes") from None
                 body[:have] = buf[start:]
                 self._big, self._got = (body, lengths), have
                 pos = len(buf)
@@ -253,6 +259,9 @@ class WorkerLinks:
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # (out of descriptors: the worker's connect fails, and
+                log.error("worker_link_accept_failed", error=str(exc))  # it ends)
                 return
             sock.setblocking(False)
             self._streams[sock.fileno()] = Stream(sock)

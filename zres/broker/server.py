@@ -243,9 +243,8 @@ class Broker(Intake):
         self.close()
 
     def close(self) -> None:
-        """Close the state store and the sockets: the monitor first (a socket given the
-        same descriptor later would find its monitor's address still taken, and hear
-        nothing)."""
+        """Close the state store and the sockets: the monitor first (a socket given the same
+        descriptor later would find its monitor's address still taken, and hear nothing)."""
         if self.store is not None:
             self.store.close()
         self.sock.disable_monitor()
@@ -279,13 +278,15 @@ class Broker(Intake):
             for _ in range(_BATCH):
                 try:
                     frames = P.recv(self.sock)
-                except zmq.Again:
-                    self.beats.drained_at = time.monotonic()
+                except zmq.Again:  # (not expected: the poll, or waiting(), said one waits)
                     break
                 self._traffic.messages_in += 1
                 self._traffic.bytes_in += sum(map(len, frames))
                 now = time.monotonic()
                 self._dispatch(frames, now)
+                if not P.waiting(self.sock):  # (asked: ending on zmq.Again costs more)
+                    self.beats.drained_at = time.monotonic()
+                    break
                 if now - busy_from > _TURN_BUDGET:
                     break  # the rest next turn, after heartbeats and scheduling
         if self.link.to_ack:  # (hand-offs wait for these: not behind large submits' work)
@@ -440,9 +441,8 @@ class Broker(Intake):
 
     def dashboard(self) -> dict[str, Any]:
         """Describe the cluster for the dashboard and metrics, amounts in user units: the
-        status, recent command jobs, tasks finished. The HTTP port asks no key: a job's
-        command line (which may hold a token), its error and where the state lives stay
-        off it."""
+        status, recent command jobs, tasks finished. The HTTP port asks no key: a job's command
+        line (which may hold a token), its error and where the state lives stay off it."""
         jobs = [{k: v for k, v in job.items() if k in PUBLIC_FIELDS}
                 for job in self.jobs.listing()]
         return in_user_units({**self.status(), "state": None, "jobs": jobs,

@@ -165,7 +165,8 @@ class IOThread(OutboxSender):
                     self._check_handshakes()
                 if self._welcomed:
                     self._send_outbox()
-                self._receive()
+                if self.sock in events:  # (level-triggered: what is left is polled again)
+                    self._receive()
                 now = time.monotonic()
                 if now - last_beat >= self.hb_interval:
                     last_beat = now
