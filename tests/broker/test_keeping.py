@@ -441,8 +441,8 @@ def test_a_short_tasks_acknowledgement_rides_with_its_result(tmp_path, monkeypat
     """One message less each way on a short task's path: its result carries the
     acknowledgement of its submit (once written), and no ACCEPTED goes on its own; a large
     submit is acknowledged at once (its client sends a window ahead of acknowledgements)."""
-    from zres.broker import client_link
-    monkeypatch.setattr(client_link, "ACCEPT_WITHIN", 60.0)  # (only results may carry it)
+    from zres.broker import accepting
+    monkeypatch.setattr(accepting, "ACCEPT_WITHIN", 60.0)  # (only results may carry it)
     broker = broker_on(tmp_path)
     client, _ = hello(broker)
     agent = Peer(broker)
@@ -457,7 +457,7 @@ def test_a_short_tasks_acknowledgement_rides_with_its_result(tmp_path, monkeypat
         assert sqlite3.connect(tmp_path / FILENAME).execute(
             "SELECT count(*) FROM tasks WHERE id = ?", (task,)).fetchone()[0] == 1
         assert not [m for m in client.sync() if m.kind == P.ACCEPTED]
-        many = client_link.ACCEPT_AT_ONCE
+        many = accepting.ACCEPT_AT_ONCE
         client.send(P.SUBMIT, {"tasks": [[local, {"foo": UNIT}, 0, 0, [], 2, f"t{local}",
                                           False] for local in range(2, 2 + many)]},
                     [f for _ in range(many) for f in (b"fn", b"args")])

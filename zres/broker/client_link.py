@@ -2,18 +2,13 @@
 and their tasks' news (running, results).
 
 A broker that keeps its state acknowledges submitted tasks (``accepted``) only once they
-are written: a client keeps what it sent until then, and sends it again to a restarted
-broker, which takes each task once. The acknowledgement rides with the client's next
-results when they come within ``ACCEPT_WITHIN`` (a short task's: one message less each
-way, on its path), else goes on its own then, or at once for a large submit (the client
-sends at most a window of tasks ahead of it). A client that comes back to a restarted broker of its
+are written (see ``accepting``). A client that comes back to a restarted broker of its
 cluster says which of its tasks it still waits for (``resume``): those that ended are
 told again, those the broker no longer has fail, saying so.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +19,7 @@ from ..core.limits import LimitExceeded, Limits, check_name
 from ..core.tasks import FINISHED, Task, TaskState
 from ..logs import get_logger
 from ..scheduler.owners import Quotas
+from .accepting import Acknowledgements
 from .actor_records import ActorState
 from .actors import ActorRouting
 from .cancels import CancelAnswers
@@ -78,9 +74,7 @@ class ClientLink:
         self._quotas = quotas or Quotas()  # (how many tasks each owner may have waiting)
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
-        self._to_accept: dict[bytes, ClientRecord] = {}
-        self._accept_by: dict[bytes, float] = {}  # when each client's is sent at the latest
-        self.accept_in = 3600.0   # seconds from the last ``accept`` to the next one due
+        self.acks = Acknowledgements(send, store)
         # LATER(ident, work): go on with a client's large submit at the loop's next round,
         # before what it sent after (see ``backlog``); REFUSE(ident, msg, error, ids): fail
         # the tasks of it that were not taken (LATER None: every submit in one go).
@@ -90,8 +84,6 @@ class ClientLink:
         self._objects = objects
         self._groups = groups  # placement groups (``gangs.groups``), None in some tests
         self._refer: Callable[[Task], Any] = lambda task: graph.refer(task)
-        # The ids new tasks have here, per client, as [first local id, first id, count].
-        self._to_tell: dict[bytes, list[list[int]]] = {}
 
     def client(self, ident: bytes, now: float) -> ClientRecord | None:
         client = self.clients.seen(ident, now)
@@ -162,9 +154,7 @@ class ClientLink:
 
     def forget(self, ident: bytes) -> None:
         """The client IDENT is gone: what was to be told it is not."""
-        self._to_accept.pop(ident, None)
-        self._accept_by.pop(ident, None)
-        self._to_tell.pop(ident, None)
+        self.acks.forget(ident)
 
     def on_submit(self, ident: bytes, msg: P.Message, now: float) -> None:
         client = self.client(ident, now)
@@ -191,11 +181,10 @@ class ClientLink:
         # it (and of what was left of the submit).
         self._actors.check_new_ids([s.actor["id"] for s in submissions if s.actor],
                                    client.ident)
-        told = self._to_tell.setdefault(client.ident, [])
         for sub in submissions:
             client.accepted = max(client.accepted, sub.local)
             if sub.local in client.ids:
-                _tell_id(told, sub.local, client.ids[sub.local])  # (it may not have heard)
+                self.acks.tell_id(client.ident, sub.local, client.ids[sub.local])  # (again)
                 known = self._graph.get(client.ids[sub.local])
                 if known is not None and known.state in FINISHED:
                     self._tell(client.ident, known)  # (perhaps told before it was back)
@@ -217,7 +206,7 @@ class ClientLink:
                 sub.job["detached"] = True
             self._graph.add(task)
             client.ids[sub.local] = task.id
-            _tell_id(told, sub.local, task.id)
+            self.acks.tell_id(client.ident, sub.local, task.id)
             if sub.placement is not None and (refused := self._groups.check_placement(
                     task, sub.placement, client.role)) is not None:
                 self._graph.fail(task, "ValueError", refused)
@@ -244,8 +233,7 @@ class ClientLink:
             if sub.job is None:  # (jobs keep their own table)
                 self._keeper.new(task, deps)
             self._graph.link(task, deps)
-        self._to_accept[client.ident] = client
-        self._accept_by.setdefault(client.ident, time.monotonic() + ACCEPT_WITHIN)
+        self.acks.took(client)
         if not reader.done() and self._later is not None:
             self._later(client.ident, lambda: self._go_on(client, msg, reader))
 
@@ -271,30 +259,6 @@ class ClientLink:
                 f"over the queued quota of owner {owner or '(the default key)'}: "
                 f"{cap} tasks waiting at once ([quotas.queued] {named}); it has {have} "
                 f"waiting and this submit adds {adding}")
-
-    def accept(self) -> None:
-        """Acknowledge what clients submitted, now that it is written, telling each the
-        ids its tasks have here (what its futures show): those due, or large (the rest
-        ride with results, see ``flush``). Sets ``accept_in``."""
-        self.accept_in = ACCEPT_WITHIN
-        if self._store is not None and self._store.error is not None:
-            return  # kept by its clients until it is written: they send it again
-        now = time.monotonic()
-        for ident, by in list(self._accept_by.items()):
-            if by <= now or sum(run[2] for run in self._to_tell.get(ident, ())) >= \
-                    ACCEPT_AT_ONCE:
-                self._send(ident, P.ACCEPTED, self._acknowledgement(ident))
-        self.accept_in = min(self._accept_by.values(), default=now + 3600.0) - now
-
-    def _acknowledgement(self, ident: bytes) -> dict[str, Any]:
-        """The fields that acknowledge IDENT's submits (once written), and the ids its
-        tasks have here; forgotten once taken (sent)."""
-        if ident not in self._accept_by or (self._store is not None
-                                            and self._store.error is not None):
-            return {}
-        del self._accept_by[ident]
-        return {"upto": self._to_accept.pop(ident).accepted,
-                "ids": self._to_tell.pop(ident, [])}
 
     def on_release(self, ident: bytes, msg: P.Message, now: float) -> None:
         # Heard from a restored client before its hello too: letting go of a task needs no
@@ -441,22 +405,5 @@ class ClientLink:
         for the result, and a message less is a hop less on a short task's way."""
         for ident in self._running.peers():
             self._running.discard(ident, self._results.keys_of(ident))
-        self._results.flush(self._acknowledgement)
+        self._results.flush(self.acks.fields)  # (acknowledgements ride with results)
         self._running.flush()
-
-
-# An acknowledgement waits at most this long for results to ride with (seconds), and not at
-# all once a client has this many tasks to hear of.
-ACCEPT_WITHIN = 0.005
-ACCEPT_AT_ONCE = 1_000
-
-
-def _tell_id(told: list[list[int]], local: int, task_id: int) -> None:
-    """Add LOCAL -> TASK_ID to TOLD, runs of [first local id, first id, count] (a map's
-    tasks take one run)."""
-    if told:
-        last = told[-1]
-        if local == last[0] + last[2] and task_id == last[1] + last[2]:
-            last[2] += 1
-            return
-    told.append([local, task_id, 1])

@@ -264,7 +264,7 @@ class Broker(Intake):
         start = time.monotonic()
         # (Not run for that long, stopped or stalled: peers were not silent, we were deaf.)
         self.beats.stalled(start - self._last_turn)
-        events = dict(self.poller.poll(int(min(timeout, self.client_link.accept_in) * 1000)))
+        events = dict(self.poller.poll(int(min(timeout, self.client_link.acks.wait) * 1000)))
         busy_from = time.monotonic()  # (a turn's length leaves out its wait for messages)
         if self.gate.zap is not None and self.gate.zap in events:
             self.gate.serve()
@@ -325,7 +325,7 @@ class Broker(Intake):
                 log.exception("heartbeat_failed")
         self.jobs.answer_waits(now)  # (those whose jobs ended this turn, or whose time is up)
         self.actors.pump_all()
-        self.client_link.accept()  # (written above)
+        self.client_link.acks.send_due()  # (written above)
         self.client_link.flush()
         self.link.flush_acks()
         self.objects.flush()
