@@ -40,6 +40,8 @@ _MAX_FRAMES = 1 << 20         # more than any message has: past either, the stre
 _MAX_BYTES = 1 << 40          # garbage (a task's code may write to the socket's descriptor)
 _SEND_AT_ONCE = 64            # buffers handed to one sendmsg (the kernel's iovec limit: 1024)
 _BUFFER = 4 * 1024 * 1024     # the kernel's buffers: a 1 MB output takes one wake-up
+_READ_AT_ONCE = 16 * 1024 * 1024  # what one read() takes at most: a peer writing without
+#                                   pause holds its reader's loop up for no longer
 
 
 class LinkClosed(Exception):
@@ -74,11 +76,12 @@ class Stream:
         return self.sock.fileno()
 
     def read(self) -> list[list[Frame]]:
-        """The messages that have arrived, without waiting; raise LinkClosed once the other
-        end has gone."""
+        """The messages that have arrived (up to a budget of bytes read), without waiting;
+        raise LinkClosed once the other end has gone."""
         messages: list[list[Frame]] = []
+        budget = _READ_AT_ONCE
         try:
-            while True:
+            while budget > 0:
                 if self._big is not None:
                     body, lengths = self._big
                     got = self.sock.recv_into(memoryview(body)[self._got:], 0,
@@ -86,6 +89,7 @@ class Stream:
                     if not got:
                         raise LinkClosed("the other end has gone")
                     self._got += got
+                    budget -= got
                     if self._got == len(body):
                         self._big = None
                         messages.append(_cut(memoryview(body), lengths))
@@ -94,9 +98,11 @@ class Stream:
                 if not chunk:
                     raise LinkClosed("the other end has gone")
                 self._buf += chunk
+                budget -= len(chunk)
                 self._parse(messages)
                 if len(chunk) < _CHUNK and self._big is None:
                     return messages  # all there was (the next poll says if more came)
+            return messages  # (the rest at the next poll: it says more waits)
         except (BlockingIOError, InterruptedError):
             return messages
         except OSError as exc:  # (reset by a killed peer)

@@ -406,6 +406,7 @@ class WorkerProcess:
         except LinkClosed:
             os._exit(0)  # the agent has gone (the kernel kills us too: see die_with_parent)
 
+
 def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
     """VALUE pickled to be sent back; if it cannot be, an error of the same type that says
     it was the result, of which task, where."""
