@@ -558,3 +558,31 @@ def test_a_job_spec_exec_would_refuse_is_refused_up_front(make_cluster, make_cli
     finally:
         sock.close()
     assert client.submit_command(["true"]).result(30).exit_code == 0
+
+
+def size_of(data: bytes) -> int:
+    return len(data)
+
+
+def test_a_stopped_worker_holds_up_only_the_work_sent_to_it(make_cluster, make_client):
+    """A worker process stopped (SIGSTOP) while its agent sends it far more than the
+    kernel's buffers hold: the agent carries on (a command job starts and ends beside it,
+    it stays registered), and the work sent meanwhile runs, whole, once the worker goes on."""
+    cluster = make_cluster(agents=[{"A": 40, "CPU": 40}], names=["node"], **FAST)
+    client = make_client(cluster.address)
+    assert client.submit(noop, 1, resources={"A": 1}).result(30) == 1  # (its worker is up)
+    [worker] = worker_processes(cluster.agents["node"].pid)
+    stop_process(worker)
+    try:
+        blobs = [bytes([n]) * 900_000 for n in range(30)]  # (each travels with its call)
+        sized = [client.submit(size_of, blob, resources={"A": 1}) for blob in blobs]
+        assert wait_until(lambda: all("running on" in w or "holds it" in w
+                                      for w in map(client.why, sized)),
+                          message="all thirty granted to the stopped worker's agent")
+        job = client.submit_command(["true"], resources={"A": 1})
+        assert job.result(30).exit_code == 0
+        assert agent_names(cluster) == {"node"}
+        assert not any(f.done() for f in sized)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert client.gather(sized, timeout=60) == [900_000] * 30
