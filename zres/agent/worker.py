@@ -22,7 +22,7 @@ An actor gets a process of its own (``actor`` as the last argument): its first t
 constructs the instance, and every later one calls a method on it, on NTHREADS threads
 (the actor's ``max_concurrency``); coroutines run on the actor's own event loop.
 
-    python -m zres.agent.worker ADDRESS IDENTITY NTHREADS AGENT_PID LEASE STARTS [actor]
+    python -m zres.agent.worker SOCKET IDENTITY NTHREADS AGENT_PID LEASE STARTS [actor]
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ def die_with_parent(parent: int) -> None:
 class WorkerProcess:
     """Receive RUN batches from the agent, run them on threads, send DONE batches back."""
 
-    def __init__(self, address: str, identity: bytes, nthreads: int, agent_pid: int,
+    def __init__(self, socket_path: str, identity: bytes, nthreads: int, agent_pid: int,
                  lease: str, starts: str, actor: bool = False) -> None:
         # Read by the main thread; written under a lock by any thread: the last task
         # running sends its result itself, with no hand-off to the main thread.
-        self.link = AgentLink(address, identity)
+        self.link = AgentLink(socket_path, identity)
         self._send_lock = threading.Lock()
         # Task threads hand results to the sender as Python objects (an actor's to the
         # main thread, woken through a pipe): nothing is encoded twice.
@@ -436,9 +436,9 @@ async def _await(awaitable: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    address, identity, nthreads, agent_pid, lease, starts, *mode = argv or sys.argv[1:]
+    socket_path, identity, nthreads, agent_pid, lease, starts, *mode = argv or sys.argv[1:]
     die_with_parent(int(agent_pid))
-    worker = WorkerProcess(address, identity.encode(), int(nthreads), int(agent_pid), lease,
+    worker = WorkerProcess(socket_path, identity.encode(), int(nthreads), int(agent_pid), lease,
                            starts, actor=mode == ["actor"])
     capture(worker.output)
     worker.run()

@@ -1,0 +1,108 @@
+"""Latency of two zres source trees, measured side by side: both clusters up at once, timed
+in alternating batches of sequential submit-then-result calls.
+
+On a shared two-core virtual machine the same code's median latency drifts by 30% and more
+over minutes, so two runs one after the other compare the machine's moments as much as the
+code. Here each batch of one tree is followed by a batch of the other (the order swapped
+every round), so both see the same moments; the figure to read is how many rounds the
+second tree won and the ratio of the medians.
+
+    python bench/paired.py OLD_TREE NEW_TREE [--rounds 20] [--batch 50] [--pre N]
+
+Each tree is a checkout of zres (``git worktree add /tmp/old REV``); its cluster and its
+client run that tree's code (it is put first on PYTHONPATH, and LocalCluster starts its
+processes from it). The cluster is the one ``compare.py`` times: a broker and two agents of
+``slot=2``, two threads, keys on, a state directory. ``--pre N`` first runs a map of N
+no-op tasks on each (as compare.py's latency follows its throughput runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+_CHILD = """
+import json, sys, time
+import zres
+
+def noop(x):
+    return x
+
+pre = int(sys.argv[1])
+with zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2) as cluster:
+    with zres.Client(cluster.address) as client:
+        for i in range(50):
+            client.gather([client.submit(noop, i)])
+        if pre:
+            client.gather(client.map(noop, range(pre)))
+        print("ready", flush=True)
+        for line in sys.stdin:
+            count = int(line)
+            if not count:
+                break
+            times = []
+            for i in range(count):
+                start = time.perf_counter()
+                client.gather([client.submit(noop, i)])
+                times.append(time.perf_counter() - start)
+            print(json.dumps(times), flush=True)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trees", nargs=2, metavar="TREE")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--pre", type=int, default=0)
+    args = parser.parse_args()
+    trees = [os.path.abspath(tree) for tree in args.trees]
+    children = {}
+    for tree in trees:
+        children[tree] = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(args.pre)], cwd=tree, text=True,
+            env={**os.environ, "PYTHONPATH": tree}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+    try:
+        for tree, child in children.items():
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                sys.exit(f"paired.py: the cluster of {tree} did not start")
+        times: dict[str, list[float]] = {tree: [] for tree in trees}
+        medians: dict[str, list[float]] = {tree: [] for tree in trees}
+        began = time.monotonic()
+        for round_ in range(args.rounds):
+            for tree in trees if round_ % 2 == 0 else trees[::-1]:
+                child = children[tree]
+                assert child.stdin is not None and child.stdout is not None
+                child.stdin.write(f"{args.batch}\n")
+                child.stdin.flush()
+                batch = json.loads(child.stdout.readline())
+                times[tree] += batch
+                medians[tree].append(statistics.median(batch))
+    finally:
+        for child in children.values():
+            if child.stdin is not None:
+                child.stdin.write("0\n")
+                child.stdin.close()
+            child.wait(60)
+    first, second = trees
+    for tree in trees:
+        ordered = sorted(times[tree])
+        print(f"{tree}: median {statistics.median(ordered) * 1e3:.3f} ms, "
+              f"p10 {ordered[len(ordered) // 10] * 1e3:.3f}, "
+              f"p90 {ordered[len(ordered) * 9 // 10] * 1e3:.3f}, "
+              f"p99 {ordered[int(len(ordered) * 0.99)] * 1e3:.3f} ({len(ordered)} calls)")
+    won = sum(b < a for a, b in zip(medians[first], medians[second]))
+    ratio = statistics.median(times[second]) / statistics.median(times[first])
+    print(f"the second tree's batch median was lower in {won} of {args.rounds} rounds; "
+          f"second / first median: {ratio:.3f} ({time.monotonic() - began:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
