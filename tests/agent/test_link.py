@@ -46,6 +46,14 @@ def _read(link, count):
     return got
 
 
+def _ready(agent):
+    """A worker's end, connected as w1 and heard by the agent."""
+    worker = AgentLink(agent.path, b"w1")
+    worker.send([b"ready"])
+    _receive(agent, 1)
+    return worker
+
+
 def test_messages_arrive_whole_and_in_order_both_ways(links):
     agent = links()
     worker = AgentLink(agent.path, b"w1")
@@ -68,9 +76,7 @@ def test_messages_arrive_whole_and_in_order_both_ways(links):
 
 def test_the_agents_end_never_waits_for_a_worker_that_does_not_read(links):
     agent = links()
-    worker = AgentLink(agent.path, b"w1")
-    worker.send([b"ready"])
-    _receive(agent, 1)
+    worker = _ready(agent)
     big = os.urandom(8 * 1024 * 1024)
     done = threading.Event()
 
@@ -128,16 +134,12 @@ def test_a_worker_name_from_another_process_is_refused(links, tmp_path):
 
 def test_each_end_hears_the_other_go(links):
     agent = links()
-    worker = AgentLink(agent.path, b"w1")
-    worker.send([b"ready"])
-    _receive(agent, 1)
+    worker = _ready(agent)
     worker.close()
     for _ in range(20):
         agent.receive()  # (the agent drops it: nothing raised, nothing delivered)
     agent.send(b"w1", [b"to nobody"])
-    second = AgentLink(agent.path, b"w1")
-    second.send([b"ready"])
-    _receive(agent, 1)
+    second = _ready(agent)
     agent.close()
     with pytest.raises(LinkClosed):
         wait_until(lambda: second.read() and False, timeout=5, interval=0.001)
