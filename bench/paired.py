@@ -1,5 +1,6 @@
-"""Latency of two zres source trees, measured side by side: both clusters up at once, timed
-in alternating batches of sequential submit-then-result calls.
+"""Latency (or throughput) of two zres source trees, measured side by side: both clusters up
+at once, timed in alternating batches of sequential submit-then-result calls (``--map N``:
+of one map of N no-op tasks each, gathered).
 
 On a shared two-core virtual machine the same code's median latency drifts by 30% and more
 over minutes, so two runs one after the other compare the machine's moments as much as the
@@ -7,7 +8,7 @@ code. Here each batch of one tree is followed by a batch of the other (the order
 every round), so both see the same moments; the figure to read is how many rounds the
 second tree won and the ratio of the medians.
 
-    python bench/paired.py OLD_TREE NEW_TREE [--rounds 20] [--batch 50] [--pre N]
+    python bench/paired.py OLD_TREE NEW_TREE [--rounds 20] [--batch 50] [--pre N] [--map N]
 
 Each tree is a checkout of zres (``git worktree add /tmp/old REV``); its cluster and its
 client run that tree's code (it is put first on PYTHONPATH, and LocalCluster starts its
@@ -33,7 +34,7 @@ import zres
 def noop(x):
     return x
 
-pre = int(sys.argv[1])
+pre, mapped = int(sys.argv[1]), int(sys.argv[2])
 with zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2) as cluster:
     with zres.Client(cluster.address) as client:
         for i in range(50):
@@ -48,8 +49,12 @@ with zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2) as cluster:
             times = []
             for i in range(count):
                 start = time.perf_counter()
-                client.gather([client.submit(noop, i)])
-                times.append(time.perf_counter() - start)
+                if mapped:  # (the time of one task, in a map of MAPPED)
+                    client.gather(client.map(noop, range(mapped)))
+                    times.append((time.perf_counter() - start) / mapped)
+                else:
+                    client.gather([client.submit(noop, i)])
+                    times.append(time.perf_counter() - start)
             print(json.dumps(times), flush=True)
 """
 
@@ -60,12 +65,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--pre", type=int, default=0)
+    parser.add_argument("--map", type=int, default=0, help="time maps of N tasks instead")
     args = parser.parse_args()
     trees = [os.path.abspath(tree) for tree in args.trees]
     children = {}
     for tree in trees:
         children[tree] = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(args.pre)], cwd=tree, text=True,
+            [sys.executable, "-c", _CHILD, str(args.pre), str(args.map)], cwd=tree, text=True,
             env={**os.environ, "PYTHONPATH": tree}, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE)
     try:
