@@ -1,5 +1,6 @@
 """Lineage over a real task graph, stepped by hand (no processes): a result whose task was
-made again and failed is lost for good, and nothing waits for it to be made."""
+made again and failed is lost for good, and nothing waits for it to be made; an actor's
+call never goes with an input lost since it was ready."""
 
 from __future__ import annotations
 
@@ -113,3 +114,82 @@ def test_a_task_going_again_waits_for_an_input_being_made_and_fails_if_it_failed
     lost_on_its_remake(graph, lineage, queue, first)
     assert lineage.waits_again(reader)
     assert reader.state is TaskState.FAILED and reader.info["type"] == "ResultLostError"
+
+
+def actor_setup() -> tuple[TaskGraph, Lineage, Queue, Any, list[Any]]:
+    """A graph whose ready actor calls queue for actor a1 (alive, on agent-z)."""
+    from collections import deque
+
+    from zres.broker.actor_records import ActorRecord, ActorState
+    from zres.broker.actors import ActorRouting
+    queue = Queue()
+    sent: list[Any] = []
+
+    def ready(task: Task) -> None:
+        if task.actor:
+            routing.call_ready(task)
+        else:
+            graph.set_state(task, TaskState.QUEUED)
+            queue.queued.append(task.id)
+
+    graph = TaskGraph(on_ready=ready, on_recorded=lambda task: None)
+    graph.refer = lambda task: {"at": list(task.held_at)}  # (objects.ref: where it is)
+    lineage = Lineage(graph, queue,  # type: ignore[arg-type]
+                      lambda task: queue.queued.append(task.id), lambda task: None)
+    routing = ActorRouting(lambda ident, kind, body=None, frames=(): sent.append(body),
+                           graph, None, release=lambda task_id: None,  # type: ignore[arg-type]
+                           waits=lineage.waits_again)
+    actor = ActorRecord("a1", "", "C", ["f"], b"client", {}, 0, 0, 1, 0,
+                        state=ActorState.ALIVE, agent=b"agent-z", agent_name="agent-z")
+    actor.queues[b"client"] = deque()
+    routing.actors["a1"] = actor
+    return graph, lineage, queue, routing, sent
+
+
+def call(graph: TaskGraph, routing: Any, task_id: int, deps: list[int]) -> Task:
+    task = Task(task_id, b"client", task_id, {}, 0, 0, f"call{task_id}", False, [b"call"],
+                ())
+    task.actor = "a1"
+    routing.actors["a1"].queues[b"client"].append(task_id)
+    graph.add(task)
+    graph.link(task, deps)
+    return task
+
+
+def test_an_actor_call_whose_input_was_lost_waits_for_it_and_goes_after() -> None:
+    """An actor's call (ready, queued for the actor: sent again after it restarted, say)
+    whose input's holder was lost meanwhile must not go with no input: it waits for the
+    input to be made again, the caller's later calls wait behind it, then both go."""
+    graph, lineage, queue, routing, sent = actor_setup()
+    made = submit(graph, 1, [], retries=1)
+    run(graph, queue, made, size=100)
+    first, second = call(graph, routing, 2, [1]), call(graph, routing, 3, [])
+    assert first.state is TaskState.QUEUED and second.state is TaskState.QUEUED
+    made.held_at = ()
+    lineage.lost([made], "agent agent-a (killed)")  # (made again: queued)
+    routing.pump_all()
+    assert sent == [], "a call went with an input that is being made again"
+    assert first.state is TaskState.WAITING and second.state is TaskState.QUEUED
+    run(graph, queue, made, size=100)  # (made again, on agent-a)
+    routing.pump_all()
+    [body] = sent
+    assert [item[0] for item in body["calls"]] == [2, 3], "in the order made"
+    assert body["calls"][0][4]["refs"] == {0: {"at": ["agent-a"]}}
+
+
+def test_an_actor_call_whose_input_is_lost_for_good_fails_and_the_next_goes() -> None:
+    graph, lineage, queue, routing, sent = actor_setup()
+    made = submit(graph, 1, [], retries=0)
+    run(graph, queue, made, size=100)
+    first = call(graph, routing, 2, [1])
+    call(graph, routing, 3, [])
+    graph.set_state(first, TaskState.RUNNING)  # (sent: in flight when its actor restarted)
+    made.held_at = ()
+    lineage.lost([made], "agent agent-a (killed)")  # (retries=0: lost for good)
+    graph.set_state(first, TaskState.QUEUED)  # (the restarted actor takes it again)
+    routing.wake(routing.actors["a1"])
+    routing.pump_all()
+    assert first.state is TaskState.FAILED and first.info["type"] == "ResultLostError"
+    assert "may not run again" in first.info["message"]
+    [body] = sent
+    assert [item[0] for item in body["calls"]] == [3]

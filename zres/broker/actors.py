@@ -37,7 +37,9 @@ class ActorRouting:
     Constructions and calls are tasks of GRAPH; placements wait in SCHED; RELEASE(id)
     gives a placement's grant back to the scheduler when the actor ends or is lost;
     CHANGED(actor) writes an actor whose state changed; LOAD(task) reads the call of a
-    task restored without it; SENDER() says who the message handled acts as (role, owner).
+    task restored without it; SENDER() says who the message handled acts as (role, owner);
+    WAITS(call) says whether a call about to go waits for an input lost since it was ready
+    (being made again), or has failed with it (lost for good): lineage's ``waits_again``.
     """
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler,
@@ -45,8 +47,10 @@ class ActorRouting:
                  changed: Callable[[ActorRecord], None] = lambda actor: None,
                  load: Callable[[Task], list[Any]] = lambda task: [],
                  sender: Callable[[], tuple[str, str]] = lambda: ("", ""),
-                 inside: Callable[[tuple[str, int]], Any] = lambda bundle: None) -> None:
+                 inside: Callable[[tuple[str, int]], Any] = lambda bundle: None,
+                 waits: Callable[[Task], bool] = lambda task: False) -> None:
         self._send = send
+        self._waits = waits
         self._inside = inside  # where an actor placed in a bundle waits (None: its group ended)
         self._sender = sender
         self._graph = graph
@@ -175,6 +179,8 @@ class ActorRouting:
                     continue
                 if task.state is not TaskState.QUEUED:
                     break  # waits for its arguments; later calls from this caller wait too
+                if task.deps and self._waits(task):  # (sent again after a restart, say)
+                    continue  # (it waits now, or failed: seen so above)
                 queue.popleft()
                 self._graph.set_state(task, TaskState.RUNNING)
                 task.agent = actor.agent_name

@@ -124,8 +124,7 @@ class Broker(Intake):
                                reserve_ids=store.reserve_ids if store else None,
                                first_id=(store.meta("id_ceiling", 0) if store else 0) + 1,
                                on_dropped=self._dropped)
-        # Where the results kept on agents are (issue 29): tokens for them are made with
-        # a secret of the cluster's, kept with its state (they outlive a restart).
+        # Where results kept on agents are: their tokens use a secret kept with the state.
         self.objects = ObjectDirectory(self._send, self.agents, data_secret(store), self.graph.get,
                                        self.graph.finish, self.graph.fail,
                                        self.limits.object_bytes)
@@ -138,7 +137,8 @@ class Broker(Intake):
                                    release=lambda task_id: self.dispatch.release(task_id),
                                    changed=lambda actor: self.actor_keeper.changed(actor),
                                    load=self.keeper.payload, sender=self.acting,
-                                   inside=lambda bundle: self.groups.inside(bundle))
+                                   inside=lambda bundle: self.groups.inside(bundle),
+                                   waits=lambda task: self.dispatch.lineage.waits_again(task))
         self.groups = GroupTable(self._send, self.graph, self.sched, self.agents,
                                  self.graph.new_id, sender=self.acting,
                                  end=lambda *a: self.dispatch.end_in_group(*a),
