@@ -210,6 +210,7 @@ class WorkerLinks:
         self._names: dict[int, bytes] = {}               # descriptor -> the worker's name
         self._by_name: dict[bytes, Stream] = {}
         self._writing: set[int] = set()                  # descriptors polled for room
+        self._accept_failing = False                     # (logged: not again each turn)
 
     def fileno(self) -> int:
         return self._epoll.fileno()
@@ -266,9 +267,12 @@ class WorkerLinks:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # (out of descriptors: the worker's connect fails, and
-                log.error("worker_link_accept_failed", error=str(exc))  # it ends)
+            except OSError as exc:  # (out of descriptors: tried again each turn, said once)
+                if not self._accept_failing:
+                    log.error("worker_link_accept_failed", error=str(exc))
+                self._accept_failing = True
                 return
+            self._accept_failing = False
             sock.setblocking(False)
             self._streams[sock.fileno()] = Stream(sock)
             self._epoll.register(sock.fileno(), select.EPOLLIN)

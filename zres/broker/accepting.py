@@ -61,7 +61,10 @@ class Acknowledgements:
 
     def send_due(self) -> None:
         """Send the acknowledgements due, or large, once written; set ``wait``."""
-        self.wait = ACCEPT_WITHIN if self._by else 3600.0
+        if not self._by:  # (most turns)
+            self.wait = 3600.0
+            return
+        self.wait = ACCEPT_WITHIN
         if not self._written():
             return  # kept by its clients until it is written: they send it again
         now = time.monotonic()

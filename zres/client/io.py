@@ -242,7 +242,7 @@ class IOThread(OutboxSender):
     def _handle(self, msg: P.Message) -> None:
         self._last_heard = time.monotonic()
         if msg.kind == P.RESULTS:
-            if "upto" in msg.body:  # (an acknowledgement riding with them: client_link)
+            if "upto" in msg.body:  # (an acknowledgement riding with them: see accepting)
                 self._on_accepted(msg.body)
             self._on_results(msg)
         elif msg.kind == P.OUTPUT and self.forward_output:
