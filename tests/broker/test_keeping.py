@@ -466,3 +466,21 @@ def test_a_short_tasks_acknowledgement_rides_with_its_result(tmp_path, monkeypat
         for peer in (client, agent):
             peer.close()
         broker.close()
+
+
+def test_an_acknowledgement_due_within_a_millisecond_is_waited_for_not_spun_for():
+    """The broker's loop waits ``acks.wait`` in a poll of whole milliseconds: a wait of
+    less than one would be a poll that returns at once, turn after turn, until it is due."""
+    from zres.broker.accepting import Acknowledgements
+    from zres.broker.clients import ClientRecord
+
+    sent: list[tuple[bytes, str]] = []
+    acks = Acknowledgements(lambda ident, kind, body: sent.append((ident, kind)), None)
+    client = ClientRecord(ident=b"c", name="c", last_seen=0.0, accepted=1)
+    acks.took(client)
+    acks._by[b"c"] = time.monotonic() + 0.0003  # (due in 0.3 ms)
+    acks.send_due()
+    assert sent == [] and acks.wait >= 0.001
+    acks._by[b"c"] = time.monotonic() - 0.001  # (due: sent, and then nothing waits)
+    acks.send_due()
+    assert sent == [(b"c", P.ACCEPTED)] and acks.wait >= 0.001

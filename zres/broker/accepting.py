@@ -71,7 +71,9 @@ class Acknowledgements:
         for ident, by in list(self._by.items()):
             if by <= now or sum(run[2] for run in self._ids.get(ident, ())) >= ACCEPT_AT_ONCE:
                 self._send(ident, P.ACCEPTED, self.fields(ident))
-        self.wait = min(self._by.values(), default=now + 3600.0) - now
+        # (at least a millisecond: the loop's poll waits whole ones, and a wait under one
+        # would be none at all, the loop turning idly until the acknowledgement is due)
+        self.wait = max(min(self._by.values(), default=now + 3600.0) - now, 0.001)
 
     def fields(self, ident: bytes) -> dict[str, Any]:
         """The fields that acknowledge IDENT's submits, for a message to it (none if
