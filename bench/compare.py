@@ -10,12 +10,14 @@ library is missing is shown as "not installed"; one that fails to start or run i
 "unavailable: <reason>" (or "error: ..." for a single figure), never a crash.
 
 Cluster shape, the same for each system: a scheduler process plus two worker nodes that
-each run two tasks at a time, all on 127.0.0.1, started afresh by this script.
+each run two tasks at a time, all on this machine, started afresh by this script.
 - zres: ``zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2)``: a broker and two
-  agents, each with one worker process of two threads. A reader on a holder's host (all
-  of them, here) reads its results in place (the agent passes the file: no socket, no
-  encryption); ``zres-network`` (not run by default) sets ``ZRES_LOCAL_READS=never``, so
-  every byte crosses the agents' data ports, encrypted, as between hosts;
+  agents, each with one worker process of two threads; as LocalCluster does by default,
+  its clients and agents reach the broker through a unix socket (CURVE as over TCP). A
+  reader on a holder's host (all of them, here) reads its results in place (the agent
+  passes the file: no socket, no encryption); ``zres-network`` (not run by default) puts
+  the broker on loopback TCP and sets ``ZRES_LOCAL_READS=never``, so every message
+  crosses TCP and every byte the agents' data ports, encrypted, as between hosts;
   ``zres-insecure`` and ``zres-network-insecure`` are the same without keys.
 - Dask: ``dask scheduler`` and two ``dask worker --nthreads 2 --resources slot=2`` (each a
   nanny and its worker process). The command line rather than ``distributed.LocalCluster``,
@@ -91,8 +93,9 @@ from typing import Any
 BLOB_SIZE = 10_000_000          # bytes per data task (10 MB)
 MB = 1e6                        # bandwidth unit
 MIB = 1024 * 1024               # memory unit
-# zres-insecure: zres without keys (no CURVE): what encryption costs; zres-network: no
-# reads in place, every byte over the data ports (as between hosts). Not run by default.
+# zres-insecure: zres without keys (no CURVE): what encryption costs; zres-network: TCP to
+# the broker, no reads in place, every byte over the data ports (as between hosts). Not run
+# by default.
 ZRES_VARIANTS = ("zres-insecure", "zres-network", "zres-network-insecure")
 SYSTEMS = ("zres", "dask", "ray", *ZRES_VARIANTS)
 DEFAULT_SYSTEMS = ("zres", "dask", "ray")
@@ -216,6 +219,7 @@ class ZresBackend(Backend):
         import zres
         self.zres = zres
         self.insecure = insecure
+        self.address = "tcp://127.0.0.1:0" if network else None  # (None: LocalCluster's)
         self.cluster: Any = None
         self.client: Any = None
         if network:  # (this process's, and those of the cluster it starts)
@@ -223,7 +227,7 @@ class ZresBackend(Backend):
 
     def start(self) -> None:
         self.cluster = self.zres.LocalCluster(agents=[{"slot": 2}, {"slot": 2}], nthreads=2,
-                                              insecure=self.insecure)
+                                              insecure=self.insecure, address=self.address)
         self.client = self.zres.Client(self.cluster.address)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:

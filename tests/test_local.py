@@ -136,7 +136,7 @@ def test_a_local_cluster_whose_broker_finds_its_port_taken_starts_again_on_anoth
         port = taken.getsockname()[1]
         monkeypatch.setattr(local, "_known_address", lambda _: f"tcp://127.0.0.1:{port}")
         monkeypatch.setattr(local.subprocess, "Popen", recorded)
-        with zres.LocalCluster(agents=[{"foo": 1}]) as cluster:
+        with zres.LocalCluster(agents=[{"foo": 1}], address="tcp://127.0.0.1:0") as cluster:
             assert not cluster.address.endswith(f":{port}")
             assert [a["name"] for a in cluster.status()["agents"]] == ["agent-0"]
             client = zres.Client(cluster.address)
@@ -147,3 +147,21 @@ def test_a_local_cluster_whose_broker_finds_its_port_taken_starts_again_on_anoth
             # Two tries on the taken port (a broker and an agent each), then the third.
             assert len(spawned) == 6
             assert all(p.poll() is not None for p in spawned[:4]), "a first try's process"
+
+
+def test_a_local_cluster_listens_on_a_unix_socket_only_its_user_reaches(monkeypatch):
+    """By default its broker is reached through a socket in the cluster's own directory
+    (0700), not a TCP port anyone on the machine can connect to or take; with a path too
+    long for a unix socket, on loopback TCP."""
+    with zres.LocalCluster(agents=[{"foo": 1}]) as cluster:
+        path = cluster.address.removeprefix("ipc://")
+        assert cluster.address.startswith("ipc://") and path.endswith("/broker.sock")
+        assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+        assert cluster.state_dir not in path, "the open port would say where the state is"
+        with zres.Client(cluster.address) as client:
+            assert client.submit(abs, -3, resources={"foo": 1}).result(60) == 3
+    assert not os.path.exists(os.path.dirname(path)), "left behind"
+    monkeypatch.setattr(local, "_SOCKET_PATH_MAX", 10)
+    with zres.LocalCluster(agents=[{"foo": 1}]) as cluster:
+        assert cluster.address.startswith("tcp://127.0.0.1:")
+        assert cluster.status()["agents"][0]["name"] == "agent-0"

@@ -333,7 +333,7 @@ def test_status_without_a_broker_fails_with_one_line(tmp_path):
 
 
 def test_status_takes_host_colon_port(make_cluster, tmp_path):
-    cluster = make_cluster(agents=[{"foo": 1}], names=["plain"])
+    cluster = make_cluster(agents=[{"foo": 1}], names=["plain"], address="tcp://127.0.0.1:0")
     result = zres_cli("status", cluster.address.removeprefix("tcp://"),
                       "--keys", cluster.keys, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -620,7 +620,7 @@ def test_inconsistent_gpu_registration_does_not_take_the_broker_down(make_cluste
 
 
 def test_random_bytes_over_raw_tcp_do_not_disturb_the_broker(make_cluster, make_client):
-    cluster = make_cluster(agents=[{"foo": 1}], names=["steady"])
+    cluster = make_cluster(agents=[{"foo": 1}], names=["steady"], address="tcp://127.0.0.1:0")
     host, port = cluster.address.removeprefix("tcp://").rsplit(":", 1)
     payloads = [
         os.urandom(16),
