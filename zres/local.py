@@ -73,8 +73,9 @@ class LocalCluster:
         self.state_dir = tempfile.mkdtemp(prefix="zres-local-state-")
         # (a directory of its own: its path is no clue to where the state is kept, which
         # the broker's open port never says)
-        self._socket_dir = tempfile.mkdtemp(prefix="zres-local-") if address is None else None
-        if self._socket_dir is not None:
+        self._socket_dir: str | None = None
+        if address is None:
+            self._socket_dir = tempfile.mkdtemp(prefix="zres-local-")
             address = _private_address(self._socket_dir)
         # Keys of its own: no other user, nor another cluster's key, gets in. Clients in
         # this process find them by its address; others may be given ``keys``.
