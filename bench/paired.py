@@ -15,6 +15,12 @@ client run that tree's code (it is put first on PYTHONPATH, and LocalCluster sta
 processes from it). The cluster is the one ``compare.py`` times: a broker and two agents of
 ``slot=2``, two threads, keys on, a state directory. ``--pre N`` first runs a map of N
 no-op tasks on each (as compare.py's latency follows its throughput runs).
+
+A tree given as ``ray`` is Ray instead, its cluster as compare.py starts it (run from the
+peers' environment, see compare.py): zres against Ray at the same moments, which
+compare.py, timing one system after the other minutes apart, cannot give. Each side then
+runs beside the other's idle cluster (Ray's idle processes take more of the two cores than
+zres's).
 """
 
 from __future__ import annotations
@@ -58,6 +64,42 @@ with zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2) as cluster:
             print(json.dumps(times), flush=True)
 """
 
+# Ray's side (a TREE of "ray"): the cluster compare.py starts for Ray, timed the same way.
+_RAY_CHILD = """
+import json, sys, time
+import ray
+from ray.cluster_utils import Cluster
+
+def noop(x):
+    return x
+
+pre, mapped = int(sys.argv[1]), int(sys.argv[2])
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+for _ in range(2):
+    cluster.add_node(num_cpus=2, resources={"slot": 2})
+ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+cluster.wait_for_nodes()
+task = ray.remote(noop)
+ray.get([task.remote(i) for i in range(50 + pre)])
+print("ready", flush=True)
+for line in sys.stdin:
+    count = int(line)
+    if not count:
+        break
+    times = []
+    for i in range(count):
+        start = time.perf_counter()
+        if mapped:
+            ray.get([task.remote(i) for i in range(mapped)])
+            times.append((time.perf_counter() - start) / mapped)
+        else:
+            ray.get([task.remote(i)])
+            times.append(time.perf_counter() - start)
+    print(json.dumps(times), flush=True)
+ray.shutdown()
+cluster.shutdown()
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -67,17 +109,22 @@ def main() -> None:
     parser.add_argument("--pre", type=int, default=0)
     parser.add_argument("--map", type=int, default=0, help="time maps of N tasks instead")
     args = parser.parse_args()
-    trees = [os.path.abspath(tree) for tree in args.trees]
+    trees = [tree if tree == "ray" else os.path.abspath(tree) for tree in args.trees]
     children = {}
     for tree in trees:
+        ray = tree == "ray"
         children[tree] = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(args.pre), str(args.map)], cwd=tree, text=True,
-            env={**os.environ, "PYTHONPATH": tree}, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE)
+            [sys.executable, "-c", _RAY_CHILD if ray else _CHILD, str(args.pre), str(args.map)],
+            cwd=None if ray else tree, text=True,
+            env=os.environ if ray else {**os.environ, "PYTHONPATH": tree},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=ray)
     try:
         for tree, child in children.items():
             assert child.stdout is not None
-            if child.stdout.readline().strip() != "ready":
+            line = child.stdout.readline()
+            while line and line.strip() != "ready":  # (Ray may say more as it starts)
+                line = child.stdout.readline()
+            if not line:
                 sys.exit(f"paired.py: the cluster of {tree} did not start")
         times: dict[str, list[float]] = {tree: [] for tree in trees}
         medians: dict[str, list[float]] = {tree: [] for tree in trees}
