@@ -33,7 +33,28 @@ import subprocess
 import sys
 import time
 
-_CHILD = """
+# Each side's process: its cluster, ONE(i) (a task's round trip) and MANY(n) (a map of N,
+# gathered), then _TIMED: batches timed as the parent asks, until it says 0.
+_TIMED = """
+def timed():
+    print("ready", flush=True)
+    for line in sys.stdin:
+        count = int(line)
+        if not count:
+            break
+        times = []
+        for i in range(count):
+            start = time.perf_counter()
+            if mapped:  # (the time of one task, in a map of MAPPED)
+                many(mapped)
+                times.append((time.perf_counter() - start) / mapped)
+            else:
+                one(i)
+                times.append(time.perf_counter() - start)
+        print(json.dumps(times), flush=True)
+"""
+
+_CHILD = _TIMED + """
 import json, sys, time
 import zres
 
@@ -43,29 +64,20 @@ def noop(x):
 pre, mapped = int(sys.argv[1]), int(sys.argv[2])
 with zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2) as cluster:
     with zres.Client(cluster.address) as client:
-        for i in range(50):
+        def one(i):
             client.gather([client.submit(noop, i)])
+
+        def many(n):
+            client.gather(client.map(noop, range(n)))
+        for i in range(50):
+            one(i)
         if pre:
-            client.gather(client.map(noop, range(pre)))
-        print("ready", flush=True)
-        for line in sys.stdin:
-            count = int(line)
-            if not count:
-                break
-            times = []
-            for i in range(count):
-                start = time.perf_counter()
-                if mapped:  # (the time of one task, in a map of MAPPED)
-                    client.gather(client.map(noop, range(mapped)))
-                    times.append((time.perf_counter() - start) / mapped)
-                else:
-                    client.gather([client.submit(noop, i)])
-                    times.append(time.perf_counter() - start)
-            print(json.dumps(times), flush=True)
+            many(pre)
+        timed()
 """
 
 # Ray's side (a TREE of "ray"): the cluster compare.py starts for Ray, timed the same way.
-_RAY_CHILD = """
+_RAY_CHILD = _TIMED + """
 import json, sys, time
 import ray
 from ray.cluster_utils import Cluster
@@ -80,22 +92,17 @@ for _ in range(2):
 ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
 cluster.wait_for_nodes()
 task = ray.remote(noop)
-ray.get([task.remote(i) for i in range(50 + pre)])
-print("ready", flush=True)
-for line in sys.stdin:
-    count = int(line)
-    if not count:
-        break
-    times = []
-    for i in range(count):
-        start = time.perf_counter()
-        if mapped:
-            ray.get([task.remote(i) for i in range(mapped)])
-            times.append((time.perf_counter() - start) / mapped)
-        else:
-            ray.get([task.remote(i)])
-            times.append(time.perf_counter() - start)
-    print(json.dumps(times), flush=True)
+
+def one(i):
+    ray.get([task.remote(i)])
+
+def many(n):
+    ray.get([task.remote(i) for i in range(n)])
+for i in range(50):
+    one(i)
+if pre:
+    many(pre)
+timed()
 ray.shutdown()
 cluster.shutdown()
 """
