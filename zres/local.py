@@ -40,9 +40,9 @@ class LocalCluster:
     ended without calling ``close()``.
 
     Its broker listens on ADDRESS; by default on a unix socket in a directory of the
-    cluster's own (``ipc://...``), which only this user reaches (``tcp://127.0.0.1:0`` puts it
-    on loopback, a free port: what another machine's agent could be let in to, with a
-    wildcard host).
+    cluster's own (``ipc://...``), which only this user reaches. ``"tcp://127.0.0.1:0"``
+    puts it on loopback TCP, a free port; a wildcard host (``"tcp://0.0.0.0:0"``) lets
+    other machines' agents join, with its keys.
     """
 
     def __init__(self, agents: Sequence[Mapping[str, Any]] | None = None, *,
