@@ -250,6 +250,16 @@ def test_everything_finds_a_broker_on_the_default_address(make_cluster, tmp_path
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["4", "tcp://127.0.0.1:7070"]
         assert "private" not in done.stderr
+        # Client(keys=DIR) asks the broker found at the default address with those keys,
+        # not with this user's (here none), and a refusal names a client, not a command.
+        bare = {"XDG_CONFIG_HOME": str(tmp_path / "no-keys")}
+        done = _python(f"""
+            import zres
+            print(zres.Client(keys={str(cluster.keys)!r}, connect_timeout=10).address)
+            """, cwd=tmp_path, env=bare)
+        assert done.stdout.split() == ["tcp://127.0.0.1:7070"], done.stderr
+        done = _python("import zres; zres.Client(connect_timeout=10)", cwd=tmp_path, env=bare)
+        assert done.returncode != 0 and "refused this client: it has no key" in done.stderr
     finally:
         agent.terminate()
         agent.wait(10)
