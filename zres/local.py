@@ -370,8 +370,7 @@ def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, 
         wait_for_answer(address, answered, timeout)
         msg = P.decode(P.recv(sock))  # it has arrived: poll said so
         if msg.kind == P.REFUSED:
-            raise ZresError(f"the broker at {address} refused this {kind}: "
-                            f"{msg.body.get('error')}")
+            raise ZresError(f"the broker at {address} refused it: {msg.body.get('error')}")
         if msg.kind != kind + "_reply":
             raise ZresError(f"the broker answered {msg.kind!r} to a {kind} request")
         return msg.body
