@@ -320,29 +320,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0,
+            keys_dir: str | None = None, who: str = "command") -> dict[str, Any]:
     """Send one request (status, resources) to a broker over a short-lived socket, with
-    the key found for a command (``keys.find``): KeysError if the broker refuses it."""
+    the key found for a command (``keys.find``, KEYS_DIR first): KeysError if the broker
+    refuses it, naming WHO asked."""
     from . import config
-    key = config.find_key(None, ("admin", "client"), address)
+    key = config.find_key(keys_dir, ("admin", "client"), address)
     token = task_token()  # (a command run inside a task acts for the task's owner)
     if token:
         body = {**body, "token": token}
     try:
-        return _request(address, key, kind, body, timeout)
+        return _request(address, key, kind, body, timeout, who)
     except keys.KeysError:
         if key is None:
             # A broker starting on this machine makes this user's keys before it listens:
             # looked for before they were there, they are there now (the request was
             # refused at the handshake, so it never reached the broker: send it again).
-            key = config.find_key(None, ("admin", "client"), address)
+            key = config.find_key(keys_dir, ("admin", "client"), address)
             if key is not None:
-                return _request(address, key, kind, body, timeout)
+                return _request(address, key, kind, body, timeout, who)
         raise
 
 
 def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, Any],
-             timeout: float) -> dict[str, Any]:
+             timeout: float, who: str = "command") -> dict[str, Any]:
     ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -358,7 +360,7 @@ def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, 
         while monitor.poll(0):
             why = handshakes.refused(recv_monitor_message(monitor)["event"])
             if why is not None:
-                raise keys.KeysError(f"the broker at {address} refused this command: {why}")
+                raise keys.KeysError(f"the broker at {address} refused this {who}: {why}")
         return sock in ready
 
     try:
@@ -368,8 +370,7 @@ def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, 
         wait_for_answer(address, answered, timeout)
         msg = P.decode(P.recv(sock))  # it has arrived: poll said so
         if msg.kind == P.REFUSED:
-            raise ZresError(f"the broker at {address} refused this {kind}: "
-                            f"{msg.body.get('error')}")
+            raise ZresError(f"the broker at {address} refused it: {msg.body.get('error')}")
         if msg.kind != kind + "_reply":
             raise ZresError(f"the broker answered {msg.kind!r} to a {kind} request")
         return msg.body

@@ -162,3 +162,18 @@ def test_owners_are_shown_in_fair_share_order_with_their_holdings_and_quotas():
     assert max(len(line) for line in lines) <= 100
     alone = {**report, "owners": [owner("", {"CPU": UNIT}, 1.0, 5)]}
     assert "owners" not in render_status(in_user_units(alone))
+
+
+def test_an_agents_stored_results_are_counted_in_words():
+    from zres.cli.cluster import render_status
+    from zres.core.report import in_user_units
+    from zres.core.resources import UNIT
+
+    def report(objects: int) -> str:
+        agent = {"name": "node", "slots": [{"total": {"CPU": UNIT}, "free": {"CPU": UNIT},
+                                            "running": 0, "gpus": []}],
+                 "store": {"objects": objects, "memory": 5 << 20, "spilled": 0}}
+        return render_status(in_user_units({"address": "tcp://b:1", "clients": 0,
+                                            "agents": [agent], "counts": {}}))
+    assert "holds 1 result: 5 MiB in memory, 0 B on disk" in report(1)
+    assert "holds 2 results: 5 MiB in memory" in report(2)

@@ -98,11 +98,15 @@ def test_cancel_is_exact_what_it_cancels_never_runs_and_the_rest_finishes(
     assert any(answers) and not all(answers), "the test did not race cancels with starts"
 
 
+@pytest.mark.parametrize("by_id", [False, True], ids=["cancel-force", "cancel_task"])
 def test_a_forced_cancel_stops_a_running_call_and_frees_its_resources_when_it_ends(
-        make_cluster, make_client, tmp_path):
+        make_cluster, make_client, tmp_path, by_id):
     client, future, pid = running_in_worker(make_cluster, make_client, 1, spin, tmp_path)
     marker = str(tmp_path / "running")
-    client.cancel(future, force=True)
+    if by_id:  # (as zres cancel --task does: it answers at once, the task still running)
+        assert client.cancel_task(future.id, timeout=5) == "stopping"
+    else:
+        client.cancel(future, force=True)
     wait_until(future.done, 30, message="the forced cancel")
     assert future.cancelled()
     assert os.path.exists(marker + ".cleaned"), "the call's finally block did not run"
@@ -250,6 +254,16 @@ def test_everything_finds_a_broker_on_the_default_address(make_cluster, tmp_path
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["4", "tcp://127.0.0.1:7070"]
         assert "private" not in done.stderr
+        # Client(keys=DIR) asks the broker found at the default address with those keys,
+        # not with this user's (here none), and a refusal names a client, not a command.
+        bare = {"XDG_CONFIG_HOME": str(tmp_path / "no-keys")}
+        done = _python(f"""
+            import zres
+            print(zres.Client(keys={str(cluster.keys)!r}, connect_timeout=10).address)
+            """, cwd=tmp_path, env=bare)
+        assert done.stdout.split() == ["tcp://127.0.0.1:7070"], done.stderr
+        done = _python("import zres; zres.Client(connect_timeout=10)", cwd=tmp_path, env=bare)
+        assert done.returncode != 0 and "refused this client: it has no key" in done.stderr
     finally:
         agent.terminate()
         agent.wait(10)

@@ -259,7 +259,8 @@ def test_legacy_graphs_keys_in_lists_and_bad_input(client):
     assert client.get(graph, ["z", ["w", "y"]]) == [2, [2, 2]]
     with pytest.raises(KeyError, match="'nope' is not in the graph"):
         client.get(graph, "nope")
-    with pytest.raises(TypeError, match="unknown keywords: \\['worker'\\]"):
+    with pytest.raises(TypeError, match="unknown keywords: \\['worker'\\]; it takes "
+                       "allow_other_workers, callbacks, priority, resources, retries, workers"):
         client.get(graph, "y", worker="a")
     with pytest.raises(ValueError, match="priority annotation must be a whole number"):
         client.get(graph, "y", priority=0.5)

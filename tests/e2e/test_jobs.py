@@ -220,6 +220,12 @@ def test_missing_resource_is_reported_not_waited_for(cli, tmp_path):
     refused = run("submit", "-r", "nope=1", "--infeasible", "error", "--", "true", check=1)
     assert "refused" in refused.stderr and "nope" in refused.stderr
     assert refused.stdout == ""
+    # The refused job has ended: zres jobs --all lists it with its reason, not as waiting.
+    ended = [j["id"] for j in json.loads(run("jobs", "--all", "--json").stdout)
+             if j["finished"] and j["state"] == "infeasible"]
+    assert len(ended) == 1
+    listing = run("jobs", "--all").stdout
+    assert f"job {job} waits: " in listing and f"job {ended[0]} waits" not in listing
 
 
 def test_infeasibility_is_judged_by_the_agents_there_now(cli, tmp_path):

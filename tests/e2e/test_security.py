@@ -160,10 +160,16 @@ def test_a_client_cannot_touch_another_owners_work_and_an_admin_can(make_cluster
                                ).stdout.startswith("secret"), message="alice reads her log")
         listed = cli("jobs", *where, keys=bob_keys).stdout
         assert "alice" in listed, f"zres jobs does not show the owner: {listed}"
-        for command in ("logs", "cancel"):
+        for command, words in (("logs", "read the log of"), ("cancel", "cancel")):
             result = cli(command, str(job_id), *where, keys=bob_keys)
-            assert result.returncode != 0 and "belongs to alice" in result.stderr, command
+            assert result.returncode != 0 and (
+                f"refused it: job {job_id} belongs to alice: only alice or an admin key may "
+                f"{words} it") in result.stderr, result.stderr  # (not the wire's kind)
             assert "secret" not in result.stdout
+        result = cli("resources", "agent-0", "foo=3", *where, keys=bob_keys)
+        assert result.returncode != 0 and ("a client key may not change an agent's capacity "
+                                           "(zres resources takes an admin key)"
+                                           ) in result.stderr, result.stderr
         # Her actor is hers to call, unless she shares it; a restart keeps which is which.
         lab = alice.actor(Box, name="lab", shared=True)
         assert bob.get_actor("lab").add(5).result(30) == 5, "a shared actor is for everyone"

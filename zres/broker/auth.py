@@ -48,6 +48,9 @@ MAY_SEND = {
     "agent": frozenset({P.REGISTER, P.REPORT, P.HOLDING, P.DRAIN, P.HEARTBEAT, P.BYE,
                         P.LOGS_REPLY, P.STATUS, P.OUTPUT}),
 }
+# What a refused kind would have done, in its user's words (the rest are named by kind: no
+# zres command or client sends them with the wrong key).
+REFUSED_WORDS = {P.RESOURCES: "change an agent's capacity (zres resources takes an admin key)"}
 # Requests about one job or actor: only its owner or an admin may make them (what each
 # does, in its user's words).
 OWNED = {P.JOB_CANCEL: "cancel", P.LOGS: "read the log of", P.KILL: "kill",
@@ -199,7 +202,8 @@ class Gate:
         """Why a ROLE key may not send KIND (None if it may)."""
         if self._check is None or kind in MAY_SEND.get(role, ()):
             return None
-        return f"a {role or 'role-less'} key may not send {kind}"
+        what = REFUSED_WORDS.get(kind, f"send {kind}")
+        return f"a {role or 'role-less'} key may not {what}"
 
     def close(self) -> None:
         if self._check is not None:

@@ -221,7 +221,9 @@ def render_jobs(table: list[dict[str, Any]], now: float | None = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     for job in table:
-        if job.get("reason") and job["state"] in ("queued", "infeasible"):
+        # (An ended job refused as infeasible keeps that state: its reason is in REASON.)
+        if job.get("reason") and job["state"] in ("queued", "infeasible") \
+                and not job.get("finished"):
             lines.append(f"  job {job['id']} waits: {job['reason']}")
     return "\n".join(lines)
 

@@ -79,7 +79,9 @@ def render_status(status: dict[str, Any]) -> str:
                 for n, t in sorted(slot["total"].items()))
             gpus = f"  gpus={','.join(slot['gpus'])}" if slot["gpus"] else ""
             store = agent.get("store") or {}
-            held = (f"  holds {store['objects']} results: {_bytes(store['memory'])} in "
+            objects = store.get("objects")
+            held = (f"  holds {objects} result{'s' if objects != 1 else ''}: "
+                    f"{_bytes(store['memory'])} in "
                     f"memory, {_bytes(store['spilled'])} on disk"
                     if store.get("objects") and index == 0 else "")
             agents.append(_wrap(f"{label:<20} running={slot['running']:<4} free/total: "

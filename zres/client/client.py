@@ -91,7 +91,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
             _check_infeasible(infeasible)
         settings = config.load("client", {"broker": address, "broker_timeout": broker_timeout,
                                           "forward_output": forward_output})
-        address, self.cluster = find_broker(settings["broker"])
+        address, self.cluster = find_broker(settings["broker"], keys)
         self.infeasible = infeasible or ("error" if self.cluster is not None else "warn")
         self.address = address
         self.name = name or f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"

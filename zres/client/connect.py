@@ -22,12 +22,13 @@ ORDER = ("the address given, $ZRES_BROKER, broker in zres.toml's [client] sectio
          f"a broker at {config.DEFAULT_ADDRESS}")
 
 
-def find_broker(address: str | None) -> tuple[str, Any]:
+def find_broker(address: str | None, keys_dir: str | None = None) -> tuple[str, Any]:
     """Return the broker's address, and the private LocalCluster started for it (None
-    for a broker found). ADDRESS: what the order's first three steps gave, if anything."""
+    for a broker found). ADDRESS: what the order's first three steps gave, if anything;
+    KEYS_DIR: the client's ``keys``, which the broker at the default address is asked with."""
     if address is not None:
         return address, None
-    if broker_answers(config.DEFAULT_ADDRESS):
+    if broker_answers(config.DEFAULT_ADDRESS, keys_dir=keys_dir):
         return config.DEFAULT_ADDRESS, None
     from ..local import LocalCluster
     cluster = LocalCluster()
@@ -39,13 +40,14 @@ def find_broker(address: str | None) -> tuple[str, Any]:
     return cluster.address, cluster
 
 
-def broker_answers(address: str, timeout: float = 2.0) -> bool:
-    """Whether a zres broker answers at ADDRESS (at once False if nothing listens)."""
+def broker_answers(address: str, timeout: float = 2.0, keys_dir: str | None = None) -> bool:
+    """Whether a zres broker answers at ADDRESS (at once False if nothing listens), asked
+    by a client with the keys in KEYS_DIR (else those found as ever)."""
     if unreachable(address) is not None:
         return False
     from ..local import request
     try:
-        request(address, P.STATUS, {}, timeout)
+        request(address, P.STATUS, {}, timeout, keys_dir, who="client")
     except KeysError:
         raise  # a broker there, that refuses us: say so, do not start another
     except ZresError:

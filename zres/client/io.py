@@ -265,7 +265,7 @@ class IOThread(OutboxSender):
             self._on_warn(msg)
         elif msg.kind in (P.STATUS_REPLY, P.WHY_REPLY, P.RESOURCES_REPLY, P.KILL_REPLY,
                           P.LOOKUP_REPLY, P.JOBS_REPLY, P.CANCEL_REPLY, P.LOCATE_REPLY,
-                          P.PLACE_REPLY, P.GROUP_REPLY):
+                          P.PLACE_REPLY, P.GROUP_REPLY, P.TASK_CANCEL_REPLY):
             reply = self.requests.pop(msg.body.get("req", -1), None)
             if reply is not None:
                 reply.set_result(msg.body)

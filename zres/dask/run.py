@@ -39,7 +39,7 @@ def general_options(keywords: Mapping[str, Any]) -> Options:
     unknown = set(keywords) - _GET_KEYWORDS
     if unknown:
         raise TypeError(f"zres's Dask scheduler got unknown keywords: {sorted(unknown)}; it "
-                        f"takes {', '.join(sorted(_GET_KEYWORDS))}")
+                        f"takes {', '.join(sorted(_GET_KEYWORDS | set(WHERE_KEYWORDS)))}")
     layers = [dask.get_annotations(), current_annotations(), keywords]
     result = Options()
     for layer, where in zip(layers, ("dask.annotate", "zres.annotate", "the compute's keywords")):
