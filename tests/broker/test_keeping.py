@@ -175,6 +175,24 @@ def test_a_task_an_agent_held_waits_for_its_word(tmp_path, word):
         broker.close()
 
 
+def test_a_queued_command_job_keeps_its_retries_across_a_restart(tmp_path):
+    """A command job's retries are its own (a restarted broker gave it none: an agent
+    lost under it, or a multi-node job's lost rank, then failed it instead of a retry)."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    job = {"job": {"argv": ["true"], "env": {}, "export": {}, "cwd": None, "nodes": 2}}
+    client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 3, [], 0, "job", False, job]]})
+    assert client.take(P.ACCEPTED).body["upto"] == 1
+    broker = restarted(broker, tmp_path, client)
+    client, _ = hello(broker)
+    try:
+        [task] = [t for t in broker.graph.tasks.values() if t.name == "job"]
+        assert task.retries == 3, "a restarted broker took its job back without its retries"
+    finally:
+        client.close()
+        broker.close()
+
+
 def test_what_the_broker_cannot_write_it_does_not_acknowledge(tmp_path):
     """A full disk: neither the task's client nor any agent hears that it is kept (the
     client keeps it to send again), and it is not granted (a direct grant starts the

@@ -114,7 +114,7 @@ class Adoption:
         self.tasks[task.id] = (task, deps, agent)
 
     def _task(self, job: JobRecord) -> Task:
-        task = Task(job.id, job.client, job.local, dict(job.units), job.priority, 0,
+        task = Task(job.id, job.client, job.local, dict(job.units), job.priority, job.retries,
                     job.name, job.strict, [], [], holders=1 if job.client else 0,
                     owner=job.owner)
         task.detached, task.client_gone = job.detached, not job.client
