@@ -278,6 +278,24 @@ def test_status_and_metrics_show_groups_their_bundles_and_where(client):
     pg.remove()
 
 
+def test_an_agent_coming_and_going_while_a_gang_waits_is_judged_not_fatal(cluster, client):
+    """An agent leaving while a gang waits in the queue made the broker judge the gang's
+    queue lane as a plain request (its shape ends with the gang), and die."""
+    with pytest.warns(zres.InfeasibleWarning, match="only 3 could ever hold one"):
+        pg = client.placement_group([{"gpu": 1}] * 5, strategy="STRICT_SPREAD")
+        wait_until(lambda: "infeasible" in client.why(pg), message="infeasible")
+    cluster.add_agent({"gpu": 1}, name="d")
+    wait_until(lambda: "only 4 could" in client.why(pg), message="judged again with d")
+    d = cluster.agents.pop("d")
+    d.terminate()  # (it says goodbye: the broker judges again)
+    d.wait(30)
+    wait_until(lambda: "d" not in [a["name"] for a in client.status()["agents"]],
+               message="d gone")
+    assert cluster.broker is not None and cluster.broker.poll() is None, "the broker died"
+    wait_until(lambda: "only 3 could" in client.why(pg), message="judged again without d")
+    pg.remove()
+
+
 def test_a_job_on_more_nodes_than_agents_is_infeasible_and_cancelled_whole(client):
     with pytest.warns(zres.InfeasibleWarning, match="4 distinct agents"):
         job = client.submit_command(["true"], nodes=4, resources={"gpu": 1})
