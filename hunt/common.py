@@ -44,3 +44,22 @@ def free_everywhere(client):
 def slots(client):
     return {a["name"]: [(s["free"], s["total"]) for s in a["slots"]]
             for a in client.status()["agents"]}
+
+
+def key_dir(cluster, stem):
+    """A directory holding the broker's public key and STEM's secret key."""
+    mine = Path(tempfile.mkdtemp()) / f"keys-{stem}"
+    mine.mkdir()
+    for file in ("broker.key", f"{stem}.key_secret"):
+        (mine / file).write_bytes(Path(cluster.keys, file).read_bytes())
+    return str(mine)
+
+
+def cli(*args, keys=None, timeout=60):
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZRES_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    if keys is not None:
+        env["ZRES_KEYS"] = keys
+    return subprocess.run([sys.executable, "-m", "zres", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
