@@ -9,7 +9,7 @@ import pytest
 
 import zres
 from tests.conftest import LOSS, process_gone, wait_until
-from tests.tasks import hold
+from tests.tasks import hold, ledgered, starts, wait_for_file
 from zres import get_task_context
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,6 +21,13 @@ RANK = ('echo $$ > "$OUT/pid-$ZRES_AGENT-$NODE_RANK-$ZRES_JOB_ID"; '
 
 def where() -> str:
     return get_task_context().agent
+
+
+def noted_hold(ledger: str, release: str) -> str:
+    """Note the start in LEDGER, wait for RELEASE; return the agent it ran on."""
+    ledgered(ledger, "x")
+    wait_for_file(release)
+    return where()
 
 
 def group(client: zres.Client, pg: zres.PlacementGroup) -> dict:
@@ -106,6 +113,35 @@ def test_a_broker_restart_keeps_groups_and_running_gangs(make_cluster, make_clie
     assert inside.result(30) == "released"
     assert gang.result(30).exit_code == 0
     assert [r["state"] for r in job(client, gang)["ranks"]] == ["done", "done"]
+    pg.remove()
+    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
+                           for s in a["slots"]), message="everything given back")
+
+
+def test_work_in_a_group_waiting_to_be_reserved_again_is_taken_back_once(make_cluster,
+                                                                         make_client,
+                                                                         tmp_path):
+    """A task runs in bundle 0 of a group whose bundle 1 was lost with its agent: the group
+    waits to be reserved again, the task holds what it took. A broker restarted then takes
+    the task back as such (it did not: stopped there, it waited to run again, as if it had
+    never arrived, its retries=0 notwithstanding)."""
+    cluster = make_cluster(agents=[{"gpu": 1}] * 2, names=["a", "b"], **LOSS)
+    client = make_client(cluster.address)
+    pg = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD", restarts=1)
+    pg.ready().result(30)
+    (first, second) = [b["agent"] for b in group(client, pg)["bundles"]]
+    ledger, release = str(tmp_path / "ledger"), str(tmp_path / "go")
+    task = client.submit(noted_hold, ledger, release, placement=(pg, 0))
+    wait_until(lambda: starts(ledger), message="the task started")
+    cluster.agents[second].kill()
+    wait_until(lambda: group(client, pg)["state"] == "restarting", message="restarting")
+    cluster.restart_broker()
+    wait_until(lambda: [a["name"] for a in client.status()["agents"]] == [first],
+               message="its agent back")
+    assert group(client, pg)["state"] == "restarting"
+    (tmp_path / "go").touch()
+    assert task.result(30) == first
+    assert starts(ledger) == {"x": 1}
     pg.remove()
     wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
                            for s in a["slots"]), message="everything given back")
