@@ -193,6 +193,14 @@ class Adoption:
             self._running(waiting, agent)
             log.info("task_adopted", task=waiting.name, id=task_id, agent=agent.name)
             return True
+        if waiting is not None:
+            # It runs there, and there is no room for it now (its agent's capacity was
+            # lowered meanwhile): stopped there, it began, and goes again only as a retry
+            # (not as one that never arrived, which ran it twice, retries=0 or not).
+            log.warning("task_not_adopted", task=waiting.name, id=task_id, agent=agent.name)
+            self._again(task_id, f"the broker restarted while it ran on agent {agent.name}, "
+                        "which no longer had room for it when it came back")
+            return False
         job = self._jobs.adopting.get(task_id)
         if job is not None and _on(job) == agent.name and self._sched.adopt(
                 task_id, slot, dict(job.units), positions, job.priority, job.owner):
