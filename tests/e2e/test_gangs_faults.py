@@ -138,6 +138,8 @@ def test_work_in_a_group_waiting_to_be_reserved_again_is_taken_back_once(make_cl
     wait_until(lambda: starts(ledger), message="the task started")
     cluster.agents[second].kill()
     wait_until(lambda: group(client, pg)["state"] == "restarting", message="restarting")
+    # (why it waits again, not how its first reservation ended: "finished")
+    assert "its 2 bundles" in client.why(pg)
     cluster.restart_broker()
     wait_until(lambda: [a["name"] for a in client.status()["agents"]] == [first],
                message="its agent back")
