@@ -52,3 +52,36 @@ def test_an_agent_a_broker_forgot_asks_to_resume_its_session(tmp_path):
         agent.kill()
         agent.wait(10)
         sock.close()
+
+
+def test_an_agent_fenced_once_is_not_fenced_again_by_the_answer_to_its_new_sessions_beat():
+    """Declared lost, an agent begins a new session; its first heartbeat can reach the
+    broker before that session's registration, and is answered with how the old one ended
+    (naming the new one). Taken as its own end, the agent began a third session, and the
+    broker, having welcomed the second, lost it and what it had granted there (a
+    placement group's bundle, and with it the group's restart)."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "zres", "agent", f"tcp://127.0.0.1:{port}", "--name", "a",
+         "--resources", "foo=1", "--no-detect", "--nworkers", "1", "--insecure"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ident, first = next_message(sock, P.REGISTER)
+        P.send(sock, [ident, *P.encode(P.WELCOME, {
+            "epoch": 1, "session": first.body["session"], "agent": "a", "cluster": "abc",
+            "heartbeat": 0.1, "adopts": True, "lease": 5.0, "starve": 5.0})])
+        P.send(sock, [ident, *P.encode(P.UNKNOWN, {"ended": "declared lost: silent",
+                                                  "session": first.body["session"]})])
+        ident, second = next_message(sock, P.REGISTER)
+        assert second.body["session"] != first.body["session"] and "resume" not in second.body
+        P.send(sock, [ident, *P.encode(P.UNKNOWN, {"ended": "silent",
+                                                  "session": second.body["session"]})])
+        ident, again = next_message(sock, P.REGISTER)
+        assert again.body["session"] == second.body["session"], \
+            "it began yet another session: the one the broker welcomes next is lost"
+    finally:
+        agent.kill()
+        agent.wait(10)
+        sock.close()

@@ -175,6 +175,65 @@ def test_a_task_an_agent_held_waits_for_its_word(tmp_path, word):
         broker.close()
 
 
+def test_a_queued_command_job_keeps_its_retries_across_a_restart(tmp_path):
+    """A command job's retries are its own (a restarted broker gave it none: an agent
+    lost under it, or a multi-node job's lost rank, then failed it instead of a retry)."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    job = {"job": {"argv": ["true"], "env": {}, "export": {}, "cwd": None, "nodes": 2}}
+    client.send(P.SUBMIT, {"tasks": [[1, {"foo": UNIT}, 0, 3, [], 0, "job", False, job]]})
+    assert client.take(P.ACCEPTED).body["upto"] == 1
+    broker = restarted(broker, tmp_path, client)
+    client, _ = hello(broker)
+    try:
+        [task] = [t for t in broker.graph.tasks.values() if t.name == "job"]
+        assert task.retries == 3, "a restarted broker took its job back without its retries"
+    finally:
+        client.close()
+        broker.close()
+
+
+def test_a_task_offered_back_without_room_for_it_spends_a_retry_not_run_as_never_begun(
+        tmp_path):
+    """Two tasks ran on an agent whose capacity was lowered to hold one of them when the
+    broker restarted: the one it offers back without room is stopped there and fails
+    (retries=0), never granted again as one that never arrived (it ran twice)."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    foo = {"CPU": UNIT, "foo": UNIT}
+
+    def join(session: int, foos: int, **offer: Any) -> None:
+        agent.send(P.REGISTER, {"name": "node", "session": session, "host": "h", "pid": 1,
+                                "t": time.monotonic(), "jobs": [], "ended": [], **offer,
+                                "slots": [{"units": {"CPU": 2 * UNIT, "foo": foos * UNIT},
+                                           "gpus": []}]})
+        agent.take(P.WELCOME)
+    join(1, 2)
+    submit(client, 1)
+    submit(client, 2)
+    held = [t[0] for t in agent.take(P.ASSIGN).body["tasks"]]
+    held += [t[0] for t in agent.take(P.ASSIGN).body["tasks"]] if len(held) < 2 else []
+    report(agent, 1, 1, held=held, started=held)
+    agent.sync()
+    broker = restarted(broker, tmp_path, client, agent)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1, 2]})
+        join(2, 1, carried=1, jobs=[[task, 0, [], foo] for task in held])
+        (cancel,) = [m for m in agent.sync() if m.kind == P.CANCEL]
+        [(outcome, info)] = results(client, info=True).values()
+        assert outcome == P.FAILED and info["type"] == "AgentLostError", info
+        assert "no longer had room for it" in info["message"]
+        assert cancel.body["ids"] == [held[1]]
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "granted again"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
 def test_what_the_broker_cannot_write_it_does_not_acknowledge(tmp_path):
     """A full disk: neither the task's client nor any agent hears that it is kept (the
     client keeps it to send again), and it is not granted (a direct grant starts the

@@ -225,6 +225,25 @@ def test_a_two_node_job_runs_a_rank_on_each_agent_that_see_one_another(cluster, 
     assert ",".join(entry["agents"]) in zres_cli("jobs", "--all", env=env).stdout
 
 
+def test_a_multi_node_jobs_result_is_rank_0s_whichever_rank_ends_first(client, tmp_path):
+    """Its CommandResult's agent and log are rank 0's, as ``zres jobs`` says (they were
+    the rank's that happened to end first)."""
+    job = client.submit_command(
+        ["sh", "-c", 'echo "rank $NODE_RANK"; [ "$NODE_RANK" = 1 ] && exit 0; '
+                     'while [ ! -e "$OUT/go" ]; do sleep 0.05; done'],
+        nodes=2, resources={"gpu": 1}, env={"OUT": str(tmp_path)})
+
+    def entry() -> dict:
+        (found,) = [j for j in client.jobs(all=True) if j["id"] == job.id]
+        return found
+    wait_until(lambda: job.id is not None and entry()["ranks"][1]["state"] == "done",
+               message="rank 1 ended first")
+    (tmp_path / "go").touch()
+    result = job.result(60)
+    assert result.agent == entry()["agents"][0] == entry()["agent"]
+    assert Path(result.log).read_text() == "rank 0\n"
+
+
 def test_a_failing_rank_stops_the_others_and_the_job_names_it(client, tmp_path):
     job = client.submit_command(["sh", "-c", LINGER], nodes=3, resources={"gpu": 1},
                                 env={"OUT": str(tmp_path), "FAIL": "2"})
@@ -275,6 +294,24 @@ def test_status_and_metrics_show_groups_their_bundles_and_where(client):
     assert families["zres_placement_groups"][("ready",)] == 1
     assert {a: families["zres_placement_group_bundles"][(a,)] for a in agents} == \
         {a: 1 for a in agents}
+    pg.remove()
+
+
+def test_an_agent_coming_and_going_while_a_gang_waits_is_judged_not_fatal(cluster, client):
+    """An agent leaving while a gang waits in the queue made the broker judge the gang's
+    queue lane as a plain request (its shape ends with the gang), and die."""
+    with pytest.warns(zres.InfeasibleWarning, match="only 3 could ever hold one"):
+        pg = client.placement_group([{"gpu": 1}] * 5, strategy="STRICT_SPREAD")
+        wait_until(lambda: "infeasible" in client.why(pg), message="infeasible")
+    cluster.add_agent({"gpu": 1}, name="d")
+    wait_until(lambda: "only 4 could" in client.why(pg), message="judged again with d")
+    d = cluster.agents.pop("d")
+    d.terminate()  # (it says goodbye: the broker judges again)
+    d.wait(30)
+    wait_until(lambda: "d" not in [a["name"] for a in client.status()["agents"]],
+               message="d gone")
+    assert cluster.broker is not None and cluster.broker.poll() is None, "the broker died"
+    wait_until(lambda: "only 3 could" in client.why(pg), message="judged again without d")
     pg.remove()
 
 

@@ -3,13 +3,16 @@ placement groups and multi-node jobs, and a broker restarted under them."""
 
 from __future__ import annotations
 
+import os
+import signal
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import pytest
 
 import zres
-from tests.conftest import LOSS, process_gone, wait_until
-from tests.tasks import hold
+from tests.conftest import LOSS, process_gone, stop_process, wait_until
+from tests.tasks import hold, ledgered, starts, wait_for_file
 from zres import get_task_context
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,6 +24,13 @@ RANK = ('echo $$ > "$OUT/pid-$ZRES_AGENT-$NODE_RANK-$ZRES_JOB_ID"; '
 
 def where() -> str:
     return get_task_context().agent
+
+
+def noted_hold(ledger: str, release: str) -> str:
+    """Note the start in LEDGER, wait for RELEASE; return the agent it ran on."""
+    ledgered(ledger, "x")
+    wait_for_file(release)
+    return where()
 
 
 def group(client: zres.Client, pg: zres.PlacementGroup) -> dict:
@@ -107,5 +117,75 @@ def test_a_broker_restart_keeps_groups_and_running_gangs(make_cluster, make_clie
     assert gang.result(30).exit_code == 0
     assert [r["state"] for r in job(client, gang)["ranks"]] == ["done", "done"]
     pg.remove()
+    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
+                           for s in a["slots"]), message="everything given back")
+
+
+def test_work_in_a_group_waiting_to_be_reserved_again_is_taken_back_once(make_cluster,
+                                                                         make_client,
+                                                                         tmp_path):
+    """A task runs in bundle 0 of a group whose bundle 1 was lost with its agent: the group
+    waits to be reserved again, the task holds what it took. A broker restarted then takes
+    the task back as such (it did not: stopped there, it waited to run again, as if it had
+    never arrived, its retries=0 notwithstanding)."""
+    cluster = make_cluster(agents=[{"gpu": 1}] * 2, names=["a", "b"], **LOSS)
+    client = make_client(cluster.address)
+    pg = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD", restarts=1)
+    pg.ready().result(30)
+    (first, second) = [b["agent"] for b in group(client, pg)["bundles"]]
+    ledger, release = str(tmp_path / "ledger"), str(tmp_path / "go")
+    task = client.submit(noted_hold, ledger, release, placement=(pg, 0))
+    wait_until(lambda: starts(ledger), message="the task started")
+    cluster.agents[second].kill()
+    wait_until(lambda: group(client, pg)["state"] == "restarting", message="restarting")
+    # (why it waits again, not how its first reservation ended: "finished")
+    assert "its 2 bundles" in client.why(pg)
+    cluster.restart_broker()
+    wait_until(lambda: [a["name"] for a in client.status()["agents"]] == [first],
+               message="its agent back")
+    assert group(client, pg)["state"] == "restarting"
+    (tmp_path / "go").touch()
+    assert task.result(30) == first
+    assert starts(ledger) == {"x": 1}
+    pg.remove()
+    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
+                           for s in a["slots"]), message="everything given back")
+
+
+def test_a_group_is_taken_back_where_it_was_whatever_agent_comes_back_first(make_cluster,
+                                                                           make_client,
+                                                                           tmp_path):
+    """The agent holding a group's bundle comes back after another: the group waits for it
+    (it was placed anew on the first one back, away from its work, which then ran again);
+    and removing it ends the work a restarted broker took back into it (it was left to run,
+    and what waited in it waited forever)."""
+    cluster = make_cluster(agents=[{"gpu": 1}] * 2, names=["a", "b"])
+    client = make_client(cluster.address)
+    pg = client.placement_group([{"gpu": 1}], strategy="PACK", name="kept")
+    pg.ready().result(30)
+    (holder,) = [b["agent"] for b in group(client, pg)["bundles"]]
+    ledger, release = str(tmp_path / "ledger"), str(tmp_path / "go")
+    inside = client.submit(noted_hold, ledger, release, placement=(pg, 0))
+    wait_until(lambda: starts(ledger), message="the task started")
+    waits = client.submit(noted_hold, ledger, release, placement=(pg, 0))
+    wait_until(lambda: "waits for room in bundle 0" in client.why(waits), message="queued")
+    stop_process(cluster.agents[holder].pid)
+    try:
+        cluster.restart_broker()
+        other = "b" if holder == "a" else "a"
+        wait_until(lambda: [a["name"] for a in client.status()["agents"]] == [other],
+                   message="the other agent back first")
+    finally:
+        os.kill(cluster.agents[holder].pid, signal.SIGCONT)
+    wait_until(lambda: len(client.status()["agents"]) == 2, message="both back")
+    wait_until(lambda: group(client, pg)["state"] == "ready", message="the group back")
+    assert [b["agent"] for b in group(client, pg)["bundles"]] == [holder]
+    assert client.why(inside) == f"running on {holder}"
+    pg.remove()
+    with pytest.raises(CancelledError):
+        inside.result(30)
+    with pytest.raises(zres.ZresError, match="placement group kept was removed"):
+        waits.result(30)
+    assert starts(ledger) == {"x": 1}
     wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
                            for s in a["slots"]), message="everything given back")

@@ -64,7 +64,13 @@ class Fencing:
                 self.exit_code = 1
                 self.stop()
                 return
-            if msg.body.get("session") in (None, self.session.id):
+            # (Not a session no broker has welcomed yet: it has nothing to stop, and the
+            # broker says so of it only in answer to its first heartbeat, sent before its
+            # registration arrived, with how the one before it ended. Fenced again, it
+            # would begin yet another session, and the broker, welcoming this one first,
+            # would lose what it had just granted it.)
+            if msg.body.get("session") in (None, self.session.id) \
+                    and (self.session.registered or self.session.epoch is not None):
                 self._fence(str(msg.body.get("ended")), keep=self.carry.adopts(msg))
         elif self.session.registered:
             log.warning("broker_forgot_us")

@@ -35,6 +35,7 @@ from ..core.errors import ProtocolError
 from ..core.tasks import Task, TaskState
 from ..logs import get_logger
 from ..scheduler.policy import Scheduler
+from ..scheduler.records import Inside
 from .actor_keeping import ActorKeeper
 from .agents import AgentRecord
 from .clients import ClientRegistry
@@ -114,7 +115,7 @@ class Adoption:
         self.tasks[task.id] = (task, deps, agent)
 
     def _task(self, job: JobRecord) -> Task:
-        task = Task(job.id, job.client, job.local, dict(job.units), job.priority, 0,
+        task = Task(job.id, job.client, job.local, dict(job.units), job.priority, job.retries,
                     job.name, job.strict, [], [], holders=1 if job.client else 0,
                     owner=job.owner)
         task.detached, task.client_gone = job.detached, not job.client
@@ -179,6 +180,12 @@ class Adoption:
         waiting = self._waiting(task_id, agent.name)
         inside = self._groups.inside(waiting.bundle) if waiting is not None \
             and waiting.bundle and self._groups is not None else None
+        if inside is not None and not self._placed(inside):
+            # Its group let go of its bundles (one was lost with its agent) and waits to be
+            # reserved again: what ran inside holds what it took, as a grant of its own, as
+            # without the restart (not taken back, it was stopped and run again as if it
+            # had never arrived: twice, for a body that may run at most once).
+            inside = None
         if waiting is not None and self._sched.adopt(task_id, slot, dict(waiting.units),
                                                      positions, waiting.priority,
                                                      waiting.owner, inside):
@@ -186,6 +193,14 @@ class Adoption:
             self._running(waiting, agent)
             log.info("task_adopted", task=waiting.name, id=task_id, agent=agent.name)
             return True
+        if waiting is not None:
+            # It runs there, and there is no room for it now (its agent's capacity was
+            # lowered meanwhile): stopped there, it began, and goes again only as a retry
+            # (not as one that never arrived, which ran it twice, retries=0 or not).
+            log.warning("task_not_adopted", task=waiting.name, id=task_id, agent=agent.name)
+            self._again(task_id, f"the broker restarted while it ran on agent {agent.name}, "
+                        "which no longer had room for it when it came back")
+            return False
         job = self._jobs.adopting.get(task_id)
         if job is not None and _on(job) == agent.name and self._sched.adopt(
                 task_id, slot, dict(job.units), positions, job.priority, job.owner):
@@ -202,6 +217,12 @@ class Adoption:
         unknown = JobRecord(task_id, f"job {task_id}", [], {}, True, 0.0, {})
         self._running(self._task(unknown), agent).stopping = True
         return False
+
+    def _placed(self, inside: Inside) -> bool:
+        """Whether the bundle INSIDE names is reserved (its gang placed, that bundle kept)."""
+        gang = self._sched.gang(inside.gang)
+        return gang is not None and gang.placed is not None \
+            and gang.placed[inside.index] is not None
 
     def _ended(self, agent: AgentRecord, ended: Any, frames: list[Any]) -> None:
         """Record how AGENT's adopting jobs ENDED while the broker was away."""

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from ..core import protocol as P
 from ..core.tasks import Task
 from ..logs import get_logger
-from ..scheduler.records import Shape, Workers, workers, workers_of
+from ..scheduler.gangs import Gang
+from ..scheduler.records import Inside, Shape, Workers, workers, workers_of
 
 if TYPE_CHECKING:
     from ..scheduler.policy import Scheduler
@@ -45,8 +46,8 @@ class Feasibility:
         that cannot run and those told before that theirs could not (the first agent to
         join a million queued tasks held the loop for a second, judging each)."""
         queue, waiting = self._sched.queue, self._sched.waiting
-        never = {lane for lane in queue.lanes()
-                 if self._sched.infeasible_reason(*_request(lane[1])) is not None}
+        never = {lane for lane in queue.lanes() if not _gang_lane(lane[1])
+                 and self._sched.infeasible_reason(*_request(lane[1])) is not None}
         ids = {task_id for task_id in self._warned if task_id in waiting}
         ids.update(task_id for lane in never for task_id in queue.members(lane))
         ids.update(self._sched.gangs.gangs)  # (few; each judged whole, across agents)
@@ -68,6 +69,12 @@ class Feasibility:
                                  f"task {task.name} (id {task.id}) is infeasible: {reason}")
             else:
                 self.warn_infeasible(task, reason)
+
+
+def _gang_lane(shape: Shape) -> bool:
+    """Whether SHAPE is a gang's, or work's inside a bundle (its tail is no resource):
+    gangs are judged whole below, and work in a bundle draws on that bundle alone."""
+    return bool(shape) and type(shape[-1]) in (Gang, Inside)
 
 
 def _request(shape: Shape) -> tuple[dict[str, int], Workers | None]:

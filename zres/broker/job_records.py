@@ -52,6 +52,7 @@ class JobRecord:
     reported: bool = False       # a `zres wait` of its owner's has reported how it ended
     priority: int = 0
     strict: bool = False         # fails at once if infeasible
+    retries: int = 0             # retries left (kept: a restarted broker's task has them)
     held_on: str = ""            # the agent that may start it (it heard the grant held)
     # The client that waits for it (not for a detached job), by routing id and its own id
     # for it: a restarted broker gives it back to that client when it comes back.

@@ -77,7 +77,8 @@ class JobTable:
         job = self.active[task.id] = JobRecord(
             task.id, task.name, spec["argv"], dict(task.units), spec["detached"], time.time(),
             {"argv": spec["argv"], "env": spec["env"], "cwd": spec["cwd"]},
-            priority=task.priority, strict=task.strict, nodes=spec.get("nodes", 1))
+            priority=task.priority, strict=task.strict, retries=task.retries,
+            nodes=spec.get("nodes", 1))
         job.owner = task.owner
         job.export, job.export_key = self.envs.take(spec["export"])
         job.exported = len(job.export)
@@ -181,7 +182,7 @@ class JobTable:
         job = self.active.get(task.id)
         if job is not None:
             job.state, job.agent, job.gpus, job.started = "queued", "", [], None
-            job.held_on = ""
+            job.held_on, job.retries = "", task.retries  # (one may have been spent)
             self._keep(job)
 
     def finished(self, task: Task, outcome: str, info: dict[str, Any]) -> None:

@@ -153,23 +153,24 @@ class TaskKeeper:
 
     def restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
                 adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
-                wait: float) -> int:
+                wait: float, rejoin: Callable[[Task], None] = lambda task: None) -> int:
         """Restore the kept tasks into GRAPH and their owners as clients that have WAIT
         seconds to say hello again; FAIL(task, error type, message) ends one that cannot
         go on; ADOPT(task, inputs, agent) waits for the agent that held one;
         ACTOR_TASK(task, inputs, agent that held it, link) puts back one that constructs
-        or calls an actor. Return how many."""
+        or calls an actor; REJOIN(task) makes one placed in a bundle its group's again
+        (removing the group ends it). Return how many."""
         if self._store is None:
             return 0
         gc.disable()  # (many objects, none of them garbage: see adoption.restore)
         try:
-            return self._restore(graph, fail, adopt, actor_task, wait)
+            return self._restore(graph, fail, adopt, actor_task, wait, rejoin)
         finally:
             gc.enable()
 
     def _restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
                  adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
-                 wait: float) -> int:
+                 wait: float, rejoin: Callable[[Task], None]) -> int:
         assert self._store is not None
         rows = []
         for task_id, record, state, result in self._store.tasks():
@@ -220,6 +221,8 @@ class TaskKeeper:
                 continue
             task.client_gone = task.detached and not holds_it
             graph.add(task)
+            if task.bundle is not None:
+                rejoin(task)
             if lost:
                 self._unrun[task.id] = deps
                 continue

@@ -186,7 +186,7 @@ class Broker(Intake):
             self.adoption.restore(store)
             self.actor_keeper.restore()  # (before the tasks that construct and call them)
             self.keeper.restore(self.graph, self.graph.fail, self.adoption.wait_for,
-                                self.actor_keeper.task, wait=reconnect)
+                                self.actor_keeper.task, reconnect, self.groups.rejoin)
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,

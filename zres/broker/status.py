@@ -37,6 +37,8 @@ class Explainer:
         """
         if task is None:
             return "unknown task (finished and released, or lost in a broker restart)"
+        if task.group and task.id in self._sched.waiting:  # (a group reserved again)
+            return self._sched.why(task.id, count_ahead, self._label)
         if task.state is TaskState.WAITING:
             return self._graph.waiting_for(task)
         if task.state is TaskState.QUEUED and task.actor:

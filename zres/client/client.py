@@ -315,9 +315,12 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
     def why(self, future: Future | PlacementGroup, timeout: float = 10.0) -> str:
         """Ask the broker why FUTURE's task is not running yet (a placement group: why
         its bundles are not all reserved yet)."""
-        if isinstance(future, PlacementGroup):
+        group = isinstance(future, PlacementGroup)
+        if group:
             future = future.ready()
-        if future.done():  # (finished, error or cancelled; where, what memory it used)
+        # (finished, error or cancelled; where, what memory it used. A group reserved once
+        # may be waiting again, a bundle lost: the broker says.)
+        if future.done() and not (group and future.status == "finished"):
             return future._ended_words()
         return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
 

@@ -39,15 +39,19 @@ class Ganging:
         def _fence(self, task: Waiting, fences: dict[int, Fence], now: float) -> None: ...
 
     def add_gang(self, gang_id: int, bundles: list[Units], strategy: str, ids: list[int],
-                 priority: int = 0, owner: str = "") -> None:
+                 priority: int = 0, owner: str = "", adopting: bool = False) -> None:
         """Queue gang GANG_ID of OWNER: BUNDLES (each a request), placed by STRATEGY
         (``gang_fit.STRATEGIES``) all at once, as grants of ids IDS; ValueError if the
         gang is malformed. Tasks are placed in its bundles with ``enqueue(...,
-        where=Inside(GANG_ID, index), queueable=False)``."""
+        where=Inside(GANG_ID, index), queueable=False)``. ADOPTING: it was placed before
+        a broker restart, and is not queued: its bundles are taken back where they were
+        (``adopt_bundle``), never placed anew meanwhile (elsewhere, away from the work
+        that runs in them); one lost queues it again, whole (``remove_gang``)."""
         gang = self.gangs.add(gang_id, bundles, strategy, ids)
         gang.owner, gang.priority = owner, priority
         self._changed = True
-        self.queue.add(gang_id, gang.total, priority, False, None, gang, owner)
+        if not adopting:
+            self.queue.add(gang_id, gang.total, priority, False, None, gang, owner)
 
     def gang(self, gang_id: int) -> Gang | None:
         """The gang GANG_ID, queued or placed."""

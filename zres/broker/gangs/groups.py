@@ -106,6 +106,15 @@ class GroupTable:
         """GROUP was kept by this broker's previous life (``keeping``)."""
         self._index(group)
 
+    def rejoin(self, task: Task) -> None:
+        """TASK, kept by this broker's previous life, was placed in a bundle: it is one of
+        its group's again (members are not kept: removing the group after a restart left
+        what ran or waited in it alone, the waiting work waiting forever)."""
+        assert task.bundle is not None
+        group = self.groups.get(task.bundle[0])
+        if group is not None:
+            group.members.add(task.id)
+
     def _index(self, group: GroupRecord) -> None:
         self.groups[group.id] = group
         self.by_gang[group.gang] = group

@@ -68,8 +68,11 @@ class GroupKeeper:
                 group.state = GroupState.RESTARTING if group.starts else GroupState.PENDING
                 group.agents = [""] * len(group.bundles)
                 group.where = [[] for _ in group.bundles]
+            # (one adopting is not queued: placed anew on an agent back first, its work
+            # that runs where it was could not be taken back)
             self._sched.add_gang(group.gang, group.bundles, group.strategy, group.ids,
-                                 group.priority, group.key)
+                                 group.priority, group.key,
+                                 adopting=group.state is GroupState.ADOPTING)
         if kept:
             log.info("groups_restored", groups=len(kept),
                      adopting=sum(len(b) for b in self.waiting.values()))

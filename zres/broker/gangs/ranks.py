@@ -297,8 +297,10 @@ class RankTable(RankKeeping):
         elif gang.failing is not None:
             rank, (outcome, frames, info) = gang.failing
             self._graph.finish(task, outcome, frames, {**info, "rank": rank})
-        else:  # (rank 0's result, or any rank's: one ended before a restart has none)
-            outcome, frames, info = max(gang.ended.values(), key=lambda o: bool(o[1]))
+        else:  # (rank 0's result, or any rank's: one ended before a restart has none;
+            # by rank, not by when each ended: the first with a result, rank 0's if it has)
+            outcome, frames, info = max((gang.ended[r] for r in sorted(gang.ended)),
+                                        key=lambda o: bool(o[1]))
             self._graph.finish(task, outcome, frames,
                                {**info, "agents": [r[AGENT] for r in job.ranks]})
 
