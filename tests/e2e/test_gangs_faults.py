@@ -49,9 +49,10 @@ def pids(out: Path, agent: str, job_id: int) -> list[int]:
 
 def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path, request):
     """Agent a dies under two placement groups (restarts=1: reserved again, whole, on b;
-    no restarts: it fails) and two 2-node jobs: the one with a retry is queued again
-    whole (infeasible on b alone) and runs again once a third agent joins, the other
-    fails naming its lost rank, its rank on b stopped."""
+    no restarts: it fails, what runs in its bundle on b carrying on) and two 2-node
+    jobs: the one with a retry is queued again whole (infeasible on b alone) and runs
+    again once a third agent joins, the other fails naming its lost rank, its rank on b
+    stopped."""
     # (the ranks a's death leaves running, as an agent killed outright leaves its jobs,
     # end with the test, however it ends)
     request.addfinalizer((tmp_path / "go").touch)
@@ -67,6 +68,11 @@ def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path, request)
     once = client.submit_command(["sh", "-c", RANK], nodes=2, resources={"gpu": 1}, env=env)
     wait_until(lambda: all(len(pids(tmp_path, a, f.id or -1)) == 1 for a in "ab"
                            for f in (again, once)), message="both jobs' ranks started")
+    # (work running in the doomed group's bundle on b carries on when the group fails)
+    (on_b,) = [i for i, b in enumerate(group(client, doomed)["bundles"]) if b["agent"] == "b"]
+    ledger = str(tmp_path / "ledger")
+    carries = client.submit(noted_hold, ledger, str(tmp_path / "go"), placement=(doomed, on_b))
+    wait_until(lambda: starts(ledger), message="the work in the doomed group to start")
     cluster.agents["a"].kill()
     with pytest.raises(zres.AgentLostError, match=r"rank \d of job \d+ was lost"):
         once.result(30)
@@ -86,9 +92,11 @@ def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path, request)
     assert "2 distinct agents" in job(client, again)["reason"]
     cluster.add_agent({"gpu": 3}, name="c")
     wait_until(lambda: pids(tmp_path, "c", again.id), message="run again, on b and c")
+    assert not carries.done(), "work running in a failed group's other bundle carries on"
     (tmp_path / "go").touch()
     assert again.result(30).exit_code == 0
     assert sorted(job(client, again)["agents"]) == ["b", "c"]
+    assert carries.result(30) == "b" and starts(ledger) == {"x": 1}
     pg.remove()
 
 

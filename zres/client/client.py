@@ -316,13 +316,12 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         """Ask the broker why FUTURE's task is not running yet (a placement group: why
         its bundles are not all reserved yet)."""
         group = isinstance(future, PlacementGroup)
-        if group:
-            future = future.ready()
+        task = future.ready() if isinstance(future, PlacementGroup) else future
         # (finished, error or cancelled; where, what memory it used. A group reserved once
         # may be waiting again, a bundle lost: the broker says.)
-        if future.done() and not (group and future.status == "finished"):
-            return future._ended_words()
-        return str(self._io.request(P.WHY, {"id": future._local}, timeout)["reason"])
+        if task.done() and not (group and task.status == "finished"):
+            return task._ended_words()
+        return str(self._io.request(P.WHY, {"id": task._local}, timeout)["reason"])
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
         """Return the broker's view, as ``zres status --json``: amounts in user units."""

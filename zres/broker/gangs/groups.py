@@ -9,14 +9,15 @@ alone, on the agent holding it; it is refused at submit if it asks more than the
 
 A group is its owner key's: only that key and admin keys place work in it or remove it. It
 ends when removed (``group {op: remove}``: ``pg.remove()``), or when the client that made
-it goes, unless it is named or detached (as actors are). An ended group's waiting work
+it goes, unless it is named or detached (as actors are). A removed group's waiting work
 fails, naming why; what runs inside is stopped (a forced cancel; actors are killed) and
 keeps what it took until it is gone; the rest of its bundles comes back at once.
 
 A bundle lost with its agent lets the whole group go (what runs in its other bundles runs
 on, holding what it took): the group is reserved again as a whole if it has restarts left
 (``restarts``; -1: always), and its waiting work, and what was lost with the agent and may
-run again (retries, actor restarts), goes into the new bundles; with none left it fails.
+run again (retries, actor restarts), goes into the new bundles; with none left it fails:
+its waiting work fails, and what runs in its other bundles still runs on until it ends.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ class GroupTable:
     """The placement groups, by id and by name, and what happens to them.
 
     NEW_ID() makes scheduler ids (the bundles'); CHANGED(group) writes one whose state
-    changed; END(group id, task ids, why) ends the work placed in an ended group (its
-    tasks, its construction if it waits, its actors); SENDER() says who the message
+    changed; END(group id, task ids, why, stop running) ends the work placed in an ended
+    group (its tasks, its construction if it waits, its actors); SENDER() says who the message
     handled acts as (role, owner)."""
 
     def __init__(self, send: Send, graph: TaskGraph, sched: Scheduler,
                  agents: AgentRegistry, new_id: Callable[[], int],
-                 end: Callable[[str, list[int], str], None],
+                 end: Callable[[str, list[int], str, bool], None],
                  changed: Callable[[GroupRecord], None] = lambda group: None,
                  sender: Callable[[], tuple[str, str]] = lambda: ("", "")) -> None:
         self._send = send
@@ -218,8 +219,10 @@ class GroupTable:
             "group_ended", group=group.label(), state=state.value, cause=cause)
         why = f"its {group.label()} was removed" if state is GroupState.REMOVED else \
             f"its {group.label()} failed: {cause}"
-        self._end(group.id, [*sorted(group.members), group.gang], why)  # (and its
-        # construction, if it still waits)
+        # (and its construction, if it still waits; what runs is stopped only when the
+        # group is removed: README, Gangs, Faults)
+        self._end(group.id, [*sorted(group.members), group.gang], why,
+                  state is GroupState.REMOVED)
         self._sched.remove_gang(group.gang, now=time.monotonic())
         del self.groups[group.id]
         del self.by_gang[group.gang]

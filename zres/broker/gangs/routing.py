@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.tasks import FINISHED, Task, TaskState
 from ...scheduler.records import Grant
+from ..actor_records import ActorState
 from .records import GroupState
 
 if TYPE_CHECKING:
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from ..graph import TaskGraph
     from .groups import GroupTable
     from .ranks import RankTable
+
+# An actor in one of these runs (constructed, or being): a failed group's carries on.
+_RUNS = frozenset({ActorState.STARTING, ActorState.ALIVE})
 
 
 class GangRouting:
@@ -80,18 +84,24 @@ class GangRouting:
             elif self._ranks.is_rank(task_id):
                 self._ranks.lost(task_id, why)
 
-    def end_in_group(self, group_id: str, members: list[int], why: str) -> None:
+    def end_in_group(self, group_id: str, members: list[int], why: str,
+                     stop_running: bool = True) -> None:
         """End the work placed in group GROUP_ID (MEMBERS: its tasks' ids), which ended
-        (WHY): what waits fails, what runs is stopped, its actors are killed."""
+        (WHY): what waits fails; what runs is stopped and its actors are killed, unless
+        not STOP_RUNNING (a group that failed, a bundle lost: what runs in its other
+        bundles carries on until it ends, holding what it took, as when it is reserved
+        again; an actor placed there that must restart cannot, its group gone)."""
         for actor in [a for a in self._actors.actors.values()
                       if a.bundle is not None and a.bundle[0] == group_id]:
-            self._actors.kill(actor, f"{actor.label()} ended: {why}")
+            if stop_running or actor.state not in _RUNS:
+                self._actors.kill(actor, f"{actor.label()} ended: {why}")
         for task_id in members:
             task = self._graph.get(task_id)
             if task is None or task.state in FINISHED:
                 continue
             if task.state is TaskState.RUNNING:
-                self.cancel(task, force=True)
+                if stop_running:
+                    self.cancel(task, force=True)
                 continue
             if task.state is TaskState.QUEUED:
                 self._sched.dequeue(task.id)
