@@ -197,3 +197,22 @@ def test_a_group_is_taken_back_where_it_was_whatever_agent_comes_back_first(make
     assert starts(ledger) == {"x": 1}
     wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
                            for s in a["slots"]), message="everything given back")
+
+
+def test_an_agent_drained_under_a_group_moves_it_without_spending_a_restart(make_cluster,
+                                                                          make_client):
+    """A planned leave (SIGTERM: drained, goodbye) of an agent holding a bundle reserves
+    the group again on what is left, its restarts untouched: a node drained for
+    maintenance does not fail the groups on it (restarts=0, the default)."""
+    cluster = make_cluster(agents=[{"gpu": 2}] * 2, names=["a", "b"])
+    client = make_client(cluster.address)
+    pg = client.placement_group([{"gpu": 1}] * 2, strategy="SPREAD")
+    pg.ready().result(30)
+    assert sorted(b["agent"] for b in group(client, pg)["bundles"]) == ["a", "b"]
+    cluster.agents["a"].terminate()
+    wait_until(lambda: group(client, pg)["state"] == "ready"
+               and [b["agent"] for b in group(client, pg)["bundles"]] == ["b", "b"],
+               message="the group reserved again on b")
+    assert group(client, pg)["restarts_left"] == 0
+    assert client.submit(where, placement=(pg, 0)).result(30) == "b"
+    pg.remove()

@@ -392,7 +392,8 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
         self._send(agent.ident, P.UNKNOWN, {"ended": f"declared lost: {why}",
                                             "session": agent.session})
         lost = [t for slot_id in agent.slots for t in self._sched.remove_slot(slot_id)]
-        self._bundles_lost(lost, f"agent {agent.name} was lost ({why})")
+        self._bundles_lost(lost, f"agent {agent.name} {'left' if left else 'was lost'} "
+                           f"({why})", left)
         for task_id in lost:
             actor = self._actors.placements.get(task_id)
             if actor is not None:

@@ -189,20 +189,22 @@ class GroupTable:
                 self._graph.finish(task, P.OK, [], {"agents": list(group.agents)})
         self._changed(group)
 
-    def bundle_lost(self, bundle_id: int, why: str) -> None:
+    def bundle_lost(self, bundle_id: int, why: str, left: bool = False) -> None:
         """A bundle was lost with its agent (WHY): the group is reserved again, whole, or
-        fails."""
+        fails. LEFT: its agent left as planned (drained): reserved again, no restart
+        spent (an operator draining a node for maintenance does not fail the groups on it,
+        as Ray's node drain does not)."""
         group, index = self.of_bundle[bundle_id]
         if group.state not in (GroupState.READY, GroupState.ADOPTING):
             return  # (another of its bundles, lost with the same agent: done already)
         cause = f"its bundle {index} was lost with agent {group.agents[index]} ({why})"
         group.agents = [""] * len(group.bundles)
         group.where = [[] for _ in group.bundles]
-        if group.restarts == 0:
+        if group.restarts == 0 and not left:
             self._sched.remove_gang(group.gang, now=time.monotonic())
             self.end(group, GroupState.FAILED, f"{cause}, and it had no restarts left")
             return
-        if group.restarts > 0:
+        if group.restarts > 0 and not left:
             group.restarts -= 1
         log.warning("group_restarting", group=group.label(), cause=cause,
                     restarts_left=group.restarts)

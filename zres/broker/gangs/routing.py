@@ -76,11 +76,12 @@ class GangRouting:
         else:
             self._ranks.placed(grant)
 
-    def _bundles_lost(self, lost: list[int], why: str) -> None:
-        """Of LOST (the grants of a lost agent), the gangs' bundles: their gangs go."""
+    def _bundles_lost(self, lost: list[int], why: str, left: bool = False) -> None:
+        """Of LOST (the grants of a lost agent; LEFT: one that left, drained), the gangs'
+        bundles: their gangs go."""
         for task_id in lost:
             if task_id in self._groups.of_bundle:
-                self._groups.bundle_lost(task_id, why)
+                self._groups.bundle_lost(task_id, why, left)
             elif self._ranks.is_rank(task_id):
                 self._ranks.lost(task_id, why)
 
