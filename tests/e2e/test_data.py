@@ -228,6 +228,25 @@ def test_a_big_result_made_while_the_broker_was_away_reaches_its_client(
     assert result.result(60) == made(BIG)
 
 
+def test_a_value_being_put_as_the_broker_restarts_is_kept_and_never_run_as_a_call(
+        make_cluster, make_client, monkeypatch):
+    """A put (here a call too big to travel inline) whose upload a broker restart
+    interrupted was restored as a task to run: its worker failed on the call it does not
+    have (a bare IndexError, the dependent's) and the value was freed. It ends once its
+    agent has the value, as if the broker had never gone."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    upload = client._fetcher.upload
+
+    def restart_first(*args: object) -> None:
+        cluster.restart_broker()  # (the put placed and kept; its bytes not sent yet)
+        upload(*args)
+
+    monkeypatch.setattr(client._fetcher, "upload", restart_first)
+    value = made(2 << 20)  # (over the 1 MiB a call carries inline: put first)
+    assert client.submit(size, value, resources={"a": 1}).result(60) == len(value)
+
+
 def total(array: np.ndarray) -> float:
     return float(array.sum())
 

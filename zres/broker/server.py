@@ -182,6 +182,7 @@ class Broker(Intake):
                                  actors=self.actor_keeper, objects=self.objects,
                                  gangs=(self.gang_keeper, self.dispatch.ranks, self.groups))
         self.keeper.kept_on_agents = self.objects.restored
+        self.keeper.putting = self.objects.putting
         if store is not None:
             self.adoption.restore(store)
             self.actor_keeper.restore()  # (before the tasks that construct and call them)
