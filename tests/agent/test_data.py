@@ -151,6 +151,31 @@ def test_an_upload_with_its_token_is_kept_and_said(served):
     assert loads(O.read_object(store.path(9))) == list(range(100_000))
 
 
+def test_an_upload_its_sender_abandons_is_dropped_not_kept_in_memory_for_ever(
+        served, monkeypatch):
+    """A client killed (or ^C'd) mid-put left its partial upload in the memory tier for as
+    long as the agent ran: memory the store does not count."""
+    from zres.agent.data import server as data_server
+    monkeypatch.setattr(data_server, "UPLOAD_IDLE", 0.2, raising=False)
+    store, server, _ = served
+    size = 2 * T.CHUNK
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.curve_serverkey = server.key.encode()
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    sock.connect(server.address)
+    try:  # (its first chunk only, and then nothing)
+        P.send(sock, P.encode(P.PUT, {"id": 5, "size": size, "offset": 0, "req": 1,
+                                      "token": T.token(SECRET, "put", 5, size)},
+                              [bytes(T.CHUNK)]))
+        assert sock.poll(5000), "the port did not acknowledge the chunk"
+        assert "error" not in P.decode(P.recv(sock)).body
+        parts = lambda: [n for n in os.listdir(store.memory_dir) if ".part" in n]  # noqa: E731
+        assert parts(), "the upload under way has no file"
+        wait_until(lambda: not parts(), timeout=10, message="the abandoned upload dropped")
+    finally:
+        sock.close(0)
+
+
 def test_past_its_budget_the_store_spills_the_oldest_and_still_serves_them(served):
     store, server, transfers = served
     chunk = os.urandom(MIN_BUDGET // 3)

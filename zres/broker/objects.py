@@ -120,7 +120,9 @@ class ObjectDirectory:
             self.by_agent.setdefault(agent, set()).add(task.id)
 
     def dropped(self, task: Task) -> None:
-        """Nobody holds TASK any more: its copies are freed where they are."""
+        """Nobody holds TASK any more: its copies are freed where they are (a value still
+        being put is too, if its upload ends after all)."""
+        self._puts.pop(task.id, None)
         for agent in task.held_at:
             self._to_free.setdefault(agent, []).append(task.id)
             held = self.by_agent.get(agent)
