@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import select
 import socket
 import stat
 import threading
@@ -148,6 +149,9 @@ def test_an_upload_with_its_token_is_kept_and_said(served):
         transfers.upload(holder, 9, T.token(SECRET, "put", 9, size + 1), frames)
     assert transfers.upload(holder, 9, T.token(SECRET, "put", 9, size), frames) == size
     assert server.stored.get(timeout=5) == (9, size)
+    # (and the agent's loop is woken for it: it heard of each put at its poll's timeout)
+    wait_until(lambda: select.select([server.stored_fd], [], [], 0)[0],
+               message="the port to wake the agent's loop for the stored upload")
     assert loads(O.read_object(store.path(9))) == list(range(100_000))
 
 

@@ -63,6 +63,11 @@ class DataServer:
         self.key = key.public.decode() if key is not None else ""
         self.secret: bytes | None = None   # the cluster's data secret (the broker's welcome)
         self.stored: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        # Readable once an upload is stored: the agent's loop polls it, and reports the put
+        # at once (it heard of it at its poll's timeout, a quarter of a second per put).
+        self.stored_fd, self._stored_w = os.pipe()
+        os.set_blocking(self.stored_fd, False)
+        os.set_blocking(self._stored_w, False)
         self.served = 0                    # bytes sent, for the agent's reports
         self._mapped: OrderedDict[int, Any] = OrderedDict()
         self._uploads: OrderedDict[tuple[bytes, int], O.ObjectWriter] = OrderedDict()
@@ -85,6 +90,8 @@ class DataServer:
             writer.abandon()
         self._sock.close(0)
         self._ctx.term()
+        for fd in (self.stored_fd, self._stored_w):
+            os.close(fd)
 
     def forget(self, ids: list[int]) -> None:
         """These objects were freed: stop serving them from a mapping (the loop's thread;
@@ -200,6 +207,10 @@ class DataServer:
                 self._heard.pop((ident, object_id), None)
                 writer.done()
                 self.stored.put((object_id, size))
+                try:
+                    os.write(self._stored_w, b"!")
+                except BlockingIOError:
+                    pass  # (woken already: the loop reads the whole queue)
                 body["done"] = True
         except (OSError, O.ObjectError) as exc:
             self._uploads.pop((ident, object_id), None)
