@@ -4,8 +4,10 @@ memory budget, freed."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import queue
 import select
 import socket
 import stat
@@ -21,6 +23,7 @@ from tests.conftest import wait_until
 from zres.agent.data.local import LocalPort
 from zres.agent.data.server import DataServer
 from zres.agent.data.store import MIN_BUDGET, ObjectStore
+from zres.agent.data.worker_side import WorkerObjects
 from zres.core import keys as K
 from zres.core import local_reads
 from zres.core import objects as O
@@ -230,6 +233,40 @@ def test_a_reader_on_the_holders_host_is_given_the_file_for_its_token_and_reads_
         assert server.served == served_before
     finally:
         transfers.close()
+
+
+def test_an_input_no_copy_of_which_can_be_kept_here_is_read_into_memory_never_looped_on(
+        served, tmp_path, monkeypatch):
+    """A fetch into a full file system (ENOSPC) took its failure to write for the
+    holder's local socket failing: it asked the port, was given the file again, failed
+    again, for ever (a worker stuck, its task never ending). It fails; and a worker whose
+    store cannot keep a copy (full, or its directory gone: /dev/shm emptied under it)
+    reads the input into its own memory, and its task runs."""
+    store, server, _ = served
+    value = b"x" * 100_000
+    size = put_local(store, 1, value)
+    objects = WorkerObjects(f"{tmp_path}/gone:{tmp_path}/gone-spill")
+    assert loads(objects.inputs([[]], {0: ref(server, 1, size).wire()})[0]) == value
+
+    def full(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(O, "_copy_file", full)
+    transfers = T.Transfers(timeout=5.0, local=True)
+    ended: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+
+    def fetch() -> None:
+        try:
+            transfers.fetch_to(ref(server, 1, size), str(tmp_path / "copy"))
+            ended.put(None)
+        except BaseException as exc:
+            ended.put(exc)
+
+    threading.Thread(target=fetch, daemon=True).start()
+    outcome = ended.get(timeout=10)  # (queue.Empty: it never ended; its thread still runs)
+    transfers.close()
+    assert isinstance(outcome, OSError) and outcome.errno == errno.ENOSPC, outcome
+    assert sorted(os.listdir(tmp_path)) == ["keys", "state"], "the failed copy left a part"
 
 
 def test_a_local_socket_that_fails_or_is_not_the_agents_is_not_read_from(served):

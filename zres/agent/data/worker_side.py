@@ -74,7 +74,11 @@ class WorkerObjects:
             ref = T.Ref.from_wire(wire)
             path = self._path(ref.id)
             if path is None:
-                path = self._fetch(ref)
+                try:
+                    path = self._fetch(ref)
+                except OSError as exc:  # (no copy can be kept here: its file system full)
+                    out[int(index)] = self._fetch_here(ref, exc)
+                    continue
             try:
                 out[int(index)] = O.read_object(path)
             except (OSError, O.ObjectError) as exc:
@@ -82,22 +86,36 @@ class WorkerObjects:
                     from None
         return out
 
+    def _transfers_(self) -> T.Transfers:
+        with self._lock:
+            if self._transfers is None:
+                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT, routes=_routes())
+            return self._transfers
+
     def _fetch(self, ref: T.Ref) -> str:
+        """Fetch REF into this agent's store; return its path there (InputLost if its
+        holders fail; OSError if the copy cannot be written here)."""
         if self.memory_dir is None:
             raise InputLost(ref.id, f"input {ref.id} is on another agent, and this one has "
                             "no store to fetch it into")
         path = os.path.join(self.memory_dir, str(ref.id))
-        with self._lock:
-            if self._transfers is None:
-                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT, routes=_routes())
-            transfers = self._transfers
         try:
-            transfers.fetch_to(ref, path)
-        except (T.TransferError, OSError) as exc:
+            self._transfers_().fetch_to(ref, path)
+        except T.TransferError as exc:
             raise InputLost(ref.id, str(exc)) from None
         with self._lock:
             self.replicas.append([ref.id, ref.size])
         return path
+
+    def _fetch_here(self, ref: T.Ref, why: OSError) -> list[Any]:
+        """REF's frames fetched into this process's memory alone, its store unable to keep
+        a copy (WHY): the task runs (the input lost, it was granted again and failed
+        again, for ever)."""
+        try:
+            return self._transfers_().fetch([ref])[0]  # type: ignore[return-value]
+        except (T.TransferError, OSError) as exc:
+            raise InputLost(ref.id, f"input {ref.id} cannot be kept on this agent ({why}), "
+                            f"nor read into memory: {exc}") from None
 
     def take_replicas(self) -> list[list[int]]:
         """The inputs fetched here since last asked: [id, size] each."""
