@@ -10,6 +10,7 @@ import os
 import signal
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -245,6 +246,23 @@ def test_a_value_being_put_as_the_broker_restarts_is_kept_and_never_run_as_a_cal
     monkeypatch.setattr(client._fetcher, "upload", restart_first)
     value = made(2 << 20)  # (over the 1 MiB a call carries inline: put first)
     assert client.submit(size, value, resources={"a": 1}).result(60) == len(value)
+
+
+def test_a_put_the_broker_restarted_before_answering_is_asked_again(make_cluster,
+                                                                    make_client):
+    """Every submit carries over a broker restart by itself; one with a big argument
+    raised BrokerLostError when its put was asked of the broker that went."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    value = made(2 << 20)  # (over the 1 MiB a call carries inline: put first)
+    os.kill(cluster.broker.pid, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            result = pool.submit(lambda: client.submit(size, value, resources={"a": 1}))
+            wait_until(lambda: client._io.requests, message="the put to be asked")
+        finally:
+            cluster.restart_broker()  # (SIGKILL: stopped or not)
+        assert result.result(60).result(60) == len(value)
 
 
 def total(array: np.ndarray) -> float:

@@ -13,6 +13,7 @@ from ..core import transfer as T
 from ..core.errors import ZresError
 from ..core.serialize import dumps
 from .futures import Future, Owner
+from .io import RequestLost
 
 
 class PutMethods:
@@ -37,8 +38,14 @@ class PutMethods:
             with self._io.lock:
                 self._check_open()
                 self._io.pending[local] = future
-            reply = self._io.request(P.PLACE, {"local": local, "size": size},
-                                     self._io.broker_timeout)
+            try:
+                reply = self._io.request(P.PLACE, {"local": local, "size": size},
+                                         self._io.broker_timeout)
+            except RequestLost as exc:  # (the broker restarted meanwhile: ask it again)
+                why = exc
+                self._io.pending.pop(local, None)
+                self._io.ask(P.CANCEL, {"ids": [local], "force": True})  # (if it was kept)
+                continue
             if "error" in reply:
                 self._io.pending.pop(local, None)
                 raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
