@@ -316,10 +316,7 @@ class WorkerProcess:
                     value = asyncio.run(_await(value))
             self.stopper.leave(task_id)
             outcome, frames = P.OK, _result(value, fn, task)
-            try:
-                frames, kept = self.objects.keep(task_id, frames)  # (a big one: in the store)
-            except OSError as exc:  # (its file system full, say: not the body's own error)
-                raise _not_kept(exc, fn, task, self.objects.memory_dir) from exc
+            frames, kept = self.objects.keep(task_id, frames, fn, task.agent)  # (big: stored)
             task.report.update(kept)
         except Stopped:
             raise
@@ -424,15 +421,6 @@ def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
         except Exception:  # an error class that takes other arguments
             error = RuntimeError(why)
         raise error from exc
-
-
-def _not_kept(exc: OSError, fn: Any, task: TaskContext, store: str | None) -> OSError:
-    """EXC, raised keeping a big result in the agent's STORE, saying so: the body ran well
-    (a bare "No space left on device" read as the body's own failure)."""
-    what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
-    why = (f"the result of task {task.task_id} ({what}) on agent {task.agent} could not be "
-           f"kept in its store at {store}: {exc.strerror or exc}")
-    return OSError(exc.errno, why) if exc.errno else OSError(why)
 
 
 def _missing_module(name: str, agent: str) -> str:

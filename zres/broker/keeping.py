@@ -45,6 +45,7 @@ KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger on
 BLOB_MIN = 256  # a call's first frame (its function) of this many bytes is kept once, shared
 _pack = msgpack.Packer().pack  # (one packer, not one made per call as packb does)
 ActorTask = Callable[[Task, list[int], str, Callable[[Task, list[int]], None]], None]
+Put = Callable[[Task, str, int], None]
 
 
 class TaskKeeper:
@@ -59,9 +60,6 @@ class TaskKeeper:
         self._digests: dict[bytes, bytes] = {}  # shared function frames' digests
         # A restored task whose result is kept on agents (the broker's ``objects``).
         self.kept_on_agents: Callable[[Task], None] = lambda task: None
-        # A restored put its client was uploading: it ends once that agent has the value
-        # (the broker's ``objects``), never runs as a call (it has none).
-        self.putting: Callable[[Task, str, int], None] = lambda task, agent, size: None
         self._graph: TaskGraph | None = None
         self._fail: Callable[[Task, str, str], None] = lambda task, error, why: None
 
@@ -160,23 +158,25 @@ class TaskKeeper:
 
     def restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
                 adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
-                wait: float) -> int:
+                wait: float, put: Put = lambda task, agent, size: None) -> int:
         """Restore the kept tasks into GRAPH and their owners as clients that have WAIT
         seconds to say hello again; FAIL(task, error type, message) ends one that cannot
         go on; ADOPT(task, inputs, agent) waits for the agent that held one;
         ACTOR_TASK(task, inputs, agent that held it, link) puts back one that constructs
-        or calls an actor. Return how many."""
+        or calls an actor; PUT(task, agent, size) one that stands for a value its client
+        was uploading to that agent (it ends once the agent has it: it has no call to
+        run). Return how many."""
         if self._store is None:
             return 0
         gc.disable()  # (many objects, none of them garbage: see adoption.restore)
         try:
-            return self._restore(graph, fail, adopt, actor_task, wait)
+            return self._restore(graph, fail, adopt, actor_task, wait, put)
         finally:
             gc.enable()
 
     def _restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
                  adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
-                 wait: float) -> int:
+                 wait: float, restore_put: Put) -> int:
         assert self._store is not None
         rows = []
         for task_id, record, state, result in self._store.tasks():
@@ -230,7 +230,7 @@ class TaskKeeper:
             graph.add(task)
             if put is not None:  # (being uploaded: its agent says whether it has it)
                 graph.restored_as(task, TaskState.RUNNING)
-                self.putting(task, str(put[0]), int(put[1]))
+                restore_put(task, str(put[0]), int(put[1]))
                 continue
             if lost:
                 self._unrun[task.id] = deps

@@ -182,12 +182,11 @@ class Broker(Intake):
                                  actors=self.actor_keeper, objects=self.objects,
                                  gangs=(self.gang_keeper, self.dispatch.ranks, self.groups))
         self.keeper.kept_on_agents = self.objects.restored
-        self.keeper.putting = self.objects.putting
         if store is not None:
             self.adoption.restore(store)
             self.actor_keeper.restore()  # (before the tasks that construct and call them)
             self.keeper.restore(self.graph, self.graph.fail, self.adoption.wait_for,
-                                self.actor_keeper.task, wait=reconnect)
+                                self.actor_keeper.task, wait=reconnect, put=self.objects.putting)
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,

@@ -277,10 +277,7 @@ class Transfers:
     def _read_here(self, fetch: _Fetch, link: local_reads.Link, flight: _Flight) -> None:
         """Read FETCH's object in place, its holder being on this host (LINK to it), or
         go on with the holder's data port (its local socket failed), or the next holder
-        (it refuses, or did not answer). An OSError reading the file it gives is this
-        process's own (its file system full, its memory short): raised, never taken for
-        the link's (the fetch asked the port, was given the file again, and failed again,
-        for ever)."""
+        (it refuses, or did not answer). An OSError reading the file given is ours: raised."""
         at = fetch.at
         try:
             fd = link.open(fetch.ref.id, fetch.ref.size, fetch.ref.token, flight.left(fetch))

@@ -49,12 +49,21 @@ class WorkerObjects:
         self._lock = threading.Lock()
         self.replicas: list[list[int]] = []   # [id, size] fetched here, for the agent
 
-    def keep(self, task_id: int, frames: list[Any]) -> tuple[list[Any], dict[str, Any]]:
-        """FRAMES of TASK_ID's result as they go to the agent, and what to add to its info:
-        inline if small, else written to the store ({"stored": size}, no frames)."""
+    def keep(self, task_id: int, frames: list[Any], fn: Any = None,
+             agent: str = "") -> tuple[list[Any], dict[str, Any]]:
+        """FRAMES of TASK_ID's result (of FN, on AGENT) as they go to the agent, and what
+        to add to its info: inline if small, else written to the store ({"stored": size},
+        no frames); an OSError saying so if it cannot be."""
         if self.memory_dir is None or sum(memoryview(f).nbytes for f in frames) <= INLINE:
             return frames, {}
-        size = O.write_object(os.path.join(self.memory_dir, str(task_id)), frames)
+        try:
+            size = O.write_object(os.path.join(self.memory_dir, str(task_id)), frames)
+        except OSError as exc:  # (its file system full, say: not the body's own failure,
+            # which a bare "No space left on device" was taken for)
+            what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
+            why = (f"the result of task {task_id} ({what}) on agent {agent} could not be "
+                   f"kept in its store at {self.memory_dir}: {exc.strerror or exc}")
+            raise (OSError(exc.errno, why) if exc.errno else OSError(why)) from exc
         return [], {"stored": size}
 
     def _path(self, object_id: int) -> str | None:
