@@ -5,6 +5,7 @@ again if it may, else says so; a broker restart loses none of it and runs nothin
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import signal
@@ -263,6 +264,33 @@ def test_a_put_the_broker_restarted_before_answering_is_asked_again(make_cluster
         finally:
             cluster.restart_broker()  # (SIGKILL: stopped or not)
         assert result.result(60).result(60) == len(value)
+
+
+def test_a_value_put_after_a_failed_try_is_freed_once_nobody_needs_it(make_cluster,
+                                                                       make_client,
+                                                                       monkeypatch):
+    """A put tried again (its first agent failed it) kept the exception of the first try,
+    whose traceback kept the put's frame, and with it the value and its future, until a
+    garbage collection: the value held on its agent (and in the client) long after."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    upload, tries = client._fetcher.upload, []
+
+    def fail_first(*args: object) -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise T.TransferError("the first agent went")
+        upload(*args)
+
+    monkeypatch.setattr(client._fetcher, "upload", fail_first)
+    gc.disable()  # (what only a collection would free stays)
+    try:
+        assert client.submit(size, made(2 << 20), resources={"a": 1}).result(60) == 2 << 20
+        wait_until(lambda: store(client, "agent-a").get("objects") == 0,  # (said, and 0)
+                   message="the value put to be freed once its reader is done")
+    finally:
+        gc.enable()
+    assert len(tries) == 2
 
 
 def total(array: np.ndarray) -> float:

@@ -31,7 +31,10 @@ class PutMethods:
         there; return its future (a task of this client's that ends once the agent has it
         whole; its result is the value). A failed upload is tried on another agent."""
         size = O.object_size(frames)
-        why: Exception | None = None
+        # (why the last try failed, as text: an exception kept here keeps this frame, and
+        # with it the value's frames and the future made, until a garbage collection:
+        # the value pinned on its agent, and in this process, long after it was used)
+        why = ""
         for _ in range(3):
             local = next(self._ids)
             future: Future[Any] = Future(cast(Owner, self), local, name)
@@ -42,7 +45,7 @@ class PutMethods:
                 reply = self._io.request(P.PLACE, {"local": local, "size": size},
                                          self._io.broker_timeout)
             except RequestLost as exc:  # (the broker restarted meanwhile: ask it again)
-                why = exc
+                why = str(exc)
                 self._io.pending.pop(local, None)
                 self._io.ask(P.CANCEL, {"ids": [local], "force": True})  # (if it was kept)
                 continue
@@ -55,7 +58,7 @@ class PutMethods:
                                      frames)
                 return future
             except T.TransferError as exc:
-                why = exc  # (the agent went, or could not keep it: stop that one, try again)
+                why = str(exc)  # (the agent went, or could not keep it: stop it, try again)
                 self._io.ask(P.CANCEL, {"ids": [local], "force": True})
         raise ZresError(f"{name} could not be put on an agent: {why}")
 
