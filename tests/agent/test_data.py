@@ -269,6 +269,17 @@ def test_an_input_no_copy_of_which_can_be_kept_here_is_read_into_memory_never_lo
     assert sorted(os.listdir(tmp_path)) == ["keys", "state"], "the failed copy left a part"
 
 
+def test_an_input_with_no_holder_connected_is_lost_to_its_task_not_its_worker(tmp_path):
+    """An input whose holders were all away (a broker restarted before they came back)
+    went to the worker as no reference at all: its ValueError ended the worker process
+    (exit 70), every task in it lost. Its task is told it cannot read it (ran nothing)."""
+    from zres.agent.data.worker_side import InputLost
+    objects = WorkerObjects(f"{tmp_path}/objects:{tmp_path}/spill")
+    with pytest.raises(InputLost, match="input 7 cannot be read now") as lost:
+        objects.inputs([[]], {0: [7, 100, b"", []]})
+    assert lost.value.object_id == 7
+
+
 def test_a_local_socket_that_fails_or_is_not_the_agents_is_not_read_from(served):
     """A reader checks the socket's peer is the process the data port named (nobody else
     on the host poses as the agent); a socket that stops answering (its agent restarted,

@@ -221,6 +221,10 @@ class TaskKeeper:
                                   else TaskState.FAILED)
                 if task.size:
                     self.kept_on_agents(task)  # (its agents offer it back, or it is lost)
+                    if (task.retries > 0 or task.recompute) and not deps:
+                        # (its call, to make it again if it is lost: as before the restart;
+                        # one with inputs is not, whose inputs may be gone)
+                        task.payload = self.payload(task)
                 continue
             if not (holds_it or task.id in needed or task.creates or task.detached):
                 # (an actor needs its construction; a detached task runs on for its owner)

@@ -80,7 +80,14 @@ class WorkerObjects:
             return deps
         out = list(deps)
         for index, wire in refs.items():
-            ref = T.Ref.from_wire(wire)
+            try:
+                ref = T.Ref.from_wire(wire)
+            except ValueError as exc:  # (none of its holders connected: a broker restarted
+                # before they came back) the task ran nothing: lost, not this worker's end
+                known = isinstance(wire, list) and wire and type(wire[0]) is int
+                raise InputLost(wire[0] if known else -1,
+                                f"input {wire[0] if known else index} cannot be read "
+                                f"now: {exc}") from None
             path = self._path(ref.id)
             if path is None:
                 try:
