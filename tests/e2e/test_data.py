@@ -9,6 +9,7 @@ import gc
 import glob
 import os
 import signal
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -291,6 +292,43 @@ def test_a_value_put_after_a_failed_try_is_freed_once_nobody_needs_it(make_clust
     finally:
         gc.enable()
     assert len(tries) == 2
+
+
+def test_a_result_asked_for_in_one_thread_never_waits_for_a_put_in_another(
+        make_cluster, make_client, monkeypatch):
+    """A client's transfers went one at a time: a small result asked for while another
+    thread put a big argument waited out the whole upload (1.45 s of a 1 GiB one), or
+    its agent's timeout (here: agent-a, the put's, stopped until the result is here)."""
+    cluster = make_cluster(agents=[{"a": 1, "MEMORY": 8e9}, {"b": 1, "MEMORY": 1e9}],
+                           names=["agent-a", "agent-b"])
+    client = make_client(cluster.address)
+    small = client.submit(made, BIG, resources={"b": 1})
+    zres.wait([small])
+    wait_until(lambda: store(client, "agent-a").get("budget"),  # (puts go to the most room)
+               message="the broker to know agent-a's store")
+    began, events = threading.Event(), []
+    upload = T.Transfers.upload
+
+    def noted(self: T.Transfers, *args: object) -> int:
+        began.set()
+        try:
+            return upload(self, *args)  # type: ignore[arg-type]
+        finally:
+            events.append("an upload's try ended")
+
+    monkeypatch.setattr(T.Transfers, "upload", noted)
+    agent_a = cluster.agents["agent-a"].pid
+    stop_process(agent_a)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            put = pool.submit(client.submit, size, made(2 << 20), resources={"b": 1})
+            wait_until(began.is_set, message="the upload to begin")
+            assert small.result(60) == made(BIG)
+            events.append("fetched")
+        finally:
+            os.kill(agent_a, signal.SIGCONT)
+        assert put.result(60).result(60) == 2 << 20
+    assert events[0] == "fetched", events
 
 
 def total(array: np.ndarray) -> float:
