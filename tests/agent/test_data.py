@@ -4,8 +4,11 @@ memory budget, freed."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import queue
+import select
 import socket
 import stat
 import threading
@@ -20,6 +23,7 @@ from tests.conftest import wait_until
 from zres.agent.data.local import LocalPort
 from zres.agent.data.server import DataServer
 from zres.agent.data.store import MIN_BUDGET, ObjectStore
+from zres.agent.data.worker_side import WorkerObjects
 from zres.core import keys as K
 from zres.core import local_reads
 from zres.core import objects as O
@@ -148,7 +152,35 @@ def test_an_upload_with_its_token_is_kept_and_said(served):
         transfers.upload(holder, 9, T.token(SECRET, "put", 9, size + 1), frames)
     assert transfers.upload(holder, 9, T.token(SECRET, "put", 9, size), frames) == size
     assert server.stored.get(timeout=5) == (9, size)
+    # (and the agent's loop is woken for it: it heard of each put at its poll's timeout)
+    wait_until(lambda: select.select([server.stored_fd], [], [], 0)[0],
+               message="the port to wake the agent's loop for the stored upload")
     assert loads(O.read_object(store.path(9))) == list(range(100_000))
+
+
+def test_an_upload_its_sender_abandons_is_dropped_not_kept_in_memory_for_ever(
+        served, monkeypatch):
+    """A client killed (or ^C'd) mid-put left its partial upload in the memory tier for as
+    long as the agent ran: memory the store does not count."""
+    from zres.agent.data import server as data_server
+    monkeypatch.setattr(data_server, "UPLOAD_IDLE", 0.2, raising=False)
+    store, server, _ = served
+    size = 2 * T.CHUNK
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.curve_serverkey = server.key.encode()
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    sock.connect(server.address)
+    try:  # (its first chunk only, and then nothing)
+        P.send(sock, P.encode(P.PUT, {"id": 5, "size": size, "offset": 0, "req": 1,
+                                      "token": T.token(SECRET, "put", 5, size)},
+                              [bytes(T.CHUNK)]))
+        assert sock.poll(5000), "the port did not acknowledge the chunk"
+        assert "error" not in P.decode(P.recv(sock)).body
+        parts = lambda: [n for n in os.listdir(store.memory_dir) if ".part" in n]  # noqa: E731
+        assert parts(), "the upload under way has no file"
+        wait_until(lambda: not parts(), timeout=10, message="the abandoned upload dropped")
+    finally:
+        sock.close(0)
 
 
 def test_past_its_budget_the_store_spills_the_oldest_and_still_serves_them(served):
@@ -201,6 +233,51 @@ def test_a_reader_on_the_holders_host_is_given_the_file_for_its_token_and_reads_
         assert server.served == served_before
     finally:
         transfers.close()
+
+
+def test_an_input_no_copy_of_which_can_be_kept_here_is_read_into_memory_never_looped_on(
+        served, tmp_path, monkeypatch):
+    """A fetch into a full file system (ENOSPC) took its failure to write for the
+    holder's local socket failing: it asked the port, was given the file again, failed
+    again, for ever (a worker stuck, its task never ending). It fails; and a worker whose
+    store cannot keep a copy (full, or its directory gone: /dev/shm emptied under it)
+    reads the input into its own memory, and its task runs."""
+    store, server, _ = served
+    value = b"x" * 100_000
+    size = put_local(store, 1, value)
+    objects = WorkerObjects(f"{tmp_path}/gone:{tmp_path}/gone-spill")
+    assert loads(objects.inputs([[]], {0: ref(server, 1, size).wire()})[0]) == value
+
+    def full(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(O, "_copy_file", full)
+    transfers = T.Transfers(timeout=5.0, local=True)
+    ended: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+
+    def fetch() -> None:
+        try:
+            transfers.fetch_to(ref(server, 1, size), str(tmp_path / "copy"))
+            ended.put(None)
+        except BaseException as exc:
+            ended.put(exc)
+
+    threading.Thread(target=fetch, daemon=True).start()
+    outcome = ended.get(timeout=10)  # (queue.Empty: it never ended; its thread still runs)
+    transfers.close()
+    assert isinstance(outcome, OSError) and outcome.errno == errno.ENOSPC, outcome
+    assert sorted(os.listdir(tmp_path)) == ["keys", "state"], "the failed copy left a part"
+
+
+def test_an_input_with_no_holder_connected_is_lost_to_its_task_not_its_worker(tmp_path):
+    """An input whose holders were all away (a broker restarted before they came back)
+    went to the worker as no reference at all: its ValueError ended the worker process
+    (exit 70), every task in it lost. Its task is told it cannot read it (ran nothing)."""
+    from zres.agent.data.worker_side import InputLost
+    objects = WorkerObjects(f"{tmp_path}/objects:{tmp_path}/spill")
+    with pytest.raises(InputLost, match="input 7 cannot be read now") as lost:
+        objects.inputs([[]], {0: [7, 100, b"", []]})
+    assert lost.value.object_id == 7
 
 
 def test_a_local_socket_that_fails_or_is_not_the_agents_is_not_read_from(served):

@@ -543,3 +543,45 @@ def test_an_acknowledgement_due_within_a_millisecond_is_waited_for_not_spun_for(
     acks._by[b"c"] = time.monotonic() - 0.001  # (due: sent, and then nothing waits)
     acks.send_due()
     assert sent == [(b"c", P.ACCEPTED)] and acks.wait >= 0.001
+
+
+def test_a_big_result_that_may_be_made_again_keeps_its_call_across_a_restart(tmp_path):
+    """A restored task's call stays on disk until it is granted, and lineage makes a lost
+    result again only from a task that has its call: a big result whose holder did not
+    come back after a restart failed with 'may not run again (... recompute=True lets it)'
+    though its task had asked for that. One with inputs is not made again (they may be
+    gone), and says so."""
+    from zres.broker.clients import ClientRegistry
+    from zres.broker.graph import TaskGraph
+    from zres.broker.keeping import TaskKeeper
+    from zres.broker.lineage import Lineage
+    from zres.core.tasks import Task, TaskState
+
+    def kept_done(keeper: TaskKeeper, task_id: int, deps: list[int]) -> None:
+        task = Task(task_id, CLIENT, task_id, {}, 0, 0, f"t{task_id}", False,
+                    [b"fn", b"args"], [], holders=1)
+        task.recompute = True
+        keeper.new(task, deps)
+        task.outcome, task.size, task.held_at = P.OK, 100, ["agent-a"]
+        task.state = TaskState.DONE
+        keeper.changed(task)
+
+    store = Store(str(tmp_path))
+    clients = ClientRegistry(60.0, lambda client, event: None)
+    clients.restore(CLIENT, "", 60.0).ids.update({1: 1, 2: 2})  # (it holds both)
+    keeper = TaskKeeper(store, clients)
+    kept_done(keeper, 1, [])
+    kept_done(keeper, 2, [1])
+    store.commit()
+    store.close()
+    graph = TaskGraph(on_ready=lambda task: None, on_recorded=lambda task: None)
+    keeper = TaskKeeper(Store(str(tmp_path)), ClientRegistry(60.0, lambda c, e: None))
+    keeper.restore(graph, graph.fail, lambda task, deps, agent: None,
+                   lambda task, deps, agent, link: None, wait=60.0)
+    again: list[Task] = []
+    lineage = Lineage(graph, None, again.append, lambda task: None)  # type: ignore[arg-type]
+    source, reader = graph.tasks[1], graph.tasks[2]
+    source.held_at = reader.held_at = ()
+    lineage.lost([source, reader], "agent agent-a (it did not come back)")
+    assert again == [source] and source.payload == [b"fn", b"args"], source.lost
+    assert "its inputs were not kept when the broker restarted" in reader.lost

@@ -193,3 +193,35 @@ def test_an_actor_call_whose_input_is_lost_for_good_fails_and_the_next_goes() ->
     assert "may not run again" in first.info["message"]
     [body] = sent
     assert [item[0] for item in body["calls"]] == [3]
+
+
+def test_a_task_whose_inputs_holders_are_away_waits_for_them_not_granted_again_and_again(
+        ) -> None:
+    """After a broker restart a result's holders are known by name only until they come
+    back: a task granted meanwhile could not read its input and was queued again at once,
+    its worker failing again, both cores busy for the whole grace period. It waits for a
+    holder to come back, or for the input's loss (made again: then after it)."""
+    graph, lineage, queue = setup()
+    away = {"agent-a", "agent-b"}
+    graph.refer = lambda task: None if set(task.held_at) <= away else list(task.held_at)
+    first, second = submit(graph, 1, []), submit(graph, 2, [])
+    run(graph, queue, first, size=100)
+    run(graph, queue, second, size=100)
+    second.held_at = ["agent-b"]
+    readers = [submit(graph, 3, [1]), submit(graph, 4, [2])]
+    again: list[Any] = []
+    for reader in readers:
+        queue.queued.remove(reader.id)
+        graph.set_state(reader, TaskState.RUNNING)
+        lineage.input_lost(reader, {"input": reader.deps[0]}, again.append)
+    assert not again, "granted again while its input's holders are away"
+    assert all(r.state is TaskState.WAITING and r.missing == 1 for r in readers)
+    away.discard("agent-a")  # (back, with the first input)
+    lineage.holders_back()
+    assert readers[0].state is TaskState.QUEUED and readers[0].missing == 0
+    assert readers[1].state is TaskState.WAITING
+    second.held_at = ()  # (agent-b did not come back: made again, it has a retry)
+    lineage.lost([second], "agent agent-b (it did not come back)")
+    assert second.state is TaskState.QUEUED and readers[1].missing == 1
+    run(graph, queue, second, size=100)
+    assert readers[1].state is TaskState.QUEUED and readers[1].missing == 0

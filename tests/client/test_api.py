@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import gc
 import os
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,20 @@ def test_exceptions_keep_their_type_and_carry_the_remote_traceback(make_cluster,
     with pytest.raises(TypeError, match=rf"the result of task \d+ \(make_lock\) on agent "
                        rf"{agent} cannot be pickled to be sent back: TypeError: cannot pickle"):
         client.submit(make_lock).result(30)
+    # So does a big result its agent's store cannot keep (here its directory is gone, as
+    # when /dev/shm is emptied under an agent; a full file system alike): a bare
+    # FileNotFoundError naming a file of zres's read as the body's own failure.
+    with open(os.path.join(cluster.state_dir, f"agent-{cluster.status()['agents'][0]['name']}",
+                           "object-store")) as fh:
+        shutil.rmtree(fh.read())
+    with pytest.raises(OSError, match=rf"the result of task \d+ \(some_bytes\) on agent "
+                       rf"{agent} could not be kept in its store at /\S+: No such file or "
+                       "directory"):
+        client.submit(some_bytes, 1 << 20).result(30)
+
+
+def some_bytes(n: int) -> bytes:
+    return b"x" * n
 
 
 def make_lock() -> Any:

@@ -5,11 +5,14 @@ again if it may, else says so; a broker restart loses none of it and runs nothin
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import signal
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +229,106 @@ def test_a_big_result_made_while_the_broker_was_away_reaches_its_client(
         message="its result kept by its agent")
     cluster.restart_broker()
     assert result.result(60) == made(BIG)
+
+
+def test_a_value_being_put_as_the_broker_restarts_is_kept_and_never_run_as_a_call(
+        make_cluster, make_client, monkeypatch):
+    """A put (here a call too big to travel inline) whose upload a broker restart
+    interrupted was restored as a task to run: its worker failed on the call it does not
+    have (a bare IndexError, the dependent's) and the value was freed. It ends once its
+    agent has the value, as if the broker had never gone."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    upload = client._fetcher.upload
+
+    def restart_first(*args: object) -> None:
+        cluster.restart_broker()  # (the put placed and kept; its bytes not sent yet)
+        upload(*args)
+
+    monkeypatch.setattr(client._fetcher, "upload", restart_first)
+    value = made(2 << 20)  # (over the 1 MiB a call carries inline: put first)
+    assert client.submit(size, value, resources={"a": 1}).result(60) == len(value)
+
+
+def test_a_put_the_broker_restarted_before_answering_is_asked_again(make_cluster,
+                                                                    make_client):
+    """Every submit carries over a broker restart by itself; one with a big argument
+    raised BrokerLostError when its put was asked of the broker that went."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    value = made(2 << 20)  # (over the 1 MiB a call carries inline: put first)
+    os.kill(cluster.broker.pid, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            result = pool.submit(lambda: client.submit(size, value, resources={"a": 1}))
+            wait_until(lambda: client._io.requests, message="the put to be asked")
+        finally:
+            cluster.restart_broker()  # (SIGKILL: stopped or not)
+        assert result.result(60).result(60) == len(value)
+
+
+def test_a_value_put_after_a_failed_try_is_freed_once_nobody_needs_it(make_cluster,
+                                                                       make_client,
+                                                                       monkeypatch):
+    """A put tried again (its first agent failed it) kept the exception of the first try,
+    whose traceback kept the put's frame, and with it the value and its future, until a
+    garbage collection: the value held on its agent (and in the client) long after."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"])
+    client = make_client(cluster.address)
+    upload, tries = client._fetcher.upload, []
+
+    def fail_first(*args: object) -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise T.TransferError("the first agent went")
+        upload(*args)
+
+    monkeypatch.setattr(client._fetcher, "upload", fail_first)
+    gc.disable()  # (what only a collection would free stays)
+    try:
+        assert client.submit(size, made(2 << 20), resources={"a": 1}).result(60) == 2 << 20
+        wait_until(lambda: store(client, "agent-a").get("objects") == 0,  # (said, and 0)
+                   message="the value put to be freed once its reader is done")
+    finally:
+        gc.enable()
+    assert len(tries) == 2
+
+
+def test_a_result_asked_for_in_one_thread_never_waits_for_a_put_in_another(
+        make_cluster, make_client, monkeypatch):
+    """A client's transfers went one at a time: a small result asked for while another
+    thread put a big argument waited out the whole upload (1.45 s of a 1 GiB one), or
+    its agent's timeout (here: agent-a, the put's, stopped until the result is here)."""
+    cluster = make_cluster(agents=[{"a": 1, "MEMORY": 8e9}, {"b": 1, "MEMORY": 1e9}],
+                           names=["agent-a", "agent-b"])
+    client = make_client(cluster.address)
+    small = client.submit(made, BIG, resources={"b": 1})
+    zres.wait([small])
+    wait_until(lambda: store(client, "agent-a").get("budget"),  # (puts go to the most room)
+               message="the broker to know agent-a's store")
+    began, events = threading.Event(), []
+    upload = T.Transfers.upload
+
+    def noted(self: T.Transfers, *args: object) -> int:
+        began.set()
+        try:
+            return upload(self, *args)  # type: ignore[arg-type]
+        finally:
+            events.append("an upload's try ended")
+
+    monkeypatch.setattr(T.Transfers, "upload", noted)
+    agent_a = cluster.agents["agent-a"].pid
+    stop_process(agent_a)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            put = pool.submit(client.submit, size, made(2 << 20), resources={"b": 1})
+            wait_until(began.is_set, message="the upload to begin")
+            assert small.result(60) == made(BIG)
+            events.append("fetched")
+        finally:
+            os.kill(agent_a, signal.SIGCONT)
+        assert put.result(60).result(60) == 2 << 20
+    assert events[0] == "fetched", events
 
 
 def total(array: np.ndarray) -> float:

@@ -94,6 +94,7 @@ class Agent(Draining, Fencing):
                            self.pool, resume=self._lease_came_back)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)
         self.poller.register(self.pool.links.fileno(), zmq.POLLIN)
+        self.poller.register(self.data.server.stored_fd, zmq.POLLIN)  # (uploads stored)
         self.hb_interval, self.hb_timeout = heartbeat_interval, heartbeat_timeout
         # Beats that no busy turn of this loop can hold up; a loop stuck far longer than
         # the broker waits lets the broker give up on us, as for any silent agent.

@@ -316,7 +316,7 @@ class WorkerProcess:
                     value = asyncio.run(_await(value))
             self.stopper.leave(task_id)
             outcome, frames = P.OK, _result(value, fn, task)
-            frames, kept = self.objects.keep(task_id, frames)  # (a big one: in the store)
+            frames, kept = self.objects.keep(task_id, frames, fn, task.agent)  # (big: stored)
             task.report.update(kept)
         except Stopped:
             raise

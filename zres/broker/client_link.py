@@ -75,6 +75,8 @@ class ClientLink:
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self.acks = Acknowledgements(send, store)
+        # Puts placed this turn: told where to upload once written (see ``flush``).
+        self._placed: list[tuple[bytes, dict[str, Any]]] = []
         # LATER(ident, work): go on with a client's large submit at the loop's next round,
         # before what it sent after (see ``backlog``); REFUSE(ident, msg, error, ids): fail
         # the tasks of it that were not taken (LATER None: every submit in one go).
@@ -368,9 +370,13 @@ class ClientLink:
             self._graph.fail(task, "ZresError", "no agent with a data port is connected")
             body["error"] = "no agent with a data port is connected to keep it"
         else:
-            self._keeper.new(task, [])
+            self._keeper.new(task, [], put=(holder.agent, size))
             body.update(id=task.id, token=self._objects.put_token(task, size),
                         at=[holder.agent, holder.address, holder.key])
+            # (once written: a broker killed before would not know the task the value
+            # went up for, and its agent would free it as nobody's)
+            self._placed.append((ident, body))
+            return
         self._send(ident, P.PLACE_REPLY, body)
 
     def on_locate(self, ident: bytes, msg: P.Message, now: float) -> None:
@@ -403,6 +409,10 @@ class ClientLink:
         """Send the turn's results, then the news of what began. A task that began and
         ended within the turn is told its result alone (it says both): its client waits
         for the result, and a message less is a hop less on a short task's way."""
+        if self._placed and (self._store is None or self._store.error is None):
+            for ident, body in self._placed:
+                self._send(ident, P.PLACE_REPLY, body)
+            self._placed.clear()
         for ident in self._running.peers():
             self._running.discard(ident, self._results.keys_of(ident))
         self._results.flush(self.acks.fields)  # (acknowledgements ride with results)

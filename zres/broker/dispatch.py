@@ -416,6 +416,7 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
         and no longer does is lost there."""
         self.lineage.lost(self._objects.offered(agent.name, objects),
                           f"agent {agent.name} (it came back without it)")
+        self.lineage.holders_back()  # (what waited for what it holds)
 
     def set_accepting(self, agent: AgentRecord) -> None:
         """Open AGENT's slots to new grants, or close them, as it is there and staying."""

@@ -122,7 +122,9 @@ class TaskGraph:
             dep = self.tasks[dep_id]
             if dep.size:
                 counts.append(-1)
-                refs[index] = self.refer(dep)
+                # (no holder connected, a broker restarted before they came back: its
+                # worker says it cannot read it, and the task goes again, uncharged)
+                refs[index] = self.refer(dep) or [dep.id, dep.size, b"", []]
                 continue
             counts.append(len(dep.result))
             frames.extend(dep.result)

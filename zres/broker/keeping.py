@@ -4,9 +4,9 @@ Each task a client submits (not a command job: jobs keep their own table; an act
 construction and calls are, naming their actor: see ``actor_keeping``) is written with
 its call, options, dependencies and owner (the name of the key that submitted it) when it
 is accepted, again when an agent holds it and when it ends, and dropped once nobody holds
-it. Results up to ``KEEP_RESULT`` bytes are written with the outcome; a larger result is
-not, and a restarted broker computes it again from its task (lineage) if a task or its
-client still needs it.
+it. Results up to ``KEEP_RESULT`` bytes are written with the outcome; a larger one stays
+on the agents holding it (where is written), and one the broker has neither is computed
+again from its task (lineage) if a task or its client still needs it.
 
 A restarted broker restores them:
 - a task that had ended is ended again, with its outcome (and result, if kept);
@@ -14,6 +14,8 @@ A restarted broker restores them:
 - a task an agent held (handed to a worker, so perhaps begun) waits for that agent to
   come back and say whether it runs, ran or never began there (``adoption``);
 - a task whose input is gone fails, naming it;
+- a put (a value a client uploads to an agent: it has no call) whose upload was under way
+  ends once that agent has the value, and fails if the agent is not back in time;
 - a task whose result was not kept runs again once something needs it (``need``);
 - each owner's tasks wait for their client to say hello again (its ``ClientRecord`` is
   restored under its routing id, which a client keeps across reconnections): one not back
@@ -43,6 +45,7 @@ KEEP_RESULT = 64 * 1024   # results up to this many bytes are written; larger on
 BLOB_MIN = 256  # a call's first frame (its function) of this many bytes is kept once, shared
 _pack = msgpack.Packer().pack  # (one packer, not one made per call as packb does)
 ActorTask = Callable[[Task, list[int], str, Callable[[Task, list[int]], None]], None]
+Put = Callable[[Task, str, int], None]
 
 
 class TaskKeeper:
@@ -60,8 +63,9 @@ class TaskKeeper:
         self._graph: TaskGraph | None = None
         self._fail: Callable[[Task, str, str], None] = lambda task, error, why: None
 
-    def new(self, task: Task, deps: list[int]) -> None:
-        """TASK (waiting for DEPS, by id) is accepted from its client."""
+    def new(self, task: Task, deps: list[int], put: tuple[str, int] | None = None) -> None:
+        """TASK (waiting for DEPS, by id) is accepted from its client; PUT: it stands for
+        a value its client uploads to that agent, of that many bytes (it has no call)."""
         if self._store is None:
             return
         task.kept = True
@@ -69,7 +73,8 @@ class TaskKeeper:
                         task.name, task.strict, task.kind, deps, task.creates, task.actor,
                         task.quiet, list(task.workers), task.allow_other_workers,
                         task.detached, task.call_in, task.recompute, task.retry_oom,
-                        task.group, list(task.bundle) if task.bundle else None])
+                        task.group, list(task.bundle) if task.bundle else None,
+                        list(put) if put else None])
         frames = [P.buffer(f) for f in task.payload]
         blob = None
         if frames and len(frames[0]) >= BLOB_MIN:  # (a function: the same for many tasks)
@@ -153,24 +158,27 @@ class TaskKeeper:
 
     def restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
                 adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
-                wait: float, rejoin: Callable[[Task], None] = lambda task: None) -> int:
+                wait: float, rejoin: Callable[[Task], None] = lambda task: None,
+                put: Put = lambda task, agent, size: None) -> int:
         """Restore the kept tasks into GRAPH and their owners as clients that have WAIT
         seconds to say hello again; FAIL(task, error type, message) ends one that cannot
         go on; ADOPT(task, inputs, agent) waits for the agent that held one;
         ACTOR_TASK(task, inputs, agent that held it, link) puts back one that constructs
         or calls an actor; REJOIN(task) makes one placed in a bundle its group's again
-        (removing the group ends it). Return how many."""
+        (removing the group ends it); PUT(task, agent, size) puts back one that stands for
+        a value its client was uploading to that agent (it ends once the agent has it: it
+        has no call to run). Return how many."""
         if self._store is None:
             return 0
         gc.disable()  # (many objects, none of them garbage: see adoption.restore)
         try:
-            return self._restore(graph, fail, adopt, actor_task, wait, rejoin)
+            return self._restore(graph, fail, adopt, actor_task, wait, rejoin, put)
         finally:
             gc.enable()
 
     def _restore(self, graph: TaskGraph, fail: Callable[[Task, str, str], None],
                  adopt: Callable[[Task, list[int], str], None], actor_task: ActorTask,
-                 wait: float, rejoin: Callable[[Task], None]) -> int:
+                 wait: float, rejoin: Callable[[Task], None], restore_put: Put) -> int:
         assert self._store is not None
         rows = []
         for task_id, record, state, result in self._store.tasks():
@@ -194,18 +202,19 @@ class TaskKeeper:
             task.retry_oom = len(more) >= 7 and bool(more[6])
             if len(more) >= 9:  # (placement groups: one it makes, or the bundle it runs in)
                 task.group, task.bundle = more[7], tuple(more[8]) if more[8] else None
+            put = more[9] if len(more) >= 10 and more[9] else None
             if outcome and (outcome != P.OK or result is not None or size):
                 task.outcome, task.info = outcome, info
                 task.result = msgpack.unpackb(result) if result is not None else []
                 task.size, task.held_at, task.lost = size, list(held_at), gone
             rows.append((task, owner, deps, held_on,
-                         outcome == P.OK and result is None and not size))
+                         outcome == P.OK and result is None and not size, put))
         # A task whose result was not kept is run again only once something needs it:
         # a waiting task, a new one, or its client (that has not seen it): see need().
-        needed = {d for task, _, deps, _, lost in rows if not (task.outcome or lost)
+        needed = {d for task, _, deps, _, lost, _ in rows if not (task.outcome or lost)
                   for d in deps}
         self._graph, self._fail = graph, fail
-        for task, owner, deps, held_on, lost in rows:
+        for task, owner, deps, held_on, lost, put in rows:
             if holds_it := task.holders > 0:
                 self._clients.restore(task.client, owner, wait).ids[task.local_id] = task.id
             if task.outcome:
@@ -214,6 +223,10 @@ class TaskKeeper:
                                   else TaskState.FAILED)
                 if task.size:
                     self.kept_on_agents(task)  # (its agents offer it back, or it is lost)
+                    if (task.retries > 0 or task.recompute) and not deps:
+                        # (its call, to make it again if it is lost: as before the restart;
+                        # one with inputs is not, whose inputs may be gone)
+                        task.payload = self.payload(task)
                 continue
             if not (holds_it or task.id in needed or task.creates or task.detached):
                 # (an actor needs its construction; a detached task runs on for its owner)
@@ -223,6 +236,10 @@ class TaskKeeper:
             graph.add(task)
             if task.bundle is not None:
                 rejoin(task)
+            if put is not None:  # (being uploaded: its agent says whether it has it)
+                graph.restored_as(task, TaskState.RUNNING)
+                restore_put(task, str(put[0]), int(put[1]))
+                continue
             if lost:
                 self._unrun[task.id] = deps
                 continue

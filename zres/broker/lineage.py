@@ -12,7 +12,9 @@ for good: what waits for it fails with ``ResultLostError`` naming the agent, and
 client's future fails so when it asks for the result. So does a task made again that
 fails (its agent lost while it ran with no retries left, it raised, it was cancelled), and
 so does a task that would be made again from it: nothing waits for a result that is no
-longer being made.
+longer being made. A task that cannot read an input whose holders are all away (a broker
+restarted, and they are not back yet) waits for one of them, or for the input's loss.
+A task restored by a restarted broker is made again only if it has no inputs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class Lineage:
         self._sched = sched
         self._enqueue = enqueue
         self._changed = changed
+        # Tasks waiting for an input whose holders are all away (a broker restarted, and
+        # they have not come back yet): task id -> that input's. Queued again, their
+        # workers failed to find it at once, again and again, for the whole grace period.
+        self._parked: dict[int, int] = {}
 
     def lost(self, tasks: list[Task], why: str) -> None:
         """TASKS' results have no copy left (WHY: where they were); inputs first."""
@@ -49,13 +55,16 @@ class Lineage:
             # (an input lost for good, or whose own making again failed: it cannot run)
             gone = next(filter(None, (gone_why(self._graph.tasks.get(d), d)
                                       for d in task.deps)), "")
-            if (task.retries > 0 or task.recompute) and task.payload and not gone:
+            may = task.retries > 0 or task.recompute
+            if may and task.payload and not gone:
                 if not task.recompute:  # (recompute=True: it was asked for, at no charge)
                     task.retries -= 1
                 log.warning("result_lost_run_again", task=task.name, id=task.id, why=why,
                             retries_left=task.retries)
                 self._again(task)
             else:
+                if may and not gone:  # (restored by a broker restarted: see keeping)
+                    gone = "its inputs were not kept when the broker restarted"
                 task.lost = (f"the result of task {task.name} was lost with {why}, and it "
                              + (f"cannot be made again: {gone}" if gone else
                                 "may not run again (retries=0: its body runs at most once; "
@@ -83,7 +92,8 @@ class Lineage:
             if dependent is None:
                 continue
             if dependent.state is TaskState.WAITING:
-                dependent.missing += 1
+                if self._parked.pop(dependent_id, None) != task.id:  # (counted if parked)
+                    dependent.missing += 1
             elif dependent.state is TaskState.QUEUED and not dependent.actor:
                 self._sched.dequeue(dependent.id)
                 self._graph.set_state(dependent, TaskState.WAITING)
@@ -121,6 +131,7 @@ class Lineage:
                 continue
             if dependent.state is TaskState.QUEUED and not dependent.actor:
                 self._sched.dequeue(dependent.id)
+            self._parked.pop(dependent_id, None)
             self._graph.fail(dependent, LOST, f"task {dependent.name} cannot run: {task.lost}")
 
     def input_lost(self, task: Task, info: dict[str, Any],
@@ -131,14 +142,29 @@ class Lineage:
         why = gone_why(dep, info.get("input"))
         if dep is None or why:
             self._graph.fail(task, LOST, f"task {task.name} cannot run: {why}")
-        elif _usable(dep):
+        elif _usable(dep) and self._graph.refer(dep) is not None:
             again(task)  # (its holder still answers, or another has a copy)
-        else:  # it is being made again: after it
+        else:  # it is being made again, or its holders are away: after it, or them
             self._graph.set_state(task, TaskState.WAITING)
             task.held = task.begun = False
             task.missing += 1
             if task.id not in dep.dependents:
                 dep.dependents = [*dep.dependents, task.id]
+            if _usable(dep):
+                self._parked[task.id] = dep.id  # (see holders_back, and _again, _gone)
+
+    def holders_back(self) -> None:
+        """An agent came back: queue the tasks parked on an input it holds."""
+        for task_id, dep_id in list(self._parked.items()):
+            task, dep = self._graph.get(task_id), self._graph.get(dep_id)
+            if task is None or task.state is not TaskState.WAITING or dep is None:
+                del self._parked[task_id]  # (ended meanwhile: cancelled, failed)
+            elif _usable(dep) and self._graph.refer(dep) is not None:
+                del self._parked[task_id]
+                task.missing -= 1
+                if not task.missing:
+                    self._graph.set_state(task, TaskState.QUEUED)
+                    self._enqueue(task)
 
 
 def gone_why(task: Task | None, task_id: Any) -> str:

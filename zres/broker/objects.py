@@ -91,6 +91,14 @@ class ObjectDirectory:
         task.agent = agent.name
         return T.Holder(agent.name, agent.data_address, agent.data_key)
 
+    def putting(self, task: Task, agent: str, size: int) -> None:
+        """TASK, restored from the state store, stands for a value of SIZE bytes its client
+        was putting on AGENT: done once AGENT has it (offered on its return, or said when
+        the upload ends), failed if AGENT is not back within the grace period."""
+        self._puts[task.id] = (agent, size)
+        task.agent = agent
+        self._unconfirmed.add(agent)
+
     def put_token(self, task: Task, size: int) -> bytes:
         return T.token(self.secret, "put", task.id, size)
 
@@ -112,7 +120,9 @@ class ObjectDirectory:
             self.by_agent.setdefault(agent, set()).add(task.id)
 
     def dropped(self, task: Task) -> None:
-        """Nobody holds TASK any more: its copies are freed where they are."""
+        """Nobody holds TASK any more: its copies are freed where they are (a value still
+        being put is too, if its upload ends after all)."""
+        self._puts.pop(task.id, None)
         for agent in task.held_at:
             self._to_free.setdefault(agent, []).append(task.id)
             held = self.by_agent.get(agent)
@@ -159,7 +169,10 @@ class ObjectDirectory:
                 if not task.held_at:
                     gone.append(task)
         for task_id in have - self.by_agent.get(agent, set()):
-            self._to_free.setdefault(agent, []).append(task_id)  # (nobody's any more)
+            if self._puts.get(task_id, ("",))[0] == agent:
+                self.copied(task_id, agent)  # (a put whose upload ended meanwhile: done)
+            else:
+                self._to_free.setdefault(agent, []).append(task_id)  # (nobody's any more)
         return gone
 
     def restored(self, task: Task) -> None:

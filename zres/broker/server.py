@@ -186,7 +186,8 @@ class Broker(Intake):
             self.adoption.restore(store)
             self.actor_keeper.restore()  # (before the tasks that construct and call them)
             self.keeper.restore(self.graph, self.graph.fail, self.adoption.wait_for,
-                                self.actor_keeper.task, reconnect, self.groups.rejoin)
+                                self.actor_keeper.task, reconnect, self.groups.rejoin,
+                                self.objects.putting)
         self.link = AgentLink(self._send, self.agents, self.dispatch, self.limits,
                               welcome=lambda: {
                                   "epoch": self.epoch, "cluster": self.cluster_id,
@@ -361,13 +362,12 @@ class Broker(Intake):
     def _commit(self) -> bool:
         """Commit the state store, timing the commits that write something."""
         assert self.store is not None and self.metrics.commit is not None
-        if not self.store.dirty():
-            return self.store.commit()
-        began = time.perf_counter()
+        began, dirty = time.perf_counter(), self.store.dirty()
         try:
             return self.store.commit()
         finally:
-            self.metrics.commit.observe(time.perf_counter() - began)
+            if dirty:
+                self.metrics.commit.observe(time.perf_counter() - began)
 
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):

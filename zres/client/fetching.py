@@ -46,6 +46,10 @@ class Fetcher:
         self._client = client
         self._mode = mode
         self._transfers: T.Transfers | None = None
+        # Uploads have transfers of their own: one process's transfers go one at a time,
+        # and a small result asked for in one thread waited out another's 1 GiB put.
+        self._uploads: T.Transfers | None = None
+        self._routes: Routes | None = None
         self._lock = threading.Lock()
 
     def fetch(self, futures: Iterable[Any], timeout: float | None = None) -> None:
@@ -112,7 +116,7 @@ class Fetcher:
                frames: list[Any]) -> None:
         """Put the object FRAMES make on HOLDER as OBJECT_ID: directly, else (HOLDER did
         not answer) through the broker's relay."""
-        transfers = self._transfers_()
+        transfers = self._transfers_(uploads=True)
         ways = transfers.routes.uploads(holder)
         for way in ways:
             try:
@@ -123,19 +127,27 @@ class Fetcher:
                     raise
                 transfers.routes.failed(way)  # (through the relay for a while)
 
-    def _transfers_(self) -> T.Transfers:
+    def _transfers_(self, uploads: bool = False) -> T.Transfers:
+        """The transfers fetches go by (UPLOADS: puts), sharing which holders are reached
+        through the relay."""
         with self._lock:
-            if self._transfers is None:
+            if self._routes is None:
                 io = self._client._io
-                self._transfers = T.Transfers(routes=Routes(
-                    self._client.address, self._client.name, io.key, self._mode,
-                    lambda: self._client._io.relay))
+                self._routes = Routes(self._client.address, self._client.name, io.key,
+                                      self._mode, lambda: self._client._io.relay)
+            if uploads:
+                if self._uploads is None:
+                    self._uploads = T.Transfers(routes=self._routes, local=False)
+                return self._uploads
+            if self._transfers is None:
+                self._transfers = T.Transfers(routes=self._routes)
             return self._transfers
 
     def close(self) -> None:
-        if self._transfers is not None:
-            self._transfers.close()
-            self._transfers = None
+        for transfers in (self._transfers, self._uploads):
+            if transfers is not None:
+                transfers.close()
+        self._transfers = self._uploads = None
 
 
 def _settle(future: Any, value: Any = None, exception: BaseException | None = None) -> None:

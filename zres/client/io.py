@@ -41,6 +41,11 @@ class InfeasibleWarning(UserWarning):
 
 
 
+class RequestLost(BrokerLostError):
+    """A request the broker restarted before answering (it is back): the asker may ask
+    again (a put does: ``putting``)."""
+
+
 class IOThread(OutboxSender):
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
@@ -376,7 +381,7 @@ class IOThread(OutboxSender):
         self.unacked.clear()
         requests, self.requests = self.requests, {}
         for reply in requests.values():  # the broker that had them is gone
-            reply.set_exception(BrokerLostError("the broker restarted before it answered"))
+            reply.set_exception(RequestLost("the broker restarted before it answered"))
         log.info("client_resumed", waiting=len(waiting), sent_again=len(unkept))
 
     def lose_all(self, why: str, error: type[ZresError] = BrokerLostError,

@@ -13,6 +13,7 @@ from ..core import transfer as T
 from ..core.errors import ZresError
 from ..core.serialize import dumps
 from .futures import Future, Owner
+from .io import RequestLost
 
 
 class PutMethods:
@@ -30,15 +31,24 @@ class PutMethods:
         there; return its future (a task of this client's that ends once the agent has it
         whole; its result is the value). A failed upload is tried on another agent."""
         size = O.object_size(frames)
-        why: Exception | None = None
+        # (why the last try failed, as text: an exception kept here keeps this frame, and
+        # with it the value's frames and the future made, until a garbage collection:
+        # the value pinned on its agent, and in this process, long after it was used)
+        why = ""
         for _ in range(3):
             local = next(self._ids)
             future: Future[Any] = Future(cast(Owner, self), local, name)
             with self._io.lock:
                 self._check_open()
                 self._io.pending[local] = future
-            reply = self._io.request(P.PLACE, {"local": local, "size": size},
-                                     self._io.broker_timeout)
+            try:
+                reply = self._io.request(P.PLACE, {"local": local, "size": size},
+                                         self._io.broker_timeout)
+            except RequestLost as exc:  # (the broker restarted meanwhile: ask it again)
+                why = str(exc)
+                self._io.pending.pop(local, None)
+                self._io.ask(P.CANCEL, {"ids": [local], "force": True})  # (if it was kept)
+                continue
             if "error" in reply:
                 self._io.pending.pop(local, None)
                 raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
@@ -48,7 +58,7 @@ class PutMethods:
                                      frames)
                 return future
             except T.TransferError as exc:
-                why = exc  # (the agent went, or could not keep it: stop that one, try again)
+                why = str(exc)  # (the agent went, or could not keep it: stop it, try again)
                 self._io.ask(P.CANCEL, {"ids": [local], "force": True})
         raise ZresError(f"{name} could not be put on an agent: {why}")
 

@@ -277,22 +277,12 @@ class Transfers:
     def _read_here(self, fetch: _Fetch, link: local_reads.Link, flight: _Flight) -> None:
         """Read FETCH's object in place, its holder being on this host (LINK to it), or
         go on with the holder's data port (its local socket failed), or the next holder
-        (it refuses, or did not answer)."""
+        (it refuses, or did not answer). An OSError reading the file given is ours: raised."""
         at = fetch.at
         try:
             fd = link.open(fetch.ref.id, fetch.ref.size, fetch.ref.token, flight.left(fetch))
-            if isinstance(fetch.buffer, objects.ObjectWriter):
-                try:
-                    fetch.buffer.fill_from(fd)
-                finally:
-                    os.close(fd)
-            else:
-                fetch.frames = local_reads.frames(fd, fetch.ref.size)
         except local_reads.Refused as exc:
             self._next_holder(fetch, flight, str(exc))
-            return
-        except objects.ObjectError as exc:
-            self._next_holder(fetch, flight, f"sent what is not an object ({exc})")
             return
         except OSError as exc:
             self._local.failed(at)  # type: ignore[union-attr]
@@ -302,6 +292,17 @@ class Transfers:
                                   silent=True)
             else:  # (its port says whether it is gone)
                 flight.queued[at].appendleft(fetch)
+            return
+        try:
+            if isinstance(fetch.buffer, objects.ObjectWriter):
+                try:
+                    fetch.buffer.fill_from(fd)
+                finally:
+                    os.close(fd)
+            else:
+                fetch.frames = local_reads.frames(fd, fetch.ref.size)
+        except objects.ObjectError as exc:
+            self._next_holder(fetch, flight, f"sent what is not an object ({exc})")
             return
         fetch.asked = fetch.got = fetch.ref.size
         flight.done += 1

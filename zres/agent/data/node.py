@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...core import keys
+from ...core import keys, wakeup
 from ...core import protocol as P
 from ...core.resources import MEMORY, UNIT
 from ..reports import Reports
@@ -79,7 +79,9 @@ class NodeData:
             self._reports.stored(object_id, size)
 
     def turn(self) -> None:
-        """Count and report the uploads the port has completed."""
+        """Count and report the uploads the port has completed (its ``stored_fd`` read:
+        it wakes the loop for them)."""
+        wakeup.drain(self.server.stored_fd)
         while not self.server.stored.empty():
             object_id, size = self.server.stored.get_nowait()
             self.store.added(object_id, size)

@@ -15,6 +15,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +35,11 @@ from .store import ObjectStore
 log = get_logger("zres.agent")
 _MAPPED = 64        # objects kept mapped for serving, the most recently asked for
 _UPLOADS = 64       # uploads under way at once, at most (each holds a file open)
+# Seconds an upload may go without a chunk before what came of it is dropped: its sender
+# died or gave up (a client killed mid-put, ^C), and a partial file in the memory tier
+# held memory the store does not count, for as long as the agent ran. (A sender gives up
+# on a port silent for ``transfer.TIMEOUT``; one that comes back starts its put again.)
+UPLOAD_IDLE = 60.0
 
 
 class DataServer:
@@ -57,9 +63,15 @@ class DataServer:
         self.key = key.public.decode() if key is not None else ""
         self.secret: bytes | None = None   # the cluster's data secret (the broker's welcome)
         self.stored: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        # Readable once an upload is stored: the agent's loop polls it, and reports the put
+        # at once (it heard of it at its poll's timeout, a quarter of a second per put).
+        self.stored_fd, self._stored_w = os.pipe()
+        os.set_blocking(self.stored_fd, False)
+        os.set_blocking(self._stored_w, False)
         self.served = 0                    # bytes sent, for the agent's reports
         self._mapped: OrderedDict[int, Any] = OrderedDict()
         self._uploads: OrderedDict[tuple[bytes, int], O.ObjectWriter] = OrderedDict()
+        self._heard: dict[tuple[bytes, int], float] = {}  # (the uploads' last chunks)
         self._waker = Waker()  # (its stop, heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-data", daemon=True)
         self.local = LocalPort(store, lambda: self.secret)  # (readers on this host)
@@ -78,6 +90,8 @@ class DataServer:
             writer.abandon()
         self._sock.close(0)
         self._ctx.term()
+        for fd in (self.stored_fd, self._stored_w):
+            os.close(fd)
 
     def forget(self, ids: list[int]) -> None:
         """These objects were freed: stop serving them from a mapping (the loop's thread;
@@ -91,6 +105,8 @@ class DataServer:
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)
         while not self._waker.stopped:
+            if self._uploads:
+                self._drop_idle(time.monotonic())
             if self._sock not in dict(poller.poll(200)):
                 continue
             for _ in range(256):
@@ -104,6 +120,17 @@ class DataServer:
                     log.warning("data_request_refused", error=str(exc)[:200])
                 except Exception:  # a bug must not take the port down
                     log.exception("data_request_failed")
+
+    def _drop_idle(self, now: float) -> None:
+        """Drop the uploads that have heard nothing for UPLOAD_IDLE seconds (the least
+        recently heard are first in ``_uploads``)."""
+        for key, writer in list(self._uploads.items()):
+            if now - self._heard.get(key, now) <= UPLOAD_IDLE:
+                break
+            del self._uploads[key]
+            self._heard.pop(key, None)
+            writer.abandon()
+            log.info("upload_abandoned", object=key[1], after=UPLOAD_IDLE)
 
     def _reply(self, ident: bytes, kind: str, body: dict[str, Any],
                frames: tuple[Any, ...] = ()) -> None:
@@ -169,15 +196,25 @@ class DataServer:
                 writer = self._uploads[ident, object_id] = O.ObjectWriter(
                     self._store.new_path(object_id), size)
                 while len(self._uploads) > _UPLOADS:
-                    self._uploads.popitem(last=False)[1].abandon()
+                    oldest, dropped = self._uploads.popitem(last=False)
+                    self._heard.pop(oldest, None)
+                    dropped.abandon()
+            self._uploads.move_to_end((ident, object_id))
+            self._heard[ident, object_id] = time.monotonic()
             writer.write(offset, P.buffer(msg.frames[0]) if msg.frames else b"")
             if writer.complete():
                 del self._uploads[ident, object_id]
+                self._heard.pop((ident, object_id), None)
                 writer.done()
                 self.stored.put((object_id, size))
+                try:
+                    os.write(self._stored_w, b"!")
+                except BlockingIOError:
+                    pass  # (woken already: the loop reads the whole queue)
                 body["done"] = True
         except (OSError, O.ObjectError) as exc:
             self._uploads.pop((ident, object_id), None)
+            self._heard.pop((ident, object_id), None)
             if writer is not None:
                 writer.abandon()
             body["error"] = f"cannot keep it: {exc}"

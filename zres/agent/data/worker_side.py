@@ -49,12 +49,21 @@ class WorkerObjects:
         self._lock = threading.Lock()
         self.replicas: list[list[int]] = []   # [id, size] fetched here, for the agent
 
-    def keep(self, task_id: int, frames: list[Any]) -> tuple[list[Any], dict[str, Any]]:
-        """FRAMES of TASK_ID's result as they go to the agent, and what to add to its info:
-        inline if small, else written to the store ({"stored": size}, no frames)."""
+    def keep(self, task_id: int, frames: list[Any], fn: Any = None,
+             agent: str = "") -> tuple[list[Any], dict[str, Any]]:
+        """FRAMES of TASK_ID's result (of FN, on AGENT) as they go to the agent, and what
+        to add to its info: inline if small, else written to the store ({"stored": size},
+        no frames); an OSError saying so if it cannot be."""
         if self.memory_dir is None or sum(memoryview(f).nbytes for f in frames) <= INLINE:
             return frames, {}
-        size = O.write_object(os.path.join(self.memory_dir, str(task_id)), frames)
+        try:
+            size = O.write_object(os.path.join(self.memory_dir, str(task_id)), frames)
+        except OSError as exc:  # (its file system full, say: not the body's own failure,
+            # which a bare "No space left on device" was taken for)
+            what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
+            why = (f"the result of task {task_id} ({what}) on agent {agent} could not be "
+                   f"kept in its store at {self.memory_dir}: {exc.strerror or exc}")
+            raise (OSError(exc.errno, why) if exc.errno else OSError(why)) from exc
         return [], {"stored": size}
 
     def _path(self, object_id: int) -> str | None:
@@ -71,10 +80,21 @@ class WorkerObjects:
             return deps
         out = list(deps)
         for index, wire in refs.items():
-            ref = T.Ref.from_wire(wire)
+            try:
+                ref = T.Ref.from_wire(wire)
+            except ValueError as exc:  # (none of its holders connected: a broker restarted
+                # before they came back) the task ran nothing: lost, not this worker's end
+                known = isinstance(wire, list) and wire and type(wire[0]) is int
+                raise InputLost(wire[0] if known else -1,
+                                f"input {wire[0] if known else index} cannot be read "
+                                f"now: {exc}") from None
             path = self._path(ref.id)
             if path is None:
-                path = self._fetch(ref)
+                try:
+                    path = self._fetch(ref)
+                except OSError as exc:  # (no copy can be kept here: its file system full)
+                    out[int(index)] = self._fetch_here(ref, exc)
+                    continue
             try:
                 out[int(index)] = O.read_object(path)
             except (OSError, O.ObjectError) as exc:
@@ -82,22 +102,36 @@ class WorkerObjects:
                     from None
         return out
 
+    def _transfers_(self) -> T.Transfers:
+        with self._lock:
+            if self._transfers is None:
+                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT, routes=_routes())
+            return self._transfers
+
     def _fetch(self, ref: T.Ref) -> str:
+        """Fetch REF into this agent's store; return its path there (InputLost if its
+        holders fail; OSError if the copy cannot be written here)."""
         if self.memory_dir is None:
             raise InputLost(ref.id, f"input {ref.id} is on another agent, and this one has "
                             "no store to fetch it into")
         path = os.path.join(self.memory_dir, str(ref.id))
-        with self._lock:
-            if self._transfers is None:
-                self._transfers = T.Transfers(timeout=FETCH_TIMEOUT, routes=_routes())
-            transfers = self._transfers
         try:
-            transfers.fetch_to(ref, path)
-        except (T.TransferError, OSError) as exc:
+            self._transfers_().fetch_to(ref, path)
+        except T.TransferError as exc:
             raise InputLost(ref.id, str(exc)) from None
         with self._lock:
             self.replicas.append([ref.id, ref.size])
         return path
+
+    def _fetch_here(self, ref: T.Ref, why: OSError) -> list[Any]:
+        """REF's frames fetched into this process's memory alone, its store unable to keep
+        a copy (WHY): the task runs (the input lost, it was granted again and failed
+        again, for ever)."""
+        try:
+            return self._transfers_().fetch([ref])[0]  # type: ignore[return-value]
+        except (T.TransferError, OSError) as exc:
+            raise InputLost(ref.id, f"input {ref.id} cannot be kept on this agent ({why}), "
+                            f"nor read into memory: {exc}") from None
 
     def take_replicas(self) -> list[list[int]]:
         """The inputs fetched here since last asked: [id, size] each."""
