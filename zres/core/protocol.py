@@ -238,7 +238,8 @@ broker -> agent
                them in its MASTER_ADDR/MASTER_PORT and reports them: master);
                token: the task's (or actor's) token, put in its context for the clients
                made in it; refs?: {dep index: ref} inputs kept on agents (their count -1:
-               the worker reads them in place, or fetches them into this agent's store);
+               the worker reads them in place, or fetches them into this agent's store;
+               a ref with no holders: none is connected now, its task cannot read it);
                payload?: index: its call was put on an agent, and is that input
     free       {ids: [id...]}                   objects nobody holds any more: unlink them
     call       {calls: [[id, actor id, nframes, deps: [nframes...], extra?]]}  extra:
