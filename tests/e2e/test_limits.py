@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -184,6 +185,23 @@ def test_a_job_and_an_actor_past_their_limits(limited):
         assert actor.grow(32).result(60) == 32
         with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit"):
             actor.grow(800).result(60)
+
+
+def run_hog(seconds: float) -> int:
+    """Run HOG_SCRIPT in a child process that then holds what it took for SECONDS; its
+    exit status."""
+    script = f"{HOG_SCRIPT}; import time; time.sleep({seconds})"
+    return subprocess.run([sys.executable, "-c", script]).returncode
+
+
+def test_a_task_whose_child_goes_past_its_limit_fails_though_it_returns(limited):
+    # On cgroup v1 the kernel kills the child alone: the task returns at once (the child's
+    # status, -9), often before the agent has looked; it must fail all the same.
+    mode, cluster = limited
+    with zres.Client(cluster.address) as client:
+        task = client.submit(run_hog, 60, resources={"MEMORY": LIMIT})
+        with pytest.raises(zres.MemoryLimitError, match=r"task \d+ exceeded its memory"):
+            task.result(60)
 
 
 def test_a_limited_task_whose_process_is_killed_is_lost_not_out_of_memory(limited, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import protocol as P
 from ..core.resources import MEMORY, UNIT
 from .grants import Grant
 from .memory.monitor import Monitor, Watched, memory_error
@@ -27,13 +28,20 @@ def start(pool: WorkerPool, memory: Monitor, grant: Grant, nthreads: int) -> Wor
     return worker
 
 
-def ended(memory: Monitor, worker: Worker, item: list[Any]) -> list[Any]:
-    """The result ITEM ([id, outcome, nframes, info]) of WORKER's task, with its peak
-    memory; its process, done, is stopped (``retire``)."""
+def ended(memory: Monitor, worker: Worker, item: list[Any], grant: Grant) -> list[Any]:
+    """The result ITEM ([id, outcome, nframes, info]) of WORKER's task (GRANT's), with its
+    peak memory; its process, done, is stopped (``retire``). A task whose tree went past
+    its limit fails so, whatever it returned (FAILED, no frames, MemoryLimitError's info):
+    on cgroup v1 the kernel kills one process (a child the task ran with
+    ``subprocess.run``), and the task may end before the monitor kills the rest."""
     unit = memory.forget(worker.task)
     retire(memory, worker)
     if unit is None:
         return item
+    if unit.killed:
+        agent = str(grant.item[3].get("agent", ""))
+        return [item[0], P.FAILED, 0, {**memory_error(unit, f"task {item[0]}", agent),
+                                       "peak_memory": unit.peak}]
     return [*item[:3], {**item[3], "peak_memory": unit.peak}]
 
 
