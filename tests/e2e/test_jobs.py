@@ -286,6 +286,38 @@ def test_logs_are_followed_while_the_job_runs_and_kept_after(cli, tmp_path):
     assert "no job 999" in run("logs", "999", check=1).stderr
 
 
+def test_logs_follow_and_wait_ride_out_a_broker_restart(cli, tmp_path, make_client):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    go = tmp_path / "go"
+    script = f'echo first; while [ ! -e "{go}" ]; do sleep 0.02; done; echo second'
+    job = int(run("submit", "--", "sh", "-c", script).stdout)
+    env = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys)
+    follower, waiter = (subprocess.Popen([sys.executable, "-m", "zres", *args], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
+                        for args in (("logs", str(job), "--follow"), ("wait", str(job))))
+    try:
+        assert follower.stdout is not None and follower.stdout.readline() == "first\n"
+        client = make_client(cluster.address)
+        wait_until(lambda: client.status()["job_waits"] == 1, message="the wait to be held")
+        client.close()
+        cluster.broker.kill()
+        cluster.broker.wait(10)
+        # Away for a while (each command meanwhile is told so): both hear it is.
+        for _ in range(2):
+            assert "cannot reach the zres broker" in run("jobs", check=1).stderr
+        cluster.restart_broker()
+        go.touch()
+        rest, said = follower.communicate(timeout=60)
+        _, waited = waiter.communicate(timeout=60)
+    finally:
+        follower.kill()
+        waiter.kill()
+    assert (rest, follower.returncode) == ("second\n", 0), said
+    assert "waiting up to 300s for it to come back" in said
+    assert waiter.returncode == 0, waited
+
+
 def test_cancel_kills_the_whole_process_tree_and_frees_resources(cli, tmp_path):
     cluster, run = cli([{"foo": 1}], nthreads=2)
     pids = tmp_path / "pids"

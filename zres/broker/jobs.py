@@ -387,7 +387,7 @@ class JobTable:
                                                "reason": entry.get("reason", "")})
         elif agent is None:
             self._send(ident, P.LOGS_REPLY, {
-                "req": req, "finished": finished,
+                "req": req, "finished": finished, "away": True,
                 "error": f"job {job_id}'s log is on agent {agent_name}, which is not connected"})
         else:
             token = next(self._tokens)

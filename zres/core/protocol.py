@@ -78,11 +78,14 @@ client -> broker
     job_cancel {job}                             only its owner or an admin key may: else
                                                  refused, naming the owner
     logs       {job, offset, rank?}              -> logs_reply {data, finished, state,
-                                                 reason?, error?, nodes?} (its owner or an
-                                                 admin key only; error: none, as for a job
-                                                 that ended without starting, saying why;
+                                                 reason?, error?, nodes?, away?} (its owner
+                                                 or an admin key only; error: none, as for a
+                                                 job that ended without starting, saying why;
                                                  nodes: a multi-node job, whose log is each
-                                                 rank's: ask with rank)
+                                                 rank's: ask with rank; away: true with an
+                                                 error when the log's agent is not connected
+                                                 now, as after a broker restart: a follower
+                                                 asks again)
     group      {op: remove, id} | {op: lookup, name}  -> group_reply {req, state?, group?:
                                                  {id, name, bundles, strategy}, error?}: end
                                                  a placement group (its owner or an admin
