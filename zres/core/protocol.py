@@ -182,9 +182,12 @@ agent -> broker
                a new session also offers jobs?: [[id, slot, [gpu position...], taken]]
                still running (command jobs and Python tasks), actors?: [[actor id,
                placement, slot, [gpu position...], [call ids in hand]]], ended?: [[id,
-               outcome, nframes, info]] (frames follow) of late, and returned?: [id...]
-               held but never begun: a restarted broker of the cluster adopts them,
-               grants them again or stops them (kill_actor for an actor); carried?:
+               outcome, nframes, info]] (frames follow) of late, returned?: [id...]
+               held but never begun, and exits?: [{actor, placement, cause, running,
+               error?}] (as a report's) of actor processes that ended meanwhile (their
+               calls not begun run on the next instance): a restarted broker of the
+               cluster adopts them, grants them again or stops them (kill_actor for an
+               actor); carried?:
                the session whose work it offers (the agent stopped none of it): if the
                broker last knew this agent's name by that session, a grant to it that
                is not offered never arrived, and goes again with no retry spent
