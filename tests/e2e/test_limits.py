@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import process_gone, wait_until
 from tests.tasks import starts, wait_for_file
 from zres.agent.memory import cgroups, node, procs
 from zres.cli.jobs import render_jobs
@@ -202,6 +202,19 @@ def test_a_task_whose_child_goes_past_its_limit_fails_though_it_returns(limited)
         task = client.submit(run_hog, 60, resources={"MEMORY": LIMIT})
         with pytest.raises(zres.MemoryLimitError, match=r"task \d+ exceeded its memory"):
             task.result(60)
+
+
+def leave_behind() -> int:
+    """Start a process that outlives this task (as a helper daemon would); its pid."""
+    return subprocess.Popen(["sleep", "300"]).pid
+
+
+def test_what_a_limited_task_leaves_behind_is_stopped_with_its_process(limited):
+    # (in watcher mode it ran on, unwatched and unlimited, once the task's process went)
+    mode, cluster = limited
+    with zres.Client(cluster.address) as client:
+        pid = client.submit(leave_behind, resources={"MEMORY": LIMIT}).result(30)
+        wait_until(lambda: process_gone(pid), message=f"its leftover process to go ({mode})")
 
 
 def test_a_limited_task_whose_process_is_killed_is_lost_not_out_of_memory(limited, tmp_path):

@@ -7,6 +7,9 @@ handed over and stopped once its result is in (a process costs its start: see RE
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from typing import Any
 
 from ..core import protocol as P
@@ -51,6 +54,12 @@ def retire(memory: Monitor, worker: Worker) -> None:
     if not worker.retired:
         memory.forget(worker.task)
         worker.retired = True
+        if worker.proc.returncode is None:  # (not reaped: its id is still its group's)
+            # What it started and left behind goes too, as a job's leftovers do (it leads
+            # its own session and group): the watcher stops watching it now (a cgroup's
+            # processes were killed with it).
+            with contextlib.suppress(OSError):
+                os.killpg(worker.proc.pid, signal.SIGKILL)
         worker.proc.kill()
 
 
