@@ -83,7 +83,7 @@ class JobTable:
         job.export, job.export_key = self.envs.take(spec["export"])
         job.exported = len(job.export)
         client = self._clients.get(task.client)
-        if client is not None and not spec["detached"]:
+        if client is not None:  # (a detached job's too: see JobRecord.client)
             job.client, job.local = client.ident, task.local_id
         self._keep(job)
 
