@@ -73,6 +73,14 @@ class Hoarder:
         return len(self.kept) * 16
 
 
+class Greedy(Hoarder):
+    """An actor whose construction takes MEGABYTES."""
+
+    def __init__(self, megabytes: int) -> None:
+        super().__init__()
+        self.grow(megabytes)
+
+
 def no_cgroups() -> str:
     """Why no cgroup with a memory limit can be made here ("": one can)."""
     made, why = cgroups.detect(f"probe-{uuid.uuid4().hex[:8]}", move=False)
@@ -185,6 +193,12 @@ def test_a_job_and_an_actor_past_their_limits(limited):
         assert actor.grow(32).result(60) == 32
         with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit"):
             actor.grow(800).result(60)
+        # One whose __init__ goes past it is not constructed again (it would go past it
+        # again: with restarts=-1, for ever, its ready() never answering).
+        greedy = client.actor(Greedy, 800, resources={"MEMORY": LIMIT}, restarts=-1)
+        with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit on agent "
+                           r"agent-0: .* while it was constructed; not restarted"):
+            greedy.ready().result(30)
 
 
 def run_hog(seconds: float) -> int:

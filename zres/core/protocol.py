@@ -193,7 +193,8 @@ agent -> broker
                is not offered never arrived, and goes again with no retry spent
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
-                cause, running: [call ids started], error?: MemoryLimitError}],
+                cause, running: [call ids started], error?: MemoryLimitError, exceeded?:
+                true if past its own limit (not the node's reserve)}],
                 returned?: [id...]}
                numbered per session, taken in strictly in order (one after a gap is
                dropped: it comes again), acknowledged cumulatively by ``ack`` in the
