@@ -177,3 +177,17 @@ def test_an_agents_stored_results_are_counted_in_words():
                                             "agents": [agent], "counts": {}}))
     assert "holds 1 result: 5 MiB in memory, 0 B on disk" in report(1)
     assert "holds 2 results: 5 MiB in memory" in report(2)
+
+
+def test_an_actors_memory_is_shown_as_a_tasks_is():
+    from zres.cli.cluster import render_status
+    from zres.core.report import in_user_units
+    from zres.core.resources import UNIT
+
+    actor = {"id": "c0ffee00", "cls": "Model", "name": "model", "agent": "node",
+             "state": "alive", "units": {"MEMORY": 300 * UNIT}, "running": 1, "queued": 0,
+             "restarts_left": 0, "memory": 120 << 20, "peak_memory": 130 << 20,
+             "memory_shown": "120 MiB (peak 130 MiB)"}
+    text = render_status(in_user_units({"address": "tcp://b:1", "clients": 0, "agents": [],
+                                        "counts": {}, "actors": [actor]}))
+    assert "Model(model)" in text and "memory 120 MiB (peak 130 MiB)" in text, text

@@ -5,6 +5,7 @@ the test's sleeps."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import pytest
 
 import zres
 from tests.cli.test_cli import assert_one_line_error, clean_env, free_port, zres_cli
-from tests.conftest import process_gone, wait_until
+from tests.conftest import process_gone, stop_process, wait_until
 from tests.e2e.test_scheduling import FAKE_GPUS
 from zres.core import keys as K
 
@@ -284,6 +285,64 @@ def test_logs_are_followed_while_the_job_runs_and_kept_after(cli, tmp_path):
     assert rest == "second\n" and follower.returncode == 0
     assert run("logs", str(job)).stdout == "first\nsecond\n", "kept after the job ended"
     assert "no job 999" in run("logs", "999", check=1).stderr
+
+
+def test_logs_follow_and_wait_ride_out_a_broker_restart(cli, tmp_path, make_client):
+    cluster, run = cli([{"foo": 1}], nthreads=2)
+    go = tmp_path / "go"
+    script = f'echo first; while [ ! -e "{go}" ]; do sleep 0.02; done; echo second'
+    job = int(run("submit", "--", "sh", "-c", script).stdout)
+    env = clean_env(ZRES_BROKER=cluster.address, ZRES_KEYS=cluster.keys)
+    follower, waiter = (subprocess.Popen([sys.executable, "-m", "zres", *args], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
+                        for args in (("logs", str(job), "--follow"), ("wait", str(job))))
+    try:
+        assert follower.stdout is not None and follower.stdout.readline() == "first\n"
+        client = make_client(cluster.address)
+        wait_until(lambda: client.status()["job_waits"] == 1, message="the wait to be held")
+        client.close()
+        cluster.broker.kill()
+        cluster.broker.wait(10)
+        # Away for a while (each command meanwhile is told so): both hear it is.
+        for _ in range(2):
+            assert "cannot reach the zres broker" in run("jobs", check=1).stderr
+        cluster.restart_broker()
+        go.touch()
+        rest, said = follower.communicate(timeout=60)
+        _, waited = waiter.communicate(timeout=60)
+    finally:
+        follower.kill()
+        waiter.kill()
+    assert (rest, follower.returncode) == ("second\n", 0), said
+    assert "waiting up to 300s for it to come back" in said
+    assert waiter.returncode == 0, waited
+
+
+def test_a_detached_job_is_its_submitters_across_a_broker_restart(make_cluster, make_client,
+                                                                   tmp_path):
+    # The client that submitted it (as zres submit does: detached) is back with the
+    # restarted broker: its future resolves, its id is known; it was told the job "was not
+    # kept" (and sent again, a submit not yet acknowledged was queued twice: duplicates).
+    cluster = make_cluster(agents=[{"foo": 1}])
+    client = make_client(cluster.address)
+    go = tmp_path / "go"
+    job = client.submit_command(f'while [ ! -e "{go}" ]; do sleep 0.02; done; echo ran',
+                                shell=True, detached=True, resources={"foo": 1})
+    wait_until(job.running, message="the job to start")
+    cluster.restart_broker()
+    assert client.job_ids([job]) == [job.id]
+    go.touch()
+    assert job.result(60).exit_code == 0
+    assert [j["id"] for j in client.jobs(all=True)] == [job.id]
+    # Asked as the broker goes (zres submit asks so for the ids it prints): asked again of
+    # the restarted one, not "the broker restarted before it answered".
+    stop_process(cluster.broker.pid)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(client.job_ids, [job])
+        wait_until(lambda: client._io.requests, message="the request to go")
+        cluster.restart_broker()
+        assert asked.result(60) == [job.id]
 
 
 def test_cancel_kills_the_whole_process_tree_and_frees_resources(cli, tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import process_gone, wait_until
 from tests.tasks import starts, wait_for_file
 from zres.agent.memory import cgroups, node, procs
 from zres.cli.jobs import render_jobs
@@ -70,6 +71,14 @@ class Hoarder:
             self.kept.append(block)
             time.sleep(0.01)
         return len(self.kept) * 16
+
+
+class Greedy(Hoarder):
+    """An actor whose construction takes MEGABYTES."""
+
+    def __init__(self, megabytes: int) -> None:
+        super().__init__()
+        self.grow(megabytes)
 
 
 def no_cgroups() -> str:
@@ -184,6 +193,42 @@ def test_a_job_and_an_actor_past_their_limits(limited):
         assert actor.grow(32).result(60) == 32
         with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit"):
             actor.grow(800).result(60)
+        # One whose __init__ goes past it is not constructed again (it would go past it
+        # again: with restarts=-1, for ever, its ready() never answering).
+        greedy = client.actor(Greedy, 800, resources={"MEMORY": LIMIT}, restarts=-1)
+        with pytest.raises(zres.MemoryLimitError, match="exceeded its memory limit on agent "
+                           r"agent-0: .* while it was constructed; not restarted"):
+            greedy.ready().result(30)
+
+
+def run_hog(seconds: float) -> int:
+    """Run HOG_SCRIPT in a child process that then holds what it took for SECONDS; its
+    exit status."""
+    script = f"{HOG_SCRIPT}; import time; time.sleep({seconds})"
+    return subprocess.run([sys.executable, "-c", script]).returncode
+
+
+def test_a_task_whose_child_goes_past_its_limit_fails_though_it_returns(limited):
+    # On cgroup v1 the kernel kills the child alone: the task returns at once (the child's
+    # status, -9), often before the agent has looked; it must fail all the same.
+    mode, cluster = limited
+    with zres.Client(cluster.address) as client:
+        task = client.submit(run_hog, 60, resources={"MEMORY": LIMIT})
+        with pytest.raises(zres.MemoryLimitError, match=r"task \d+ exceeded its memory"):
+            task.result(60)
+
+
+def leave_behind() -> int:
+    """Start a process that outlives this task (as a helper daemon would); its pid."""
+    return subprocess.Popen(["sleep", "300"]).pid
+
+
+def test_what_a_limited_task_leaves_behind_is_stopped_with_its_process(limited):
+    # (in watcher mode it ran on, unwatched and unlimited, once the task's process went)
+    mode, cluster = limited
+    with zres.Client(cluster.address) as client:
+        pid = client.submit(leave_behind, resources={"MEMORY": LIMIT}).result(30)
+        wait_until(lambda: process_gone(pid), message=f"its leftover process to go ({mode})")
 
 
 def test_a_limited_task_whose_process_is_killed_is_lost_not_out_of_memory(limited, tmp_path):

@@ -6,12 +6,14 @@ process with the same state, and every call resolves, in order, once."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import zres
 from tests.conftest import stop_process, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,3 +94,30 @@ def test_a_call_that_ends_while_the_broker_is_down_is_not_run_again(make_cluster
     assert sorted(f.result(60) for f in calls) in ([10, 15], [5, 15])
     assert counter.add(1).result(30) == 16
     assert runs(ledger).count("add-10") == 1 and runs(ledger).count("add-5") == 1
+
+
+def test_an_actor_process_that_dies_while_the_broker_is_down_restarts_with_its_calls(
+        make_cluster, make_client, tmp_path):
+    # Its agent saw it end (the calls it had begun, and one that ended before), and says
+    # so to the restarted broker: the calls it never began run on the next instance, the
+    # one that ended keeps its result, as when no restart comes between.
+    cluster = make_cluster(agents=[{"foo": 1}])
+    client = make_client(cluster.address)
+    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
+    counter = client.actor(Counter, str(ledger), resources={"foo": 1}, restarts=1)
+    pid = counter.pid().result(30)
+    ended, begun = counter.add(10, str(gate)), counter.add(100, str(tmp_path / "never"))
+    queued = counter.add(1000)
+    wait_until(lambda: "add-10" in runs(ledger), message="the first call to start")
+    stop_process(cluster.broker.pid)  # it hears nothing more, then dies
+    gate.touch()
+    wait_until(lambda: "add-100" in runs(ledger), message="the second call to start unheard")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), message="its agent to reap it")
+    cluster.restart_broker()
+    assert ended.result(60) == 10
+    with pytest.raises(zres.ActorDiedError, match="its process was killed by signal SIGKILL"):
+        begun.result(60)
+    assert queued.result(60) == 1000, "run on the next instance"
+    assert counter.pid().result(30) != pid
+    assert [runs(ledger).count(f"add-{n}") for n in (10, 100, 1000)] == [1, 1, 1]

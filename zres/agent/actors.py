@@ -202,7 +202,8 @@ class ActorSupervisor:
             body: dict[str, Any] = {"cause": exit_cause(code)}
             if unit is not None and unit.killed:  # (the broker fails its calls so)
                 error = memory_error(unit, "its process", str(actor.context.get("agent")))
-                body = {"cause": error["message"], "error": error["type"]}
+                body = {"cause": error["message"], "error": error["type"],
+                        "exceeded": unit.killed == "limit"}  # (past its own limit)
             log.warning("actor_process_died", actor=actor.id, pid=worker.proc.pid,
                         cause=body["cause"])
             started = self._pool.started_by(worker)

@@ -12,6 +12,8 @@ begun, and registers a new session only once they have answered, offering:
 - ``ended``: how the work ended that the old broker had not acknowledged (the results
   of reports it may never have read), with their frames;
 - ``returned``: grants that never began here, to be granted again;
+- ``exits``: the actor processes that ended meanwhile (a report's ``exits``: the calls
+  each had begun), so that the calls they never began run on the next instance;
 - ``carried``: the session whose work this is. A broker that last knew this agent by that
   session knows the offer is all that session may have begun: a grant made to it and not
   offered never arrived (a direct grant sent as the broker died), and goes again uncharged.
@@ -40,6 +42,7 @@ class CarryOver:
         self._reports = reports
         self._ended: dict[int, list[Any]] = {}
         self._returned: list[int] = []
+        self._exits: list[dict[str, Any]] = []
         # Offered once: what ends after that goes in the new session's first report (the
         # broker takes only the first offer of a session; a repeat must not swallow news).
         self._offered = False
@@ -65,10 +68,11 @@ class CarryOver:
                 self._returned.append(task_id)
 
     def _take_reports(self) -> None:
-        results, returned = self._reports.salvage()
+        results, returned, exits = self._reports.salvage()
         for item in results:
             self._ended[item[0]] = item
         self._returned.extend(returned)
+        self._exits.extend(exits)
 
     def ready(self) -> bool:
         """Whether the offer is complete: every worker asked back for a grant answered."""
@@ -86,7 +90,7 @@ class CarryOver:
         body = {"jobs": [*self._jobs.offer(), *self._runner.offer()],
                 "actors": self._actors.offer(self._slot_of),
                 "ended": [[i, outcome, len(frames), info] for i, outcome, frames, info in items],
-                "returned": list(self._returned)}
+                "returned": list(self._returned), "exits": list(self._exits)}
         if self._carried is not None:
             body["carried"] = self._carried
         return body, [f for _, _, frames, _ in items for f in frames]
@@ -100,5 +104,6 @@ class CarryOver:
         """The new session is welcomed (or the old work is void): nothing is left to offer."""
         self._ended.clear()
         self._returned.clear()
+        self._exits.clear()
         self._offered = False
         self._carried = None

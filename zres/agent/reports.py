@@ -136,12 +136,14 @@ class Reports:
     def pending_bytes(self) -> int:
         return sum(size for _, _, size in self._unacked)
 
-    def salvage(self) -> tuple[list[list[Any]], list[int]]:
-        """Take the results ([id, outcome, frames, info]) and give-backs of every report
-        not acknowledged and of the one being gathered, oldest first, and forget those
-        reports: a broker restarted on its state hears of them when we register anew."""
+    def salvage(self) -> tuple[list[list[Any]], list[int], list[dict[str, Any]]]:
+        """Take the results ([id, outcome, frames, info]), give-backs and actor processes'
+        exits of every report not acknowledged and of the one being gathered, oldest
+        first, and forget those reports: a broker restarted on its state hears of them
+        when we register anew."""
         results: list[list[Any]] = []
         returned: list[int] = []
+        exits: list[dict[str, Any]] = []
         messages = [P.decode(message) for message in self.unacked()]
         messages.append(P.Message(P.REPORT, self._fields, self._frames))
         for msg in messages:
@@ -150,9 +152,10 @@ class Reports:
                     items, P.split_frames(msg.frames, [i[2] for i in items])):
                 results.append([task_id, outcome, [bytes(P.buffer(f)) for f in frames], info])
             returned.extend(msg.body.get("returned") or [])
+            exits.extend(msg.body.get("exits") or [])
         self._unacked.clear()
         self._clear()
-        return results, returned
+        return results, returned, exits
 
     def reset(self) -> None:
         """Forget everything (a new session starts: the old one's news is void)."""

@@ -342,7 +342,10 @@ class TaskRunner(HandingBack):
         for item, result in zip(body["results"], results):
             if item[0] in self.grants:
                 if worker.task == item[0]:  # (its own process: with its peak, then gone)
-                    item = solo.ended(self.memory, worker, item)
+                    ended = solo.ended(self.memory, worker, item, self.grants[item[0]])
+                    if ended[1] != item[1]:  # (killed for its memory: its result is void)
+                        result = []
+                    item = ended
                 self.free(item[0], start=False)
                 self._events.result(item[0], item[1], result, item[3])
         for task_id in body.get("dropped", ()):  # cancelled before it started

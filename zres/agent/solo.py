@@ -7,8 +7,12 @@ handed over and stopped once its result is in (a process costs its start: see RE
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from typing import Any
 
+from ..core import protocol as P
 from ..core.resources import MEMORY, UNIT
 from .grants import Grant
 from .memory.monitor import Monitor, Watched, memory_error
@@ -27,13 +31,20 @@ def start(pool: WorkerPool, memory: Monitor, grant: Grant, nthreads: int) -> Wor
     return worker
 
 
-def ended(memory: Monitor, worker: Worker, item: list[Any]) -> list[Any]:
-    """The result ITEM ([id, outcome, nframes, info]) of WORKER's task, with its peak
-    memory; its process, done, is stopped (``retire``)."""
+def ended(memory: Monitor, worker: Worker, item: list[Any], grant: Grant) -> list[Any]:
+    """The result ITEM ([id, outcome, nframes, info]) of WORKER's task (GRANT's), with its
+    peak memory; its process, done, is stopped (``retire``). A task whose tree went past
+    its limit fails so, whatever it returned (FAILED, no frames, MemoryLimitError's info):
+    on cgroup v1 the kernel kills one process (a child the task ran with
+    ``subprocess.run``), and the task may end before the monitor kills the rest."""
     unit = memory.forget(worker.task)
     retire(memory, worker)
     if unit is None:
         return item
+    if unit.killed:
+        agent = str(grant.item[3].get("agent", ""))
+        return [item[0], P.FAILED, 0, {**memory_error(unit, f"task {item[0]}", agent),
+                                       "peak_memory": unit.peak}]
     return [*item[:3], {**item[3], "peak_memory": unit.peak}]
 
 
@@ -43,6 +54,12 @@ def retire(memory: Monitor, worker: Worker) -> None:
     if not worker.retired:
         memory.forget(worker.task)
         worker.retired = True
+        if worker.proc.returncode is None:  # (not reaped: its id is still its group's)
+            # What it started and left behind goes too, as a job's leftovers do (it leads
+            # its own session and group): the watcher stops watching it now (a cgroup's
+            # processes were killed with it).
+            with contextlib.suppress(OSError):
+                os.killpg(worker.proc.pid, signal.SIGKILL)
         worker.proc.kill()
 
 

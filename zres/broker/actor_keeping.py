@@ -17,7 +17,10 @@ A restarted broker restores every actor that had not died:
   spent (the broker keeps where it placed an actor before it sends it). An actor its
   agent no longer has, or
   whose agent is not back within the grace period, is lost as if that agent had died: it
-  restarts if it may (its calls that may have begun spend a retry), else it is dead;
+  restarts if it may (its calls that may have begun spend a retry), else it is dead; one
+  whose process its agent saw end meanwhile (its offer's ``exits``, with the calls the
+  process had begun) is lost as if that were heard now: the calls it never began run on
+  the next instance, uncharged;
 - its calls not sent yet queue again per caller, in the order they were made.
 """
 
@@ -58,6 +61,9 @@ class ActorKeeper:
         self.adopting: dict[str, ActorRecord] = {}   # restored, placed: their agents' word
         # Taken back by the registration read now, with the calls their processes have.
         self._settling: list[tuple[ActorRecord, set[int]]] = []
+        # Ended while the broker was away, as that registration says: [actor, cause, calls
+        # begun, error], lost once the calls that ended meanwhile are in (``settle``).
+        self._exited: list[tuple[ActorRecord, str, set[int], str]] = []
 
     def changed(self, actor: ActorRecord) -> None:
         """ACTOR's state changed: write it again (drop it once dead)."""
@@ -176,6 +182,24 @@ class ActorKeeper:
         if stop:
             self._send(agent.ident, P.KILL_ACTOR, {"ids": stop})
 
+    def exited_away(self, agent: AgentRecord, exits: Any) -> None:
+        """AGENT's new session says which of its actor processes ended while the broker was
+        away (EXITS: [{actor, placement, cause, running: [calls begun], error?}]): their
+        calls that ended meanwhile are taken in (``ended``), then they are lost (``settle``)
+        as when a report says so, not as actors their agent no longer has."""
+        for exit_ in exits if isinstance(exits, list) else []:
+            actor = self.adopting.get(str(exit_.get("actor"))) \
+                if isinstance(exit_, dict) else None
+            if actor is None or actor.agent_name != agent.name \
+                    or actor.placement != exit_.get("placement"):
+                continue
+            del self.adopting[actor.id]
+            for call_id in actor.inflight:  # (each ended, or never began: see ended())
+                self._routing.call_actor[call_id] = actor
+            running = {c for c in exit_.get("running") or () if type(c) is int}
+            self._exited.append((actor, str(exit_.get("cause")), running,
+                                 str(exit_.get("error", ""))))
+
     def ended(self, agent: AgentRecord, task_id: int, outcome: str, frames: list[Any],
               info: dict[str, Any]) -> None:
         """TASK_ID, if a construction or call of an actor taken back from AGENT, ended
@@ -209,6 +233,12 @@ class ActorKeeper:
             if actor.state is not ActorState.DEAD:
                 self.changed(actor)
                 self._routing.wake(actor)
+        exited, self._exited = self._exited, []
+        for actor, cause, running, error in exited:
+            if error == "MemoryLimitError":
+                self._routing.lost(actor, cause, running, error)
+            else:
+                self._routing.lost(actor, f"its process {cause}", running)
         for actor in [a for a in self.adopting.values() if a.agent_name == agent.name]:
             self._lose(actor, f"the broker restarted while it ran on agent {agent.name}, "
                        "and that agent no longer had it when it came back")

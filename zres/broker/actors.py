@@ -238,15 +238,19 @@ class ActorRouting:
                          else "its __init__ raised an exception")
 
     def exited(self, agent: bytes, actor_id: str, placement: int, cause: str,
-               running: list[int], error: str = "") -> None:
+               running: list[int], error: str = "", exceeded: bool = False) -> None:
         """AGENT says the process of ACTOR_ID's PLACEMENT ended, having started RUNNING;
         ERROR "MemoryLimitError": it was killed for its memory (CAUSE says how), and the
-        calls it had begun fail so."""
+        calls it had begun fail so. EXCEEDED: past its own limit; while it was constructed,
+        it is not restarted (its __init__ would go past it again: as a task stopped for
+        its memory spends no retry, and else ``restarts=-1`` would try for ever)."""
         actor = self.actors.get(actor_id)
         if actor is None or actor.placement != placement or actor.agent != agent:
             return  # stale: killed meanwhile
         self._release(actor.placement)
-        if error == "MemoryLimitError":
+        if error == "MemoryLimitError" and exceeded and actor.state is ActorState.STARTING:
+            self.dead(actor, f"{cause} while it was constructed; not restarted", error)
+        elif error == "MemoryLimitError":
             self.lost(actor, cause, set(running), error)
         else:
             self.lost(actor, f"its process {cause}", set(running))

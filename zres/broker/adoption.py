@@ -135,6 +135,7 @@ class Adoption:
         if self._gangs is not None:  # (its bundles first: work ran inside them)
             self._gangs.offered(agent)
         self._actors.offered(agent, body.get("actors"))
+        self._actors.exited_away(agent, body.get("exits"))
         stop = [entry[0] for entry in running if isinstance(running, list)
                 and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
         self._ended(agent, body.get("ended"), frames)

@@ -103,7 +103,8 @@ class AgentReports:
             if isinstance(exit_, dict):
                 self._actors.exited(agent.ident, str(exit_.get("actor")),
                                     exit_.get("placement", -1), str(exit_.get("cause")),
-                                    _ids(exit_.get("running")), str(exit_.get("error", "")))
+                                    _ids(exit_.get("running")), str(exit_.get("error", "")),
+                                    exit_.get("exceeded") is True)
         for task_id in _ids(body.get("returned")):
             task = self._mine(agent, task_id)
             if task is not None:  # it never started there: again, uncharged

@@ -54,8 +54,10 @@ class JobRecord:
     strict: bool = False         # fails at once if infeasible
     retries: int = 0             # retries left (kept: a restarted broker's task has them)
     held_on: str = ""            # the agent that may start it (it heard the grant held)
-    # The client that waits for it (not for a detached job), by routing id and its own id
-    # for it: a restarted broker gives it back to that client when it comes back.
+    # The client that submitted it, by routing id and its own id for it: a restarted
+    # broker gives it back to that client when it comes back (a detached job's too: that
+    # client, sending again what the broker had not acknowledged, must not queue it twice,
+    # nor hear that it was not kept).
     client: bytes = b""
     owner: str = ""              # the name of the key that submitted it ("": no keys)
     local: int = -1

@@ -83,7 +83,7 @@ class JobTable:
         job.export, job.export_key = self.envs.take(spec["export"])
         job.exported = len(job.export)
         client = self._clients.get(task.client)
-        if client is not None and not spec["detached"]:
+        if client is not None:  # (a detached job's too: see JobRecord.client)
             job.client, job.local = client.ident, task.local_id
         self._keep(job)
 
@@ -387,7 +387,7 @@ class JobTable:
                                                "reason": entry.get("reason", "")})
         elif agent is None:
             self._send(ident, P.LOGS_REPLY, {
-                "req": req, "finished": finished,
+                "req": req, "finished": finished, "away": True,
                 "error": f"job {job_id}'s log is on agent {agent_name}, which is not connected"})
         else:
             token = next(self._tokens)

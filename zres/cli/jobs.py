@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..core import protocol as P
-from ..core.address import Unanswered
+from ..core.address import Unanswered, Unreachable
 from ..core.errors import ZresError
 from ..core.report import entry_in_user_units
 from ..core.resources import format_bytes, format_units, parse_spec, units_to_float
@@ -114,6 +114,30 @@ def _broker_option(parser: argparse.ArgumentParser) -> None:
 
 def _request(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[str, Any]:
     return request(broker_address(args.broker), kind, body, 10.0)
+
+
+def _patient(args: argparse.Namespace, kind: str, body: dict[str, Any],
+             timeout: float = 10.0, deadline: float | None = None) -> dict[str, Any]:
+    """The broker's answer to a request of a command that follows jobs (logs --follow,
+    wait, run-queue) and has been answered before: a broker away (restarting: its address
+    refusing connections, or silent) is waited for, as a client waits (its
+    ``broker_timeout``, 5 minutes; DEADLINE, a monotonic time, if sooner), saying so once
+    on stderr, not taken for an error."""
+    address, since = broker_address(args.broker), None
+    while True:
+        try:
+            return request(address, kind, body, timeout)
+        except (Unreachable, Unanswered) as exc:
+            from .. import config
+            limit = float(config.load("client")["broker_timeout"])
+            if since is None:
+                since = time.monotonic()
+                print(f"zres {args.command}: {exc}; waiting up to {limit:g}s for it to come "
+                      "back", file=sys.stderr, flush=True)
+            if time.monotonic() - since >= limit or \
+                    deadline is not None and time.monotonic() >= deadline:
+                raise
+            time.sleep(_POLL)
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -241,8 +265,15 @@ def logs(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"job": args.job}
     if args.rank is not None:
         body["rank"] = args.rank
+    answered = False
     while True:
-        reply = _request(args, P.LOGS, {**body, "offset": offset})
+        body["offset"] = offset
+        reply = _patient(args, P.LOGS, body) if answered else _request(args, P.LOGS, body)
+        answered = args.follow  # (from now on, a broker restarting is waited for)
+        if "error" in reply and args.follow and reply.get("away") and \
+                not reply.get("finished"):  # (its agent reconnecting: it has the log)
+            time.sleep(_POLL)
+            continue
         if "error" in reply:
             raise ZresError(reply["error"])
         if reply.get("nodes", 1) > 1 and args.rank is None:
@@ -268,8 +299,12 @@ def _rank_logs(args: argparse.Namespace, nodes: int) -> int:
     while True:
         got, ended = False, True
         for rank in range(nodes):
-            reply = _request(args, P.LOGS, {"job": args.job, "rank": rank,
-                                            "offset": offsets[rank]})
+            ask = _patient if args.follow else _request
+            reply = ask(args, P.LOGS, {"job": args.job, "rank": rank, "offset": offsets[rank]})
+            if "error" in reply and args.follow and reply.get("away") and \
+                    not reply.get("finished"):
+                ended = False
+                continue  # (its agent reconnecting: asked again next round)
             if "error" in reply:
                 raise ZresError(reply["error"])
             data = reply.get("data", b"")
@@ -333,7 +368,7 @@ def run_queue(args: argparse.Namespace) -> int:
           "on, until Ctrl-C", flush=True)
     while True:  # watch forever (until Ctrl-C), saying what changes
         time.sleep(_POLL * 5)
-        for job in _request(args, P.JOBS, {"all": True})["jobs"]:
+        for job in _patient(args, P.JOBS, {"all": True})["jobs"]:
             if seen.get(job["id"]) != job["state"]:
                 seen[job["id"]] = job["state"]
                 print(f"job {job['id']} {job.get('name', '')}: {job['state']}", flush=True)
@@ -344,10 +379,12 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
     request held by the broker until they have, or for ``_HOLD`` seconds (``job_waits``):
     their ends are heard as the broker hears them, with no looking again meanwhile."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    answered = False  # (the first look is answered at once: the broker is there)
     while True:
         hold = _HOLD if deadline is None else min(_HOLD, deadline - time.monotonic())
+        hold = hold if answered else 0.0
         reply = _held(args, {"jobs": wanted, **({"wait": hold} if hold > 0 else {})},
-                      max(hold, 0.0)) if wanted else {"jobs": []}
+                      max(hold, 0.0), answered, deadline) if wanted else {"jobs": []}
         table = reply["jobs"]
         # Infeasible counts as final: such jobs are reported, not awaited.
         pending = [j for j in table if j["state"] not in _FINAL]
@@ -357,8 +394,9 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
             print(f"zres wait: gave up after {timeout:g}s; still waiting for "
                   f"{', '.join(str(j['id']) for j in pending)}", file=sys.stderr)
             return 1
-        if not reply.get("waited"):  # (a broker that held it not: it looks again soon)
+        if answered and not reply.get("waited"):  # (a broker that held it not: look again)
             time.sleep(_POLL)
+        answered = True
     if table:
         _request(args, P.JOBS, {"jobs": [], "reported": [j["id"] for j in table]})
     status = 0
@@ -377,10 +415,14 @@ def _wait_for(args: argparse.Namespace, wanted: list[int], timeout: float | None
     return status
 
 
-def _held(args: argparse.Namespace, body: dict[str, Any], hold: float) -> dict[str, Any]:
-    """The broker's answer to a jobs request BODY it may hold for HOLD seconds. Asked once
-    more if none came (a broker restarted meanwhile has forgotten it); one that still does
-    not answer, or that cannot be reached, is an error, as for any request."""
+def _held(args: argparse.Namespace, body: dict[str, Any], hold: float, answered: bool,
+          deadline: float | None) -> dict[str, Any]:
+    """The broker's answer to a jobs request BODY it may hold for HOLD seconds. Once it has
+    ANSWERED, a broker away (restarted: it has forgotten the request) is waited for and
+    asked again (``_patient``, until DEADLINE); before, one that cannot be reached is an
+    error, as for any request, and one that does not answer is asked once more."""
+    if answered:
+        return _patient(args, P.JOBS, body, hold + 10.0, deadline)
     address = broker_address(args.broker)
     try:
         return request(address, P.JOBS, body, hold + 10.0)

@@ -102,7 +102,8 @@ def render_status(status: dict[str, Any]) -> str:
             where = f" on {actor['agent']}" if actor["agent"] else ""
             why = f": {actor['reason']}" if actor.get("reason") else ""
             holds = _request(actor["units"])
-            actors.append(_wrap(f"{label:<24} {actor['state']}{where}  holds {holds}"
+            memory = f"  memory {actor['memory_shown']}" if actor.get("memory_shown") else ""
+            actors.append(_wrap(f"{label:<24} {actor['state']}{where}  holds {holds}{memory}"
                                 f"  calls: {actor['running']} sent, {actor['queued']} queued"
                                 f"  restarts left: {actor['restarts_left']}{why}"))
         lines += _cut(actors, len(actors), " actors")

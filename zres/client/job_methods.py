@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as P
-from ..core.errors import ZresError
+from ..core.errors import BrokerLostError, ZresError
 from ..core.report import entry_in_user_units  # (what users read)
 from .futures import Future
 
@@ -89,12 +90,27 @@ class JobMethods:
         return future
 
     def job_ids(self, futures: Iterable[Future], timeout: float = 10.0) -> list[int | None]:
-        """Return the broker's job id of each command-job future (None if unknown)."""
+        """Return the broker's job id of each command-job future (None if unknown). A
+        broker that restarts before it answers is asked again once this client is back
+        with it (what it had not kept sent again first), within the client's reconnect
+        window (``broker_timeout``), as the futures wait for it."""
         ids = [f._local for f in futures]
-        reply = self._io.request(P.JOBS, {"ids": ids, "jobs": []}, timeout)
-        if "error" in reply:
-            raise ZresError(reply["error"])
-        return list(reply["ids"])
+        deadline = time.monotonic() + max(timeout, self._io.broker_timeout)
+        while True:
+            try:
+                reply = self._io.request(P.JOBS, {"ids": ids, "jobs": []},
+                                         max(timeout, deadline - time.monotonic()))
+            except BrokerLostError:  # (it restarted before it answered: ask the new one)
+                reply = {}
+            if "error" in reply:
+                raise ZresError(reply["error"])
+            if "ids" in reply:
+                return list(reply["ids"])
+            # (none: a restarted broker that has not heard this client's hello yet)
+            if time.monotonic() >= deadline:
+                raise BrokerLostError("the broker restarted, and did not say which jobs it "
+                                      f"had kept within {self._io.broker_timeout:g}s")
+            time.sleep(0.05)
 
     def jobs(self, all: bool = False, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: A002
         """Return the job table: queued and running jobs, finished ones too with ALL."""

@@ -78,11 +78,14 @@ client -> broker
     job_cancel {job}                             only its owner or an admin key may: else
                                                  refused, naming the owner
     logs       {job, offset, rank?}              -> logs_reply {data, finished, state,
-                                                 reason?, error?, nodes?} (its owner or an
-                                                 admin key only; error: none, as for a job
-                                                 that ended without starting, saying why;
+                                                 reason?, error?, nodes?, away?} (its owner
+                                                 or an admin key only; error: none, as for a
+                                                 job that ended without starting, saying why;
                                                  nodes: a multi-node job, whose log is each
-                                                 rank's: ask with rank)
+                                                 rank's: ask with rank; away: true with an
+                                                 error when the log's agent is not connected
+                                                 now, as after a broker restart: a follower
+                                                 asks again)
     group      {op: remove, id} | {op: lookup, name}  -> group_reply {req, state?, group?:
                                                  {id, name, bundles, strategy}, error?}: end
                                                  a placement group (its owner or an admin
@@ -179,15 +182,19 @@ agent -> broker
                a new session also offers jobs?: [[id, slot, [gpu position...], taken]]
                still running (command jobs and Python tasks), actors?: [[actor id,
                placement, slot, [gpu position...], [call ids in hand]]], ended?: [[id,
-               outcome, nframes, info]] (frames follow) of late, and returned?: [id...]
-               held but never begun: a restarted broker of the cluster adopts them,
-               grants them again or stops them (kill_actor for an actor); carried?:
+               outcome, nframes, info]] (frames follow) of late, returned?: [id...]
+               held but never begun, and exits?: [{actor, placement, cause, running,
+               error?}] (as a report's) of actor processes that ended meanwhile (their
+               calls not begun run on the next instance): a restarted broker of the
+               cluster adopts them, grants them again or stops them (kill_actor for an
+               actor); carried?:
                the session whose work it offers (the agent stopped none of it): if the
                broker last knew this agent's name by that session, a grant to it that
                is not offered never arrived, and goes again with no retry spent
     report     {seq, session, held?: [id...], started?: [id...],
                 results?: [[id, outcome, nframes, info]], exits?: [{actor, placement,
-                cause, running: [call ids started], error?: MemoryLimitError}],
+                cause, running: [call ids started], error?: MemoryLimitError, exceeded?:
+                true if past its own limit (not the node's reserve)}],
                 returned?: [id...]}
                numbered per session, taken in strictly in order (one after a gap is
                dropped: it comes again), acknowledged cumulatively by ``ack`` in the
