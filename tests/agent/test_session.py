@@ -4,9 +4,11 @@ is never offered the agent's resources as if nothing ran there."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -27,17 +29,28 @@ def next_message(sock: zmq.Socket, kind: str) -> tuple[bytes, P.Message]:
     raise AssertionError(f"no {kind} came")
 
 
-def test_an_agent_a_broker_forgot_asks_to_resume_its_session(tmp_path):
+@contextlib.contextmanager
+def played_broker() -> Iterator[zmq.Socket]:
+    """A ROUTER socket playing the broker, and an agent (named a) started against it.
+    (A plain socket: no keys, whatever earlier tests of the suite left in this user's
+    default keys directory.)"""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    # (A plain socket plays the broker: no keys, whatever earlier tests of the suite left
-    # in this user's default keys directory.)
     agent = subprocess.Popen(
         [sys.executable, "-m", "zres", "agent", f"tcp://127.0.0.1:{port}", "--name", "a",
          "--resources", "foo=1", "--no-detect", "--nworkers", "1", "--insecure"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        yield sock
+    finally:
+        agent.kill()
+        agent.wait(10)
+        sock.close()
+
+
+def test_an_agent_a_broker_forgot_asks_to_resume_its_session(tmp_path):
+    with played_broker() as sock:
         ident, first = next_message(sock, P.REGISTER)
         assert not first.body.get("resume")
         session = first.body["session"]
@@ -48,10 +61,6 @@ def test_an_agent_a_broker_forgot_asks_to_resume_its_session(tmp_path):
         ident, again = next_message(sock, P.REGISTER)
         assert again.body["session"] == session and again.body.get("resume") is True, \
             "registered afresh, as if nothing ran there: its resources would be granted twice"
-    finally:
-        agent.kill()
-        agent.wait(10)
-        sock.close()
 
 
 def test_an_agent_fenced_once_is_not_fenced_again_by_the_answer_to_its_new_sessions_beat():
@@ -60,14 +69,7 @@ def test_an_agent_fenced_once_is_not_fenced_again_by_the_answer_to_its_new_sessi
     (naming the new one). Taken as its own end, the agent began a third session, and the
     broker, having welcomed the second, lost it and what it had granted there (a
     placement group's bundle, and with it the group's restart)."""
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "zres", "agent", f"tcp://127.0.0.1:{port}", "--name", "a",
-         "--resources", "foo=1", "--no-detect", "--nworkers", "1", "--insecure"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with played_broker() as sock:
         ident, first = next_message(sock, P.REGISTER)
         P.send(sock, [ident, *P.encode(P.WELCOME, {
             "epoch": 1, "session": first.body["session"], "agent": "a", "cluster": "abc",
@@ -81,7 +83,3 @@ def test_an_agent_fenced_once_is_not_fenced_again_by_the_answer_to_its_new_sessi
         ident, again = next_message(sock, P.REGISTER)
         assert again.body["session"] == second.body["session"], \
             "it began yet another session: the one the broker welcomes next is lost"
-    finally:
-        agent.kill()
-        agent.wait(10)
-        sock.close()

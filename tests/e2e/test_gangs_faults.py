@@ -33,6 +33,23 @@ def noted_hold(ledger: str, release: str) -> str:
     return where()
 
 
+def held_in(client: zres.Client, pg: zres.PlacementGroup, bundle: int, tmp_path: Path
+            ) -> tuple[zres.Future, str]:
+    """A task placed in PG's BUNDLE, started: it notes its start in TMP_PATH/ledger (returned
+    with it) and ends once TMP_PATH/go exists, returning the agent it ran on."""
+    ledger = str(tmp_path / "ledger")
+    task = client.submit(noted_hold, ledger, str(tmp_path / "go"), placement=(pg, bundle))
+    wait_until(lambda: starts(ledger), message="the task in the group to start")
+    return task, ledger
+
+
+def removed_all_free(client: zres.Client, pg: zres.PlacementGroup) -> None:
+    """Remove PG, then wait until every slot of every agent is free again."""
+    pg.remove()
+    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
+                           for s in a["slots"]), message="everything given back")
+
+
 def group(client: zres.Client, pg: zres.PlacementGroup) -> dict:
     (found,) = [g for g in client.status()["placement_groups"] if g["id"] == pg.id]
     return found
@@ -70,9 +87,7 @@ def test_an_agent_lost_under_gangs(make_cluster, make_client, tmp_path, request)
                            for f in (again, once)), message="both jobs' ranks started")
     # (work running in the doomed group's bundle on b carries on when the group fails)
     (on_b,) = [i for i, b in enumerate(group(client, doomed)["bundles"]) if b["agent"] == "b"]
-    ledger = str(tmp_path / "ledger")
-    carries = client.submit(noted_hold, ledger, str(tmp_path / "go"), placement=(doomed, on_b))
-    wait_until(lambda: starts(ledger), message="the work in the doomed group to start")
+    carries, ledger = held_in(client, doomed, on_b, tmp_path)
     cluster.agents["a"].kill()
     with pytest.raises(zres.AgentLostError, match=r"rank \d of job \d+ was lost"):
         once.result(30)
@@ -124,9 +139,7 @@ def test_a_broker_restart_keeps_groups_and_running_gangs(make_cluster, make_clie
     assert inside.result(30) == "released"
     assert gang.result(30).exit_code == 0
     assert [r["state"] for r in job(client, gang)["ranks"]] == ["done", "done"]
-    pg.remove()
-    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
-                           for s in a["slots"]), message="everything given back")
+    removed_all_free(client, pg)
 
 
 def test_work_in_a_group_waiting_to_be_reserved_again_is_taken_back_once(make_cluster,
@@ -141,9 +154,7 @@ def test_work_in_a_group_waiting_to_be_reserved_again_is_taken_back_once(make_cl
     pg = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD", restarts=1)
     pg.ready().result(30)
     (first, second) = [b["agent"] for b in group(client, pg)["bundles"]]
-    ledger, release = str(tmp_path / "ledger"), str(tmp_path / "go")
-    task = client.submit(noted_hold, ledger, release, placement=(pg, 0))
-    wait_until(lambda: starts(ledger), message="the task started")
+    task, ledger = held_in(client, pg, 0, tmp_path)
     cluster.agents[second].kill()
     wait_until(lambda: group(client, pg)["state"] == "restarting", message="restarting")
     # (why it waits again, not how its first reservation ended: "finished")
@@ -155,9 +166,7 @@ def test_work_in_a_group_waiting_to_be_reserved_again_is_taken_back_once(make_cl
     (tmp_path / "go").touch()
     assert task.result(30) == first
     assert starts(ledger) == {"x": 1}
-    pg.remove()
-    wait_until(lambda: all(s["free"] == s["total"] for a in client.status()["agents"]
-                           for s in a["slots"]), message="everything given back")
+    removed_all_free(client, pg)
 
 
 def test_a_group_is_taken_back_where_it_was_whatever_agent_comes_back_first(make_cluster,
@@ -172,10 +181,8 @@ def test_a_group_is_taken_back_where_it_was_whatever_agent_comes_back_first(make
     pg = client.placement_group([{"gpu": 1}], strategy="PACK", name="kept")
     pg.ready().result(30)
     (holder,) = [b["agent"] for b in group(client, pg)["bundles"]]
-    ledger, release = str(tmp_path / "ledger"), str(tmp_path / "go")
-    inside = client.submit(noted_hold, ledger, release, placement=(pg, 0))
-    wait_until(lambda: starts(ledger), message="the task started")
-    waits = client.submit(noted_hold, ledger, release, placement=(pg, 0))
+    inside, ledger = held_in(client, pg, 0, tmp_path)
+    waits = client.submit(noted_hold, ledger, str(tmp_path / "go"), placement=(pg, 0))
     wait_until(lambda: "waits for room in bundle 0" in client.why(waits), message="queued")
     stop_process(cluster.agents[holder].pid)
     try:
