@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import os
 import re
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -285,6 +286,24 @@ def test_logs_are_followed_while_the_job_runs_and_kept_after(cli, tmp_path):
     assert rest == "second\n" and follower.returncode == 0
     assert run("logs", str(job)).stdout == "first\nsecond\n", "kept after the job ended"
     assert "no job 999" in run("logs", "999", check=1).stderr
+
+
+def test_a_log_asked_of_an_agent_that_cannot_answer_says_so(cli, tmp_path):
+    """A log asked of an agent that cannot answer (stopped, still connected) is answered by
+    the broker within seconds, naming the agent: the command waited its whole timeout, then
+    said no broker answered, though the broker was there."""
+    cluster, run = cli([{"foo": 1}], names=["held"])
+    go = tmp_path / "go"
+    script = f'echo first; while [ ! -e "{go}" ]; do sleep 0.02; done'
+    job = int(run("submit", "--", "sh", "-c", script).stdout)
+    wait_until(lambda: run("logs", str(job)).stdout == "first\n", message="its log")
+    stop_process(cluster.agents["held"].pid)
+    try:
+        failed = run("logs", str(job), check=1)
+    finally:
+        os.kill(cluster.agents["held"].pid, signal.SIGCONT)
+        go.touch()
+    assert "log is on agent held, which did not answer" in failed.stderr, failed.stderr
 
 
 def test_logs_follow_and_wait_ride_out_a_broker_restart(cli, tmp_path, make_client):

@@ -36,6 +36,7 @@ from .job_waits import MAX_WAIT, PENDING, JobWaits, Wait
 from .outbox import Send
 from .store import Store
 
+_LOG_ANSWER_WITHIN = 5.0  # seconds an agent has to send a log asked of it, at most
 _FINISHED_KEPT = 10_000  # finished jobs remembered for `zres jobs --all` and `zres logs`
 class JobTable:
     """The job table, and the requests about jobs.
@@ -65,7 +66,9 @@ class JobTable:
         self.adopting: dict[int, JobRecord] = {}
         self.done: OrderedDict[int, JobRecord] = OrderedDict()
         self._tokens = itertools.count(1)
-        self._log_requests: dict[int, tuple[bytes, Any, int, bool]] = {}
+        # Logs asked of agents, by token: the asker, its req, the job, whether it had
+        # finished, the agent asked and when (see _unanswered_logs).
+        self._log_requests: dict[int, tuple[bytes, Any, int, bool, str, float]] = {}
         self.waits = JobWaits(self._answer_wait)  # (requests waiting for jobs to end)
         self._removed = 0  # (agents removed when the waits were last looked at)
 
@@ -323,7 +326,23 @@ class JobTable:
         if self._agents.removed != self._removed:
             self._removed = self._agents.removed
             self.waits.recheck()
+            self._unanswered_logs(lambda agent, sent: self._agents.named(agent) is None)
+        if self._log_requests:
+            self._unanswered_logs(lambda agent, sent: now - sent > _LOG_ANSWER_WITHIN)
         self.waits.answer(now)
+
+    def _unanswered_logs(self, gone: Callable[[str, float], bool]) -> None:
+        """Answer the log requests forwarded to an agent that GONE(agent, when asked) says
+        will not answer (lost, or silent): a ``zres logs`` waited its whole timeout, then
+        said no broker answered (the broker was there; the agent had died)."""
+        for token, (client, req, job_id, finished, agent, sent) in list(
+                self._log_requests.items()):
+            if gone(agent, sent):
+                del self._log_requests[token]
+                self._send(client, P.LOGS_REPLY, {
+                    "req": req, "finished": finished, "away": True,
+                    "error": f"job {job_id}'s log is on agent {agent}, which did not answer "
+                             "(it was lost, or is away)"})
 
     def _answer_wait(self, wait: Wait, now: bool) -> bool:
         """Answer WAIT with its jobs as they are, unless one is still to end and not NOW;
@@ -392,14 +411,14 @@ class JobTable:
         else:
             token = next(self._tokens)
             # "finished" as of now: a job that had finished has its whole log on disk.
-            self._log_requests[token] = (ident, req, job_id, finished)
+            self._log_requests[token] = (ident, req, job_id, finished, agent_name, now)
             self._send(agent.ident, P.LOGS, {"token": token, "job": log_id, "offset": offset})
 
     def on_logs_reply(self, ident: bytes, msg: P.Message, now: float) -> None:
         request = self._log_requests.pop(msg.body.get("token", -1), None)
         if request is None:
             return
-        client, req, job_id, finished = request
+        client, req, job_id, finished, _, _ = request
         job = self.get(job_id)
         body = {"req": req, "finished": finished,
                 "state": self._describe(job)["state"] if job is not None else "unknown"}
