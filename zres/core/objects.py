@@ -21,6 +21,7 @@ import os
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -189,6 +190,7 @@ class ObjectWriter:
 
     def __init__(self, path: str, size: int) -> None:
         self.path, self.size = path, size
+        self.written_at = time.monotonic()  # (when a range last came: an upload gone idle)
         self._tmp = f"{path}.part-{secrets.token_hex(4)}"
         self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                            0o600)
@@ -205,6 +207,7 @@ class ObjectWriter:
         if offset < 0 or offset + view.nbytes > self.size:
             raise ObjectError(f"bytes {offset}..{offset + view.nbytes} are outside an "
                               f"object of {self.size}")
+        self.written_at = time.monotonic()
         while view.nbytes:
             written = os.pwrite(self._fd, view, offset)
             view, offset = view[written:], offset + written

@@ -71,7 +71,6 @@ class DataServer:
         self.served = 0                    # bytes sent, for the agent's reports
         self._mapped: OrderedDict[int, Any] = OrderedDict()
         self._uploads: OrderedDict[tuple[bytes, int], O.ObjectWriter] = OrderedDict()
-        self._heard: dict[tuple[bytes, int], float] = {}  # (the uploads' last chunks)
         self._waker = Waker()  # (its stop, heard at once)
         self._thread = threading.Thread(target=self._run, name="zres-agent-data", daemon=True)
         self.local = LocalPort(store, lambda: self.secret)  # (readers on this host)
@@ -125,10 +124,9 @@ class DataServer:
         """Drop the uploads that have heard nothing for UPLOAD_IDLE seconds (the least
         recently heard are first in ``_uploads``)."""
         for key, writer in list(self._uploads.items()):
-            if now - self._heard.get(key, now) <= UPLOAD_IDLE:
+            if now - writer.written_at <= UPLOAD_IDLE:
                 break
             del self._uploads[key]
-            self._heard.pop(key, None)
             writer.abandon()
             log.info("upload_abandoned", object=key[1], after=UPLOAD_IDLE)
 
@@ -196,15 +194,11 @@ class DataServer:
                 writer = self._uploads[ident, object_id] = O.ObjectWriter(
                     self._store.new_path(object_id), size)
                 while len(self._uploads) > _UPLOADS:
-                    oldest, dropped = self._uploads.popitem(last=False)
-                    self._heard.pop(oldest, None)
-                    dropped.abandon()
-            self._uploads.move_to_end((ident, object_id))
-            self._heard[ident, object_id] = time.monotonic()
+                    self._uploads.popitem(last=False)[1].abandon()
+            self._uploads.move_to_end((ident, object_id))  # (least recently heard first)
             writer.write(offset, P.buffer(msg.frames[0]) if msg.frames else b"")
             if writer.complete():
                 del self._uploads[ident, object_id]
-                self._heard.pop((ident, object_id), None)
                 writer.done()
                 self.stored.put((object_id, size))
                 try:
@@ -214,7 +208,6 @@ class DataServer:
                 body["done"] = True
         except (OSError, O.ObjectError) as exc:
             self._uploads.pop((ident, object_id), None)
-            self._heard.pop((ident, object_id), None)
             if writer is not None:
                 writer.abandon()
             body["error"] = f"cannot keep it: {exc}"
