@@ -117,8 +117,9 @@ client -> broker
     place      {local, size, req}               put a value (scatter, zres.put, a call over
                                                 1 MiB) on an agent: -> place_reply {req,
                                                 id, token, at: [agent, address, key]} or
-                                                {req, error} (over max_object_bytes, or no
-                                                agent with a data port); the client then
+                                                {req, error, wait?} (over max_object_bytes,
+                                                or, wait: no agent with a data port now, ask
+                                                again later); the client then
                                                 uploads it there (put, below) and the task
                                                 LOCAL ends once that agent reports it whole
     locate     {ids: [id...], req}              where these results are now (a holder it
