@@ -267,6 +267,23 @@ def test_a_put_the_broker_restarted_before_answering_is_asked_again(make_cluster
         assert result.result(60).result(60) == len(value)
 
 
+def test_a_value_put_before_any_agent_has_joined_waits_for_one(make_cluster, make_client):
+    """As a task waits for an agent that can run it, a put (scatter, a big argument)
+    waits for one with a data port: the cluster may be starting, or its agents coming
+    back to a restarted broker. It failed at once, naming no agent."""
+    cluster = make_cluster(agents=[])
+    client = make_client(cluster.address)
+    value = made(2 << 20)
+    with ThreadPoolExecutor(1) as pool:
+        put = pool.submit(client.scatter, value)
+        wait_until(lambda: client._io.requests or put.done(), message="the put to be asked")
+        cluster.add_agent({"a": 1}, name="late")
+        assert client.submit(size, put.result(60), resources={"a": 1}).result(60) == len(value)
+    alone = make_client(make_cluster(agents=[]).address, broker_timeout=1.5)
+    with pytest.raises(zres.ZresError, match="no agent with a data port.*after waiting"):
+        alone.scatter(value)  # (for its broker_timeout, at most)
+
+
 def test_a_value_put_after_a_failed_try_is_freed_once_nobody_needs_it(make_cluster,
                                                                        make_client,
                                                                        monkeypatch):

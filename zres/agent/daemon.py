@@ -74,12 +74,12 @@ class Agent(Draining, Fencing):
         self.poller.register(self._connection.monitor, zmq.POLLIN)
         # (hand-offs wait for the broker's ack, and for the lease: see reports)
         self.reports = Reports(lambda: self.session.valid())
-        self.pool = WorkerPool(slots, broker, self.logs.path, self.files)
+        self.pool = WorkerPool(slots, broker, self.logs.path, self.files, key)
         self.session = Session(self.pool.lease)
         # Its objects (big results, fetched inputs, uploads) and the port it serves them on.
         self.data = NodeData(self.files.path, slots, broker, key, data_listen, store_memory,
                              self.reports, data_advertise)
-        self.pool.objects = self.data.env
+        self.pool.objects, self.pool.session = self.data.env, self.session
         self._reach = ReachWarning(broker)
         cpus = CoreBinder(len(slots)) if bind_cpus else None  # (cores of their own)
         self.runner = TaskRunner(slots, self.pool, self.reports, self.session.valid,

@@ -81,11 +81,12 @@ class OutputBuffer:
             if line:
                 self._partial[key] = ([line], len(line))
 
-    def end(self, task_id: int) -> None:
+    def end(self, task_id: int) -> bool:
         """Task TASK_ID ended: what it left of a line goes too (called before its result
-        is put, so the result is never sent ahead of its output)."""
+        is put, so the result is never sent ahead of its output). Return whether it
+        wrote anything."""
         if task_id not in self._tasks:  # (no lock: a task that printed nothing pays this)
-            return
+            return False
         with self._lock:
             self._tasks.discard(task_id)
             self._allowance.pop(task_id, None)
@@ -93,6 +94,7 @@ class OutputBuffer:
                 parts, size = self._partial.pop((task_id, stream), ([], 0))
                 if size:
                     self._add(task_id, stream, "".join(parts) + "\n")
+        return True
 
     def take(self) -> list[list[Any]]:
         """Return what is to be sent now, a note in the place of what was dropped."""

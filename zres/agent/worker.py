@@ -41,9 +41,10 @@ import zmq
 
 from ..core import protocol as P
 from ..core.context import TOKEN_ENV, TaskContext, set_task_context
-from ..core.serialize import CallLoader, dumps, dumps_exception, loads
+from ..core.serialize import CallLoader, dumps_exception, dumps_result, loads, missing_module_note
 from .actor_host import ActorHost
 from .data.worker_side import InputLost, WorkerObjects
+from .direct import DirectResults
 from .link import AgentLink, LinkClosed
 from .output import OutputBuffer, capture
 from .shared import Lease, StartLog
@@ -106,6 +107,8 @@ class WorkerProcess:
         self.loader = CallLoader()
         self.objects = WorkerObjects()  # (the agent's store: big results, inputs by reference)
         self.stopper = CallStopper()
+        self.direct = DirectResults()  # (small results' way to the broker: see direct)
+        self._turns_by = 0.0           # when the main thread's poll returns at the latest
         self._stop_errors: dict[int, dict[str, Any]] = {}  # stopped, failing so, not cancelled
         self._cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         self.lease = Lease(lease)
@@ -131,11 +134,15 @@ class WorkerProcess:
         while True:
             # Starts are reported with the next results; a start with none soon after is
             # reported on its own a few milliseconds later.
-            timeout = 5 if self.started else 1000
-            due = self.output.due
-            if due is not None:
-                timeout = min(timeout, max(0, int((due - time.monotonic()) * 1000) + 1))
+            with self._send_lock:  # (a task's thread keeps back the agent's copy of a
+                # result sent straight only if this thread then turns within LATER: direct)
+                timeout = 5 if self.started or self.direct.later else 1000
+                due = self.output.due
+                if due is not None:
+                    timeout = min(timeout, max(0, int((due - time.monotonic()) * 1000) + 1))
+                self._turns_by = time.monotonic() + timeout / 1000
             events = dict(poller.poll(timeout))
+            self._turns_by = time.monotonic()  # (awake: it sends them before it waits again)
             if self.link.fileno() in events:
                 self._receive()
             elif not events and self.queued and self._start_queued():
@@ -145,6 +152,9 @@ class WorkerProcess:
             elif self.output.due is not None and time.monotonic() >= self.output.due:
                 with self._send_lock:
                     self._send_output()
+            if self.direct.later and (not events or self.direct.due()):  # (see direct)
+                with self._send_lock:
+                    self._send_later()
             if os.getppid() != self.agent_pid:
                 os._exit(0)  # the agent died and no kernel told us (not Linux)
 
@@ -166,6 +176,8 @@ class WorkerProcess:
                 continue
             if msg.kind != P.RUN:
                 continue
+            self.direct.connect(msg.body.get("direct"))
+            via = msg.body.get("via")  # (the session its grants run under: see direct)
             if "capacity" in msg.body:
                 with self._lock:
                     self.capacity = msg.body["capacity"]
@@ -173,6 +185,7 @@ class WorkerProcess:
             items = msg.body["tasks"]
             groups = P.split_frames(msg.frames, [i[1] + sum(i[2]) for i in items])
             for (task_id, nframes, dep_counts, context), frames_ in zip(items, groups):
+                context["via"] = via
                 call = (task_id, frames_[:nframes], P.split_frames(frames_[nframes:], dep_counts),
                         context)
                 if self.actor is not None:
@@ -196,6 +209,7 @@ class WorkerProcess:
         self.starts.record(call[3]["run"])
         self.started.append(call[0])
         self.running += 1
+        self.direct.note(call[0], call[3])
         taken = call[3].get("taken")
         if taken:
             self.taken[call[0]] = taken
@@ -315,7 +329,7 @@ class WorkerProcess:
                 if inspect.isawaitable(value):
                     value = asyncio.run(_await(value))
             self.stopper.leave(task_id)
-            outcome, frames = P.OK, _result(value, fn, task)
+            outcome, frames = P.OK, dumps_result(value, fn, task_id, task.agent)
             frames, kept = self.objects.keep(task_id, frames, fn, task.agent)  # (big: stored)
             task.report.update(kept)
         except Stopped:
@@ -323,13 +337,14 @@ class WorkerProcess:
         except BaseException as exc:  # report everything, SystemExit included
             self.stopper.leave(task_id)
             if isinstance(exc, ModuleNotFoundError) and exc.name:
-                exc.add_note(_missing_module(exc.name, task.agent))
+                exc.add_note(missing_module_note(exc.name, task.agent))
             outcome, frames = P.RAISED, dumps_exception(exc)
         finally:
             set_task_context(None)
             if task.cpus:
                 os.sched_setaffinity(0, self._cores)
-            self.output.end(task_id)  # before its result is put: see _send_results
+            if self.output.end(task_id):  # (before its result is put: see _send_results)
+                self.direct.printed(task_id)
         return task_id, outcome, frames, task.report
 
     def _put(self, result: tuple[int, str, list[Any], dict[str, Any]],
@@ -391,7 +406,17 @@ class WorkerProcess:
                     body["started"], body["dropped"] = started, dropped
                 if replicas:
                     body["replicas"] = replicas
-                self._send(P.encode(P.DONE, body, frames))
+                message = P.encode(P.DONE, body, frames)
+                if not self.direct.sent(items, frames, started, dropped or replicas, message,
+                                        self._turns_by):
+                    self._send_later()
+                    self._send(message)
+
+    def _send_later(self) -> None:
+        """Send the agent its copies of results sent straight to the broker (under
+        _send_lock): before anything later."""
+        for message in self.direct.take_later():
+            self._send(message)
 
     def _send_output(self) -> None:
         """Send what tasks printed (under _send_lock)."""
@@ -405,30 +430,6 @@ class WorkerProcess:
             self.link.send(message)
         except LinkClosed:
             os._exit(0)  # the agent has gone (the kernel kills us too: see die_with_parent)
-
-
-def _result(value: Any, fn: Any, task: TaskContext) -> list[Any]:
-    """VALUE pickled to be sent back; if it cannot be, an error of the same type that says
-    it was the result, of which task, where."""
-    try:
-        return dumps(value)
-    except Exception as exc:
-        what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
-        why = (f"the result of task {task.task_id} ({what}) on agent {task.agent} cannot be "
-               f"pickled to be sent back: {type(exc).__name__}: {exc}")
-        try:
-            error = type(exc)(why)
-        except Exception:  # an error class that takes other arguments
-            error = RuntimeError(why)
-        raise error from exc
-
-
-def _missing_module(name: str, agent: str) -> str:
-    """A note for a ModuleNotFoundError of NAME raised on AGENT: how to get it there."""
-    top = name.partition(".")[0]
-    return (f"zres: module {top!r} cannot be imported on agent {agent} ({sys.executable}): "
-            "install it there, or, if it is your own code, send it with the task: "
-            f"zres.Client(modules=[{top}]) or client.ship({top})")
 
 
 async def _await(awaitable: Any) -> Any:

@@ -17,7 +17,7 @@ import sys
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as P
 from ..core.context import TOKEN_ENV
@@ -28,6 +28,10 @@ from .link import WorkerLinks
 from .memory import procs
 from .shared import Lease, StartLog
 from .slots import SlotSpec
+
+if TYPE_CHECKING:
+    from ..core.keys import PeerKey
+    from .session import Session
 
 log = get_logger("zres.agent")
 
@@ -67,6 +71,7 @@ class Worker:
     stopped_for: int = 0             # killed to stop this task (a forced cancel)
     task: int = 0                    # the one task a solo process serves
     retired: bool = False            # its task ended: stopped on purpose
+    direct: bool = False             # told where the broker is (see direct)
 
 
 class WorkerPool:
@@ -77,9 +82,15 @@ class WorkerPool:
     """
 
     def __init__(self, slots: list[SlotSpec], broker_address: str,
-                 job_logs: str, files: AgentFiles) -> None:
+                 job_logs: str, files: AgentFiles, key: PeerKey | None = None) -> None:
         self._slots = slots
         self._broker_address = broker_address
+        # Where a pooled process sends small results straight (``direct``): the broker,
+        # with this agent's key, told over the agent's own socket; and under which of
+        # this agent's sessions (the agent sets it), at that broker's epoch.
+        self._direct = {"address": broker_address,
+                        **({"key": [key.server, key.public, key.secret]} if key else {})}
+        self.session: Session | None = None
         self._job_logs = job_logs
         self.objects = ""  # where the agent's store is, for its workers (the agent sets it)
         # The lease, start logs and socket live in the agent's run directory (``files``):
@@ -214,6 +225,12 @@ class WorkerPool:
         if worker is not None and worker.actor is None:
             body["capacity"] = {} if self.paused else self._slots[worker.slot].units
             body["starve"] = self.starve
+            session = self.session
+            if session is not None and session.epoch is not None and not worker.task:
+                # (a solo process's result is judged by the agent first: solo.ended)
+                body["via"] = [session.id, session.epoch]
+                if not worker.direct:
+                    body["direct"], worker.direct = self._direct, True
         self.links.send(ident, P.encode(P.RUN, body, frames))
 
     def close(self, workers: list[Worker]) -> None:

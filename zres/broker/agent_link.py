@@ -238,6 +238,24 @@ class AgentLink:
             # commit each took a fifth of the loop's time at 1,000 agents).
             self.to_ack.add(ident)
 
+    def on_direct_done(self, ident: bytes, msg: P.Message, now: float) -> None:
+        """Results a worker process sent straight here (on a socket of its own, with its
+        agent's key), besides its agent's copy: taken for the grants they name if those
+        are current (the agent's session, this broker's epoch, the task's attempt), else
+        dropped (the agent's copy says what became of them, as before)."""
+        agent = self._agents.by_session.get(msg.body.get("session"))  # type: ignore[arg-type]
+        role, name, _ = self._key()
+        if agent is None or agent.key != (f"{role}:{name}" if role else "") \
+                or msg.body.get("epoch") != self._welcome()["epoch"]:
+            return
+        results = P.field(msg, "results", list)
+        if not all(isinstance(i, list) and len(i) == 5 and type(i[2]) is int and i[2] >= 0
+                   for i in results) or sum(i[2] for i in results) != len(msg.frames):
+            raise ProtocolError("direct_done: each result must be [id, outcome, nframes, "
+                                "info, attempt], their frames all there")
+        self._dispatch.direct_results(agent, results, P.split_frames(msg.frames, [
+            i[2] for i in results]), msg.body.get("started"), now)
+
     def on_holding(self, ident: bytes, msg: P.Message, now: float) -> None:
         agent = self._session_agent(ident, msg, now)
         if agent is None or agent.sent_before_resume is None \

@@ -111,6 +111,26 @@ class AgentReports:
                 self.release(task_id)
                 self._requeue(task)
 
+    def direct_results(self, agent: AgentRecord, items: list[list[Any]],
+                       payloads: list[list[Any]], started: Any, now: float) -> None:
+        """Results a worker process of AGENT sent straight here (each [id, outcome, nframes,
+        info, attempt]; STARTED: the starts of those among them that began in the same
+        batch): each taken as AGENT's report of it would be, if it is of the grant that
+        runs now (on AGENT, that attempt; a plain task's, never an actor's), else dropped.
+        The agent's report of the same comes later, and finds it ended."""
+        kept, frames = [], []
+        for (task_id, outcome, nframes, info, attempt), payload in zip(items, payloads):
+            task = self._mine(agent, task_id)
+            if task is not None and task.attempt == attempt and isinstance(info, dict) \
+                    and task_id not in self._actors.placements and task_id not in self._jobs.active:
+                kept.append([task_id, outcome, nframes, info])
+                frames.append(payload)
+        if kept:
+            ids = {item[0] for item in kept}
+            self.report(agent, {"started": [t for t in _ids(started) if t in ids and not
+                                            self._graph.tasks[t].begun], "results": kept},
+                        frames, now)
+
     def _results(self, agent: AgentRecord, items: list[Any], payloads: list[list[Any]],
                  now: float) -> None:
         for (task_id, outcome, _, info), frames in zip(items, payloads):

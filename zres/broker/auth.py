@@ -46,7 +46,7 @@ MAY_SEND = {
     "client": frozenset(_CLIENT),
     "admin": frozenset(_CLIENT | {P.RESOURCES}),
     "agent": frozenset({P.REGISTER, P.REPORT, P.HOLDING, P.DRAIN, P.HEARTBEAT, P.BYE,
-                        P.LOGS_REPLY, P.STATUS, P.OUTPUT}),
+                        P.LOGS_REPLY, P.STATUS, P.OUTPUT, P.DIRECT_DONE}),
 }
 # What a refused kind would have done, in its user's words (the rest are named by kind: no
 # zres command or client sends them with the wrong key).

@@ -368,7 +368,8 @@ class ClientLink:
         holder = self._objects.place(task, size)
         if holder is None:
             self._graph.fail(task, "ZresError", "no agent with a data port is connected")
-            body["error"] = "no agent with a data port is connected to keep it"
+            # (one may be: agents join, and come back to a restarted broker: it asks again)
+            body.update(error="no agent with a data port is connected to keep it", wait=True)
         else:
             self._keeper.new(task, [], put=(holder.agent, size))
             body.update(id=task.id, token=self._objects.put_token(task, size),

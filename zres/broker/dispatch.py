@@ -271,9 +271,10 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
         acknowledgement); return the rest, news to take in."""
         news = []
         for task_id in held if isinstance(held, list) else ():
-            task = self._mine(agent, task_id) if type(task_id) is int else None
-            if task is not None and task.unheard and not task.cancelling:
-                task.unheard = False
+            task = self._graph.get(task_id) if type(task_id) is int else None
+            if task is not None and task.unheard and not task.cancelling and (
+                    task.state is not TaskState.RUNNING or self._owner(task_id) is agent):
+                task.unheard = False  # (ended already: its result came straight, direct)
             else:
                 news.append(task_id)
         return news

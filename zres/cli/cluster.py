@@ -127,6 +127,7 @@ def broker(args: argparse.Namespace) -> int:
                            path=args.config)
     quotas = config.quotas(path=args.config)  # (bad ones refused before anything starts)
     logs.setup(args.log_format, args.log_level)
+    _open_files_to_hard_limit()
     given = "off" if settings["http"] is False else settings["http"]  # (TOML: http = false)
     if not isinstance(given, (str, type(None))):
         raise ValueError(f"http must be HOST:PORT or off, got {given!r}")
@@ -165,6 +166,20 @@ def broker(args: argparse.Namespace) -> int:
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
     return 0
+
+
+def _open_files_to_hard_limit() -> None:
+    """Let the broker hold as many connections as the system lets it: every agent keeps
+    two, and each of its worker processes one (results sent straight: agent/direct.py),
+    so a few hundred agents pass the usual soft limit of 1,024 open files."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:  # (some systems cap it below hard)
+            get_logger("zres.broker").warning("open_files_limit", soft=soft, hard=hard,
+                                              error=str(exc))
 
 
 def _data_address(value: Any, what: str) -> None:

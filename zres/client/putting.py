@@ -5,6 +5,8 @@ never through the broker."""
 from __future__ import annotations
 
 import itertools
+import time
+import warnings
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core import objects as O
@@ -34,8 +36,8 @@ class PutMethods:
         # (why the last try failed, as text: an exception kept here keeps this frame, and
         # with it the value's frames and the future made, until a garbage collection:
         # the value pinned on its agent, and in this process, long after it was used)
-        why = ""
-        for _ in range(3):
+        why, tries, waited = "", 0, Waiting(name, self._io.broker_timeout)
+        while tries < 3:
             local = next(self._ids)
             future: Future[Any] = Future(cast(Owner, self), local, name)
             with self._io.lock:
@@ -45,13 +47,19 @@ class PutMethods:
                 reply = self._io.request(P.PLACE, {"local": local, "size": size},
                                          self._io.broker_timeout)
             except RequestLost as exc:  # (the broker restarted meanwhile: ask it again)
-                why = str(exc)
+                why, tries = str(exc), tries + 1
                 self._io.pending.pop(local, None)
                 self._io.ask(P.CANCEL, {"ids": [local], "force": True})  # (if it was kept)
                 continue
             if "error" in reply:
                 self._io.pending.pop(local, None)
-                raise ZresError(f"{name} could not be put on an agent: {reply['error']}")
+                self._io.outbox.append((P.RELEASE, local, ()))  # (the broker failed it)
+                self._io.wake()
+                if reply.get("wait") and waited.another_look():  # (no agent is there yet)
+                    continue
+                raise ZresError(f"{name} could not be put on an agent: {reply['error']}"
+                                + waited.how_long())
+            tries += 1
             future._id = reply["id"]
             try:
                 self._fetcher.upload(T.Holder(*reply["at"]), reply["id"], reply["token"],
@@ -71,3 +79,33 @@ class PutMethods:
         if isinstance(data, dict):
             return {key: self.scatter(value) for key, value in data.items()}
         return self._put(dumps(data), f"scatter-{type(data).__name__}")
+
+
+class Waiting:
+    """How long a put NAME has waited for an agent with a data port to connect (as a task
+    waits for one that could run it): up to TIMEOUT (the client's broker_timeout),
+    looking again at growing intervals, saying so once after a few seconds."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self._name, self._timeout = name, timeout
+        self._start = time.monotonic()
+        self._pause = 0.02
+        self._warned = False
+
+    def another_look(self) -> bool:
+        """Wait a little, then True; False once TIMEOUT has passed."""
+        waited = time.monotonic() - self._start
+        if waited + self._pause > self._timeout:
+            return False
+        if waited > 3 and not self._warned:
+            self._warned = True
+            warnings.warn(f"zres: {self._name} waits for an agent with a data port to "
+                          f"connect (for up to {self._timeout:g}s, broker_timeout)",
+                          stacklevel=4)
+        time.sleep(self._pause)
+        self._pause = min(self._pause * 2, 0.5)
+        return True
+
+    def how_long(self) -> str:
+        waited = time.monotonic() - self._start
+        return f" (after waiting {waited:.0f}s for one)" if waited >= 1 else ""

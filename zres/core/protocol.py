@@ -117,8 +117,9 @@ client -> broker
     place      {local, size, req}               put a value (scatter, zres.put, a call over
                                                 1 MiB) on an agent: -> place_reply {req,
                                                 id, token, at: [agent, address, key]} or
-                                                {req, error} (over max_object_bytes, or no
-                                                agent with a data port); the client then
+                                                {req, error, wait?} (over max_object_bytes,
+                                                or, wait: no agent with a data port now, ask
+                                                again later); the client then
                                                 uploads it there (put, below) and the task
                                                 LOCAL ends once that agent reports it whole
     locate     {ids: [id...], req}              where these results are now (a holder it
@@ -273,11 +274,13 @@ any peer -> broker
                its own)}
 
 agent -> worker process (over ipc)
-    run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?}
-               context.token: the task's token (see assign), in its TaskContext;
+    run        {tasks: [[id, nframes, deps: [nframes...], context]], capacity?, starve?, via?,
+                direct?: {address, key?: [server, public, secret]}}  direct: the broker,
+               and the agent's key (once); context.token: the task's token (see assign);
                context.run numbers the start in the worker's start log; context.queued
                grants start when they fit (priority, seq, since, taken); context.create
-               marks an actor's construction (actor processes only); context.cpus: cores
+               marks an actor's construction (actor processes only); context.cpus: cores;
+               via?: [session, epoch] the grants run under (their results may go straight)
     cancel     {ids: [id...], force?: bool,     drop these queued grants unless started;
                 error?: info}                   force: stop them where they run (an
                                                 exception raised in the call's thread),
@@ -292,6 +295,11 @@ second one, routing id that one's + ".out", which the worker's threads send on i
                                                 or sys.stderr (2), every 0.1 s while there
                                                 are some and before the done carrying
                                                 their results (see agent/output.py)
+
+worker process -> broker (a socket of its own, the agent's key; see agent/direct.py)
+    direct_done {session, epoch, results: [[id, outcome, nframes, info, attempt]], started}
+               small results, sent besides the done: taken for the grant they name (the
+               agent's session, the broker's epoch, the task's attempt), else dropped
 
 anyone -> an agent's data port (a socket of its own, CURVE with the agent's key; nothing is
 served without a token the broker made with the cluster's data secret)
@@ -356,16 +364,15 @@ WELCOME = "welcome"
 SUBMIT = "submit"
 RELEASE = "release"
 CANCEL = "cancel"
-STATUS = "status"
-STATUS_REPLY = "status_reply"
-WHY = "why"
-WHY_REPLY = "why_reply"
+STATUS, STATUS_REPLY = "status", "status_reply"
+WHY, WHY_REPLY = "why", "why_reply"
 RESULTS = "results"
 WARN = "warn"
 RUNNING = "running"
 UNKNOWN = "unknown"
 REGISTER = "register"
 DONE = "done"
+DIRECT_DONE = "direct_done"  # (a worker's straight to the broker: agent/direct.py)
 REPORT = "report"
 HOLDING = "holding"
 DRAIN = "drain"
@@ -376,42 +383,30 @@ HEARTBEAT = "heartbeat"
 RUN = "run"
 READY = "ready"
 BYE = "bye"
-RESOURCES = "resources"
-RESOURCES_REPLY = "resources_reply"
-KILL = "kill"
-KILL_REPLY = "kill_reply"
-LOOKUP = "lookup"
-LOOKUP_REPLY = "lookup_reply"
+RESOURCES, RESOURCES_REPLY = "resources", "resources_reply"
+KILL, KILL_REPLY = "kill", "kill_reply"
+LOOKUP, LOOKUP_REPLY = "lookup", "lookup_reply"
 CALL = "call"
 KILL_ACTOR = "kill_actor"
 ACTOR_EXIT = "actor_exit"
-JOBS = "jobs"
-JOBS_REPLY = "jobs_reply"
-JOB_CANCEL = "job_cancel"
-JOB_CANCEL_REPLY = "job_cancel_reply"
-TASK_CANCEL = "task_cancel"
-TASK_CANCEL_REPLY = "task_cancel_reply"
+JOBS, JOBS_REPLY = "jobs", "jobs_reply"
+JOB_CANCEL, JOB_CANCEL_REPLY = "job_cancel", "job_cancel_reply"
+TASK_CANCEL, TASK_CANCEL_REPLY = "task_cancel", "task_cancel_reply"
 CANCEL_REPLY = "cancel_reply"
-LOGS = "logs"
-LOGS_REPLY = "logs_reply"
+LOGS, LOGS_REPLY = "logs", "logs_reply"
 RESUME = "resume"
 ACCEPTED = "accepted"
 OUTPUT = "output"
 # The data plane: an agent's data port (zres.core.transfer), objects freed, put, located.
 GET = "get"
 CHUNK = "chunk"
-PUT = "put"
-PUT_ACK = "put_ack"
+PUT, PUT_ACK = "put", "put_ack"
 FREE = "free"
-PLACE = "place"
-PLACE_REPLY = "place_reply"
-LOCATE = "locate"
-LOCATE_REPLY = "locate_reply"
-LOCAL = "local"
-LOCAL_REPLY = "local_reply"
+PLACE, PLACE_REPLY = "place", "place_reply"
+LOCATE, LOCATE_REPLY = "locate", "locate_reply"
+LOCAL, LOCAL_REPLY = "local", "local_reply"
 # Gangs: placement groups (issue 31).
-GROUP = "group"
-GROUP_REPLY = "group_reply"
+GROUP, GROUP_REPLY = "group", "group_reply"
 
 KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY, WHY,
                    WHY_REPLY, RESULTS, WARN, RUNNING, UNKNOWN, REGISTER, DONE, ASSIGN, HEARTBEAT,
@@ -420,7 +415,7 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
                    ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY,
                    GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY,
-                   LOCAL, LOCAL_REPLY, GROUP, GROUP_REPLY})
+                   LOCAL, LOCAL_REPLY, GROUP, GROUP_REPLY, DIRECT_DONE})
 
 # Task outcomes.
 OK = "ok"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import threading
 import traceback
 import types
@@ -179,6 +180,30 @@ def dumps(obj: Any) -> list[Frame]:
         frames = []
         head = cloudpickle.dumps(obj, protocol=5, buffer_callback=_buffer_callback(frames))
     return [head, *frames]
+
+
+def dumps_result(value: Any, fn: Any, task_id: int, agent: str) -> list[Frame]:
+    """VALUE, the result of task TASK_ID (of FN, on AGENT), pickled to be sent back; if it
+    cannot be, an error of the same type that says it was the result, of which task, where."""
+    try:
+        return dumps(value)
+    except Exception as exc:
+        what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
+        why = (f"the result of task {task_id} ({what}) on agent {agent} cannot be "
+               f"pickled to be sent back: {type(exc).__name__}: {exc}")
+        try:
+            error = type(exc)(why)
+        except Exception:  # an error class that takes other arguments
+            error = RuntimeError(why)
+        raise error from exc
+
+
+def missing_module_note(name: str, agent: str) -> str:
+    """A note for a ModuleNotFoundError of NAME raised on AGENT: how to get it there."""
+    top = name.partition(".")[0]
+    return (f"zres: module {top!r} cannot be imported on agent {agent} ({sys.executable}): "
+            "install it there, or, if it is your own code, send it with the task: "
+            f"zres.Client(modules=[{top}]) or client.ship({top})")
 
 
 def loads(frames: Sequence[Frame]) -> Any:
