@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import zres
 from tests.conftest import process_gone, raw_dealer, stop_process, wait_until
 from tests.tasks import hold
 from zres.core import keys
@@ -97,7 +96,7 @@ def test_a_worker_killed_just_after_its_result_went_straight_loses_nothing(
     for i in range(3):
         worker = client.submit(pid, resources={"slot": 1}, retries=0).result(30)
         os.kill(worker, signal.SIGKILL)  # (its copy to the agent is most likely unsent)
-        wait_until(lambda: process_gone(worker), message="the worker to die")
+        wait_until(lambda w=worker: process_gone(w), message="the worker to die")
         assert client.submit(noop, i, resources={"slot": 1}, retries=0).result(30) == i
 
 

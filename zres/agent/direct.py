@@ -32,7 +32,10 @@ from typing import Any
 import zmq
 
 from ..core import protocol as P
+from ..logs import get_logger
 from .data.worker_side import INLINE
+
+log = get_logger("zres.worker")
 
 LATER = 0.02    # seconds the agent's copy may wait for the main thread's turn, at most
 _MOST = 2       # results in one batch to send straight (a bigger batch is throughput's)
@@ -53,7 +56,7 @@ class DirectResults:
         """Connect as SPEC says ({address, key?: [server, public, secret]}), once."""
         if self._sock is not None or not isinstance(spec, dict):
             return
-        self._ctx = zmq.Context(io_threads=1)
+        self._ctx = zmq.Context(io_threads=1)  # (its own: kept as long as the socket)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
         sock.setsockopt(zmq.LINGER, 0)
@@ -62,10 +65,15 @@ class DirectResults:
         # Nothing queued for a connection not made (yet, or again after a broker restart):
         # such a result goes the agent's way at once, not later, or to another broker.
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        key = spec.get("key")
-        if isinstance(key, list) and len(key) == 3:
-            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = key
-        sock.connect(str(spec["address"]))
+        try:
+            key = spec.get("key")
+            if isinstance(key, list) and len(key) == 3:
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = key
+            sock.connect(str(spec["address"]))
+        except (zmq.ZMQError, KeyError, TypeError) as exc:  # (every result the agent's way)
+            log.warning("direct_results_off", error=str(exc))
+            sock.close(0)
+            return
         self._sock = sock
 
     def note(self, task_id: int, context: dict[str, Any]) -> None:
