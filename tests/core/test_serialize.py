@@ -131,6 +131,87 @@ def test_loader_accepts_zmq_frames():
     assert fn(*args, **kwargs) == (("A", 2), {})
 
 
+def test_large_bytes_arguments_are_frames_of_their_own_nested_or_not_and_come_back_as_such():
+    """A bytes (a file read into memory) pickled in band was copied into the pickle stream:
+    twice its size on the client, and on the worker."""
+    blob = bytes(range(256)) * 1024                       # 256 KiB
+    chunks = [bytes([i]) * (100 * 1024) for i in range(3)]
+    buf = bytearray(b"w" * (80 * 1024))
+    pickler = S.CallPickler(Dep)
+    fn_frame = pickler.function(add_all, [], {})
+    top = pickler.call(fn_frame, (blob,), {}, [], {})    # (plain arguments only)
+    assert len(top) == 3 and len(top[1]) < 1024 and top[2] is blob  # (not even copied)
+    frames = pickler.call(fn_frame, (chunks, blob, blob), {"buf": buf, "small": b"s" * 100},
+                          [], {})
+    assert len(frames) == 2 + 3 + 1 + 1                  # the same bytes object sent once
+    assert len(frames[1]) < 1024
+    for wire in (frames, [bytes(f) for f in frames], [memoryview(f) for f in frames]):
+        _, args, kwargs = S.CallLoader().load(wire, [])
+        assert args == (chunks, blob, blob) and kwargs == {"buf": buf, "small": b"s" * 100}
+        assert [type(c) for c in args[0]] == [bytes] * 3 and type(args[1]) is bytes
+        assert args[1] is args[2]
+        assert type(kwargs["buf"]) is bytearray
+        kwargs["buf"][0] = ord("x")                      # (its own, writable)
+
+
+def test_a_bytearray_argument_is_a_snapshot_taken_at_submit():
+    buf = bytearray(b"A" * (100 * 1024))
+    pickler = S.CallPickler(Dep)
+    frames = pickler.call(pickler.function(add_all, [], {}), ([buf],), {}, [], {})
+    buf[:] = b"B" * len(buf)
+    assert S.CallLoader().load(frames, [])[1] == ([bytearray(b"A" * len(buf))],)
+
+
+def test_large_bytes_arguments_sit_beside_other_buffers_and_dependencies():
+    dep = Dep(1)
+    array = bytearray(b"a" * (70 * 1024))
+    blob = b"b" * (90 * 1024)
+    pickler = S.CallPickler(Dep)
+    deps: list = []
+    frames = pickler.call(pickler.function(add_all, deps, {}),
+                          (pickle.PickleBuffer(array), blob, dep, pickle.PickleBuffer(array)),
+                          {}, deps, {})
+    assert deps == [dep] and len(frames) == 5
+    _, args, _ = S.CallLoader().load(frames, ["A"])
+    assert bytes(args[0]) == bytes(array) == bytes(args[3])
+    assert args[1:3] == (blob, "A")
+
+
+def test_a_bytes_argument_read_from_a_mapped_store_file_lets_its_pages_go(tmp_path):
+    """A big call is read from its agent's store, mapped: the pages of a bytes argument
+    copied out of the mapping are given back (each would count against the task's memory
+    beside the copy)."""
+    from zres.core import objects as O
+
+    blob = bytes(range(256)) * (48 << 12)                # 48 MiB
+    buf = bytearray(b"m" * (9 << 20))
+    pickler = S.CallPickler(Dep)
+    frames = pickler.call(pickler.function(add_all, [], {}), ([blob],), {"buf": buf}, [], {})
+    O.write_object(str(tmp_path / "call"), frames)
+    mapped = O.read_object(str(tmp_path / "call"))
+    _, args, kwargs = S.CallLoader().load(mapped, [])
+    assert type(args[0][0]) is bytes and args[0][0] == blob
+    assert type(kwargs["buf"]) is bytearray and kwargs["buf"] == buf
+    kwargs["buf"][-1] = 0                               # (writable, and its own)
+    assert bytes(mapped[-2][-1:]) == b"m"                 # (values go last first)
+    assert _resident(mapped[-1].obj) < (4 << 20), "the mapping's pages stayed resident"
+
+
+def _resident(mapping) -> int:
+    """Bytes of MAPPING (an mmap) resident in this process (its /proc/self/smaps Rss)."""
+    import ctypes
+
+    start = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    with open("/proc/self/smaps") as fh:
+        lines = fh.read().splitlines()
+    for at, line in enumerate(lines):
+        low, _, high = line.partition(" ")[0].partition("-")
+        if high and int(low, 16) <= start < int(high, 16):
+            rss = next(x for x in lines[at + 1:] if x.startswith("Rss:"))
+            return int(rss.split()[1]) * 1024
+    raise AssertionError("no such mapping")
+
+
 # -- serialize: results ------------------------------------------------------------------
 
 

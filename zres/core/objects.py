@@ -302,8 +302,8 @@ class ObjectBuffer:
                 raise
             lengths = None  # (a header longer than the first chunk: read at the end)
         if lengths is not None and len(lengths) == 2 and not lengths[0] and lengths[1] \
-                and _BYTES_DATA:
-            value, where = _new_bytes(lengths[1])
+                and BYTES_DATA:
+            value, where = new_bytes(lengths[1])
             start = _layout(lengths)[1][1]
             self._into, self._frames = [(start, start + lengths[1], where)], [b"", value]
             return
@@ -413,29 +413,29 @@ def _c_api() -> tuple[Any, Any, int]:
     bytes object's data starts in its memory; (None, None, 0) if this is not CPython, or
     not as expected (values are then made by a copy, and bytearrays zeroed)."""
     try:
-        new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+        make_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
         new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
-        for function in (new_bytes, new_bytearray):
+        for function in (make_bytes, new_bytearray):
             function.restype = ctypes.py_object
             function.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
         probe = b"zres-probe-" + os.urandom(8)
         offset = bytes.__basicsize__ - 1  # (PyBytesObject's ob_sval: its last member)
         if ctypes.string_at(id(probe) + offset, len(probe)) == probe:
-            return new_bytes, new_bytearray, offset
+            return make_bytes, new_bytearray, offset
     except (AttributeError, OSError, ValueError):
         pass
     return None, None, 0
 
 
-_PyBytes_New, _PyByteArray_New, _BYTES_DATA = _c_api()
+_PyBytes_New, _PyByteArray_New, BYTES_DATA = _c_api()
 
 
-def _new_bytes(size: int) -> tuple[bytes, memoryview]:
+def new_bytes(size: int) -> tuple[bytes, memoryview]:
     """A new bytes object of SIZE bytes, not yet filled (CPython's own way to build one:
     ``PyBytes_FromStringAndSize(NULL, size)``), and a writable view of its bytes, to fill
-    it before anyone else sees it."""
+    it before anyone else sees it. Only where BYTES_DATA (not 0: see _c_api)."""
     value = _PyBytes_New(None, size)
-    where = (ctypes.c_char * size).from_address(id(value) + _BYTES_DATA)
+    where = (ctypes.c_char * size).from_address(id(value) + BYTES_DATA)
     return value, memoryview(where).cast("B")
 
 

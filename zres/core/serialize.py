@@ -3,14 +3,17 @@
 Used only by clients and worker processes, never by the broker. Payloads are pickle
 protocol 5 with out-of-band buffers: frame 0 is the pickle stream, every further frame is
 a large buffer exposed through pickle.PickleBuffer (a NumPy array's memory, say) sent as its
-own zero-copy frame.
+own zero-copy frame. A large bytes or bytearray argument is one too, at the end (see
+``_TaskPickler``): a bytes value is the frame itself, no copy made on the client.
 Futures inside a task's arguments, however deeply nested, are pickled as a reference to
 their position in the task's dependency list, and replaced by their results on the worker.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
+import mmap
 import pickle
 import sys
 import threading
@@ -22,6 +25,7 @@ from typing import Any
 
 import cloudpickle
 
+from . import objects as O
 from .errors import RemoteError, RemoteTraceback
 from .protocol import Frame, buffer
 
@@ -29,8 +33,24 @@ from .protocol import Frame, buffer
 _OOB_MIN = 64 * 1024
 # Arguments of only these types (the common case of map over numbers or names) are
 # pickled by the standard library's C pickler, ten times faster than a cloudpickle
-# Pickler: they hold no future, nothing defined in __main__, nothing to copy.
+# Pickler: they hold no future, nothing defined in __main__, nothing to copy (but a
+# large bytes value: see _plain).
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+# A large bytes or bytearray argument, sent as a frame of its own: the persistent id's tag
+# says which type the task gets.
+_VALUES: dict[str, type] = {"zres.bytes": bytes, "zres.bytearray": bytearray}
+_TAGS = {kind: tag for tag, kind in _VALUES.items()}
+# Bytes copied out of a mapped file between giving its pages back (see _value_of).
+_RELEASE = 4 << 20
+
+
+def _plain(values: Any) -> bool:
+    """Whether VALUES are all of _PLAIN types, none a bytes value to send out of band."""
+    for value in values:
+        kind = type(value)
+        if kind not in _PLAIN or (kind is bytes and len(value) >= _OOB_MIN):
+            return False
+    return True
 
 
 def _buffer_callback(frames: list[Any], snapshot: bool = False
@@ -47,7 +67,15 @@ def _buffer_callback(frames: list[Any], snapshot: bool = False
 
 
 class _TaskPickler(cloudpickle.Pickler):
-    """Pickles part of a call, writing each dependency (a Future) as its index in DEPS."""
+    """Pickles part of a call, writing each dependency (a Future) as its index in DEPS.
+
+    With FRAMES (a call's arguments), a bytes or bytearray of _OOB_MIN bytes or more is
+    written as a reference to a frame of its own, kept in VALUES: pickle copies such a
+    value into its stream (it is no PickleBuffer, and the C pickler saves it before any
+    reducer_override is asked), a second copy of a file read into memory, say. VALUES go
+    after every out-of-band buffer, last first, so that the buffers the pickle stream reads
+    in order (NEXT_BUFFER) stay where they were, and value J is the frame -1 - J.
+    """
 
     def __init__(self, file: io.BytesIO, dep_type: type, frames: list[Any] | None,
                  deps: list[Any], index: dict[int, int]) -> None:
@@ -56,8 +84,20 @@ class _TaskPickler(cloudpickle.Pickler):
         self.dep_type = dep_type
         self.deps = deps
         self.index = index
+        self.values: list[Any] | None = [] if frames is not None else None
+        # (a value passed twice goes once, and is one object on the worker, as in band;
+        # persistent ids are asked for before pickle's memo is looked at)
+        self._sent: dict[int, tuple[str, int]] = {}
 
     def persistent_id(self, obj: Any) -> Any:
+        tag = _TAGS.get(type(obj))
+        if tag is not None and self.values is not None and len(obj) >= _OOB_MIN:
+            pid = self._sent.get(id(obj))
+            if pid is None:
+                # (a bytearray copied: the caller may change it after submit returns)
+                self.values.append(obj if tag == "zres.bytes" else bytes(obj))
+                pid = self._sent[id(obj)] = (tag, len(self.values) - 1)
+            return pid
         if not isinstance(obj, self.dep_type):
             return None
         if id(obj) not in self.index:
@@ -114,27 +154,74 @@ class CallPickler:
 
     def call(self, fn_frame: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
              deps: list[Any], index: dict[int, int]) -> list[Frame]:
-        if all(type(a) in _PLAIN for a in args) and all(
-                type(v) in _PLAIN for v in kwargs.values()):
+        if _plain(args) and _plain(kwargs.values()):
             return [fn_frame, pickle.dumps((args, kwargs), protocol=5)]
         buf = io.BytesIO()
         frames: list[Any] = []
-        _TaskPickler(buf, self.dep_type, frames, deps, index).dump((args, kwargs))
-        return [fn_frame, buf.getvalue(), *frames]
+        pickler = _TaskPickler(buf, self.dep_type, frames, deps, index)
+        pickler.dump((args, kwargs))
+        assert pickler.values is not None
+        return [fn_frame, buf.getvalue(), *frames, *reversed(pickler.values)]
 
 
 class _TaskUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, values: Sequence[Any], buffers: Sequence[Any]) -> None:
-        super().__init__(file, buffers=buffers)
+        super().__init__(file, buffers=[memoryview(b) for b in buffers])
         self._values = values
+        self._buffers = buffers
+        self._made: dict[int, Any] = {}
         self.used_deps = False
 
     def persistent_load(self, pid: Any) -> Any:
         tag, index = pid
+        if tag in _VALUES:  # (a bytes or bytearray value's frame: see _TaskPickler)
+            value = self._made.get(index)
+            if value is None:
+                value = self._made[index] = _value_of(self._buffers[-1 - index], _VALUES[tag])
+            return value
         if tag != "zres.dep":
             raise pickle.UnpicklingError(f"unknown persistent id {tag!r}")
         self.used_deps = True
         return self._values[index]
+
+
+def _value_of(frame: Any, kind: type) -> Any:
+    """FRAME (a buffer) as a new KIND (bytes or bytearray) object: its bytes copied once, or
+    not at all where FRAME is a bytes object and KIND bytes."""
+    if kind is bytes and type(frame) is bytes:
+        return frame
+    view = memoryview(frame).cast("B")
+    mapped = view.obj
+    if not isinstance(mapped, mmap.mmap) or view.readonly or view.nbytes <= _RELEASE \
+            or (kind is bytes and not O.BYTES_DATA):
+        return kind(view)
+    # A call too big to travel inline is read from its agent's store, a mapping of a file
+    # in shared memory: each page read would stay resident in this process, counted (in
+    # VmRSS, which the agent's memory guard watches) beside the copy, twice the value in
+    # all. So each page is given back as soon as it is copied (it is the file's, never
+    # written: read again, it is the same).
+    value: Any
+    if kind is bytes:
+        value, into = O.new_bytes(view.nbytes)
+    else:
+        value = bytearray(view.nbytes)
+        into = memoryview(value)
+    start = _address(view) - _address(mapped)
+    page = mmap.PAGESIZE
+    done = -(-start // page) * page  # (the pages before are partly another frame's)
+    for at in range(0, view.nbytes, _RELEASE):
+        end = min(at + _RELEASE, view.nbytes)
+        into[at:end] = view[at:end]
+        upto = (start + end) // page * page
+        if upto > done:
+            mapped.madvise(mmap.MADV_DONTNEED, done, upto - done)
+            done = upto
+    return value
+
+
+def _address(data: Any) -> int:
+    """Where DATA's (a writable buffer's) memory starts."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(data))
 
 
 class CallLoader:
@@ -155,12 +242,11 @@ class CallLoader:
                 if len(self._cache) >= self._cache_size:
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[key] = fn
-        buffers = [memoryview(f) for f in frames[2:]]
-        if not dep_values:  # nothing to put in place: the C unpickler alone
-            args, kwargs = pickle.loads(buffer(frames[1]), buffers=buffers)
+        if not dep_values and len(frames) == 2:  # nothing to put in place: the C unpickler
+            args, kwargs = pickle.loads(buffer(frames[1]))
         else:
             args, kwargs = _TaskUnpickler(io.BytesIO(buffer(frames[1])), dep_values,
-                                          buffers).load()
+                                          frames[2:]).load()
         return fn, args, kwargs
 
 
