@@ -26,10 +26,11 @@ def broker() -> Iterator[Broker]:
     broker.close()
 
 
-def straight(worker: Peer, task: int, attempt: int, value: bytes, **over: Any) -> None:
-    """The worker's direct_done for TASK: ended OK with VALUE (fields as OVER says)."""
+def straight(worker: Peer, task: int, attempt: int, value: bytes, outcome: str = P.OK,
+             **over: Any) -> None:
+    """The worker's direct_done for TASK: ended OUTCOME with VALUE (fields as OVER says)."""
     body = {"session": SESSION, "epoch": worker.broker.epoch,
-            "results": [[task, P.OK, 1, {}, attempt]], "started": [task], **over}
+            "results": [[task, outcome, 1, {}, attempt]], "started": [task], **over}
     worker.send(P.DIRECT_DONE, body, [value])
 
 
@@ -68,11 +69,13 @@ def test_a_result_sent_straight_ends_its_task_and_the_agents_copy_changes_nothin
                 peer.close()
 
 
-@pytest.mark.parametrize("wrong", ["attempt", "epoch", "session", "actor"])
+@pytest.mark.parametrize("wrong", ["attempt", "epoch", "session", "actor", "failed"])
 def test_a_result_sent_straight_for_another_grant_is_dropped(broker: Broker, wrong: str):
     """Of an earlier attempt (the task was granted again since), of another life of the
     broker, of a session that is not the agent's now, or of a task that is not a plain
-    grant there: dropped, the task still runs, and the agent's own report ends it."""
+    grant there: dropped, the task still runs, and the agent's own report ends it. So is
+    a failure: it may have the task granted again, to the same agent, whose copy of this
+    end (naming no attempt) would then be taken for the new grant's."""
     (agent, client), worker = connected(broker), None
     try:
         worker = Peer(broker)
@@ -81,11 +84,12 @@ def test_a_result_sent_straight_for_another_grant_is_dropped(broker: Broker, wro
         (grant,) = agent.take(P.ASSIGN).body["tasks"]
         task_id, attempt = grant[0], grant[6]["attempt"]
         over: dict[str, Any] = {"attempt": {}, "epoch": {"epoch": broker.epoch + 1},
-                                "session": {"session": SESSION + 1}, "actor": {}}[wrong]
+                                "session": {"session": SESSION + 1}, "actor": {},
+                                "failed": {}}[wrong]
         if wrong == "actor":
             broker.actors.placements[task_id] = object()  # type: ignore[assignment]
         straight(worker, task_id, attempt + 1 if wrong == "attempt" else attempt,
-                 b"forged", **over)
+                 b"forged", P.FAILED if wrong == "failed" else P.OK, **over)
         assert results(client) == [], f"a result of another {wrong} ended the task"
         if wrong == "actor":
             del broker.actors.placements[task_id]

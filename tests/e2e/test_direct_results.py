@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import process_gone, raw_dealer, stop_process, wait_until
-from tests.tasks import hold
+from tests.e2e.test_pipelining import make_short
+from tests.tasks import hold, ledgered, starts, wait_for_file
 from zres.core import keys
 from zres.core import protocol as P
 
@@ -32,6 +33,25 @@ def shout_when(release: str, marker: str) -> str:
 
 def pid() -> int:
     return os.getpid()
+
+
+def big(n: int) -> bytes:
+    return b"x" * n
+
+
+def store_dir() -> str:
+    return os.environ["ZRES_OBJECTS"].partition(":")[0]
+
+
+def length(value: bytes, ledger: str, key: str, release: str) -> int:
+    ledgered(ledger, key)
+    wait_for_file(release)
+    return len(value)
+
+
+def touch(path: str) -> str:
+    Path(path).touch()
+    return path
 
 
 def stopped(pid: int) -> bool:
@@ -118,3 +138,51 @@ def test_only_an_agents_key_may_send_a_result_straight(make_cluster, make_client
         sock.close(0)
     Path(release).touch()
     assert future.result(30) == "released"
+
+
+def test_a_task_that_failed_to_read_its_input_runs_once_when_its_agent_was_stopped(
+        make_cluster, make_client, tmp_path):
+    """A failure the broker answers by granting the task again (its input could not be
+    read: it ran nothing) goes its agent's way, never straight: else the broker granted it
+    again to the same agent before that agent heard of the first end, whose copy was then
+    taken for the new grant's, and the body ran twice with retries=0."""
+    cluster = make_cluster(agents=[{"slot": 2, "other": 1, "CPU": 4}], names=["a"],
+                           **SLOW_LOSS)
+    client = make_client(cluster.address)
+    ledger, warm = str(tmp_path / "ledger"), str(tmp_path / "warm")
+    make_short(client, tmp_path)  # (hold, and length below: short kinds, queued in slots)
+    zres.wait([client.submit(length, b"", warm, "w", warm, resources={"other": 1})
+               for _ in range(10)], timeout=30)
+    value = client.submit(big, 200_000, resources={"other": 1})  # (kept in a's store)
+    zres.wait([value], timeout=30)
+    path = os.path.join(client.submit(store_dir, resources={"other": 1}).result(30),
+                        str(value.id))
+    release, marker = str(tmp_path / "release"), str(tmp_path / "b")
+    first = client.submit(hold, release, marker, resources={"slot": 2})
+    wait_until(lambda: os.path.exists(marker), message="the first task to start")
+    then = str(tmp_path / "then")
+    x = client.submit(length, value, ledger, "x", then, resources={"slot": 1}, retries=0)
+    after = client.submit(length, b"z", ledger, "z", then, resources={"slot": 1}, retries=0)
+    wait_until(lambda: all("its worker holds it" in client.why(f) for f in (x, after)),
+               message="both to be queued in the slot's worker")
+    # (a task the broker grants after that reaches the worker after them)
+    client.submit(touch, str(tmp_path / "y"), resources={"other": 1}).result(30)
+    agent = cluster.agents["a"]
+    os.rename(path, path + ".kept")
+    Path(path).write_bytes(b"")  # (x cannot read its input: it ends InputLostError)
+    stop_process(agent.pid)
+    try:
+        Path(release).touch()  # the worker starts both on its own; x fails at once
+        wait_until(lambda: starts(ledger).get("z"), message="the task beside x to start")
+        Path(then).touch()
+        assert after.result(15) == 1  # (straight, after x's end: x went first)
+        os.rename(path + ".kept", path)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    assert x.result(30) == 200_000 and first.result(30) == "released"
+    tasks = client.map(touch, [str(tmp_path / f"t{i}") for i in range(4)],
+                       resources={"slot": 1})
+    assert all(f.result(30) for f in tasks)  # (the slot's books hold: none is held up)
+    wait_until(lambda: not {"running", "queued"} & set(client.status()["counts"]),
+               message="nothing left running")
+    assert starts(ledger) == {"x": 1, "z": 1}, "x (retries=0) ran twice"

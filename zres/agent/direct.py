@@ -6,8 +6,11 @@ key (``direct`` in a RUN, over the agent's private socket), and the session and 
 epoch every grant it hands over runs under (``via``). A result goes straight to the
 broker, with that session, epoch and the grant's attempt, only if it is small (inline),
 its task printed nothing (its output goes through the agent, and must reach the client
-before its result) and is not bound to cores (the agent picks the least loaded from what
-it knows ends). The same result still goes to the agent, as before; the broker takes
+before its result), is not bound to cores (the agent picks the least loaded from what
+it knows ends) and ended it (ok, raised: a failure, an input not read or a stop, may
+have the broker grant the task again, to this agent too, before the agent has heard of
+this end; the agent's copy, which names no attempt, would then end the new grant in its
+books and the broker's). The same result still goes to the agent, as before; the broker takes
 whichever comes first for the grant it names (session, epoch and attempt all current),
 and the other finds it ended: a copy lost on either way (a full queue, a broker restart,
 the worker killed) costs nothing.
@@ -107,6 +110,7 @@ class DirectResults:
     def _send(self, items: list[Any], frames: list[Any], started: list[int]) -> bool:
         grants = [self._grants.pop(item[0], None) for item in items]
         if self._sock is None or not items or len(items) > _MOST or None in grants \
+                or any(item[1] == P.FAILED for item in items) \
                 or len(set(g[:2] for g in grants if g is not None)) != 1 \
                 or any("stored" in item[3] for item in items) \
                 or sum(len(P.buffer(f)) for f in frames) > INLINE * _MOST:

@@ -116,13 +116,17 @@ class AgentReports:
         """Results a worker process of AGENT sent straight here (each [id, outcome, nframes,
         info, attempt]; STARTED: the starts of those among them that began in the same
         batch): each taken as AGENT's report of it would be, if it is of the grant that
-        runs now (on AGENT, that attempt; a plain task's, never an actor's), else dropped.
-        The agent's report of the same comes later, and finds it ended."""
+        runs now (on AGENT, that attempt; a plain task's, never an actor's) and ends the
+        task (ok, raised), else dropped. The agent's report of the same comes later, and
+        finds it ended. (A failure may grant the task again, to AGENT too, whose report
+        of the earlier grant, naming no attempt, would then be taken for the new one's:
+        only AGENT's own report, in order, lets go of its grant.)"""
         kept, frames = [], []
         for (task_id, outcome, nframes, info, attempt), payload in zip(items, payloads):
             task = self._mine(agent, task_id)
             if task is not None and task.attempt == attempt and isinstance(info, dict) \
-                    and task_id not in self._actors.placements and task_id not in self._jobs.active:
+                    and outcome in (P.OK, P.RAISED) and task_id not in self._actors.placements \
+                    and task_id not in self._jobs.active:
                 kept.append([task_id, outcome, nframes, info])
                 frames.append(payload)
         if kept:

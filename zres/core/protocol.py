@@ -298,8 +298,9 @@ second one, routing id that one's + ".out", which the worker's threads send on i
 
 worker process -> broker (a socket of its own, the agent's key; see agent/direct.py)
     direct_done {session, epoch, results: [[id, outcome, nframes, info, attempt]], started}
-               small results, sent besides the done: taken for the grant they name (the
-               agent's session, the broker's epoch, the task's attempt), else dropped
+               small results (ok, raised), sent besides the done: taken for the grant
+               they name (the agent's session, the broker's epoch, the task's attempt),
+               else dropped
 
 anyone -> an agent's data port (a socket of its own, CURVE with the agent's key; nothing is
 served without a token the broker made with the cluster's data secret)
