@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import zres
 from tests.conftest import process_gone, raw_dealer, stop_process, wait_until
 from tests.e2e.test_pipelining import make_short
 from tests.tasks import hold, ledgered, starts, wait_for_file
