@@ -103,6 +103,31 @@ def test_a_result_sent_straight_for_another_grant_is_dropped(broker: Broker, wro
                 peer.close()
 
 
+def test_a_result_sent_straight_while_its_agent_is_silent_waits_for_the_agents_copy(
+        broker: Broker):
+    """An agent not heard for two heartbeats may be stopped or hung: a result taken
+    straight would free its slot there, and grants it may never start would follow (each
+    lost with it: AgentLostError, or a retry spent). Its own copy, once heard, ends it."""
+    (agent, client), worker = connected(broker), None
+    try:
+        worker = Peer(broker)
+        register(agent, session=SESSION, cpus=1)
+        submit(client, 1)
+        (grant,) = agent.take(P.ASSIGN).body["tasks"]
+        record = broker.agents.by_session[SESSION]
+        record.last_seen -= 3 * broker.hb_interval
+        straight(worker, grant[0], grant[6]["attempt"], b"straight")
+        assert results(client) == [], "a silent agent's slot was freed by its worker"
+        report(agent, 1, SESSION, [b"copy"], held=[grant[0]], started=[grant[0]],
+               results=[[grant[0], P.OK, 1, {}]])
+        ((local, outcome, _, _),) = results(client)
+        assert (local, outcome) == (1, P.OK)
+    finally:
+        for peer in (agent, client, worker):
+            if peer is not None:
+                peer.close()
+
+
 def test_a_malformed_direct_result_is_refused_and_changes_nothing(broker: Broker):
     (agent, client), worker = connected(broker), None
     try:

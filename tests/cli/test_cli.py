@@ -248,6 +248,23 @@ def test_broker_prints_its_address_on_stdout(spawn, tmp_path):
     assert status["agents"] == []
 
 
+def test_broker_raises_its_open_files_limit_to_the_hard_limit(spawn, tmp_path):
+    """Each agent keeps two connections and each of its worker processes one: the usual
+    soft limit of 1,024 open files is a few hundred agents."""
+    import resource
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"this machine's hard limit of open files is {hard}: nothing to raise")
+    proc = spawn([sys.executable, "-m", "zres", "broker", "--listen", "tcp://127.0.0.1:0"],
+                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    assert proc.stdout.readline().startswith("zres broker serving")
+    with open(f"/proc/{proc.pid}/limits") as limits:
+        soft = next(line.split()[3] for line in limits if line.startswith("Max open files"))
+    assert soft == ("unlimited" if hard == resource.RLIM_INFINITY else str(hard)) or \
+        int(soft) >= 10240, f"the broker runs with a soft limit of {soft} open files"
+
+
 def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
     port = free_port()
     first = spawn([sys.executable, "-m", "zres", "broker", "--listen",

@@ -245,8 +245,14 @@ class AgentLink:
         dropped (the agent's copy says what became of them, as before)."""
         agent = self._agents.by_session.get(msg.body.get("session"))  # type: ignore[arg-type]
         role, name, _ = self._key()
+        welcome = self._welcome()
         if agent is None or agent.key != (f"{role}:{name}" if role else "") \
-                or msg.body.get("epoch") != self._welcome()["epoch"]:
+                or msg.body.get("epoch") != welcome["epoch"]:
+            return
+        if now - agent.last_seen > 2 * welcome["heartbeat"]:
+            # Its agent has not been heard for two heartbeats (stopped, hung?): taken, the
+            # result would free a slot there, and grants the agent may never start would
+            # follow; its agent's copy says the same, once it is heard again.
             return
         results = P.field(msg, "results", list)
         if not all(isinstance(i, list) and len(i) == 5 and type(i[2]) is int and i[2] >= 0

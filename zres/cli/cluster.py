@@ -174,12 +174,19 @@ def _open_files_to_hard_limit() -> None:
     so a few hundred agents pass the usual soft limit of 1,024 open files."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+    # (no hard limit: 65,536, or macOS's most, OPEN_MAX, which it refuses to pass)
+    wanted = [hard] if hard != resource.RLIM_INFINITY else [1 << 16, 10240]
+    error = None
+    for target in wanted:
+        if soft == resource.RLIM_INFINITY or soft >= target:
+            return
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as exc:  # (some systems cap it below hard)
-            get_logger("zres.broker").warning("open_files_limit", soft=soft, hard=hard,
-                                              error=str(exc))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return
+        except (ValueError, OSError) as exc:
+            error = exc
+    get_logger("zres.broker").warning("open_files_limit", soft=soft, hard=hard,
+                                      error=str(error))
 
 
 def _data_address(value: Any, what: str) -> None:
