@@ -36,3 +36,19 @@ def test_the_systemd_units_keep_their_state_private():
 def test_the_systemd_agent_may_make_cgroups_for_its_tasks_memory_limits():
     lines = (DEPLOY / "systemd" / "zres-agent.service").read_text().splitlines()
     assert "Delegate=yes" in lines and "KillMode=control-group" in lines
+
+
+def test_every_kubernetes_pod_can_read_the_keys_it_mounts():
+    """A Secret's files belong to root, mode defaultMode, unless the pod has an fsGroup
+    (then they are that group's, and readable by it): a non-root container whose Secret is
+    0400 without one cannot read its keys (the agents failed so, at start)."""
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes" / "zres.yaml").read_text()):
+        pod = doc.get("spec", {}).get("template", {}).get("spec")
+        if pod is None:
+            continue
+        for volume in pod.get("volumes", []):
+            mode = volume.get("secret", {}).get("defaultMode", 0o644)
+            if "secret" in volume and not mode & 0o004:
+                context = pod.get("securityContext", {})
+                assert not context.get("runAsNonRoot") or context.get("fsGroup"), \
+                    f"{doc['metadata']['name']} cannot read {volume['name']}"
