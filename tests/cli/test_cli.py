@@ -22,6 +22,7 @@ import zres
 from tests.conftest import wait_until
 from tests.tasks import hold
 from zres.cli.main import _parser
+from zres.core import keys as K
 
 # An address where nothing listens: an agent given it must fail on its arguments first.
 NOWHERE = "tcp://127.0.0.1:1"
@@ -258,7 +259,20 @@ def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
                       timeout=30)
     assert result.returncode != 0
     line = assert_one_line_error(result)
-    assert line.startswith("zres broker: ")
+    assert line.startswith(f"zres broker: cannot listen on tcp://127.0.0.1:{port}: ")
+
+
+def test_broker_on_an_address_not_of_this_host_says_what_to_bind(tmp_path):
+    """(libzmq's own words were `No such device (addr=...)`: a host name is taken for an
+    interface's.)"""
+    K.keygen(tmp_path / "keys")
+    for host in ("nonexistent.invalid", "192.0.2.1"):  # (192.0.2.0/24: for documentation)
+        result = zres_cli("broker", "--listen", f"tcp://{host}:{free_port()}", "--keys",
+                          str(tmp_path / "keys"), "--http", "off", cwd=tmp_path, timeout=30)
+        assert result.returncode == 1
+        line = assert_one_line_error(result)
+        assert line.startswith(f"zres broker: cannot listen on tcp://{host}:"), line
+        assert line.endswith("(bind to an address of this host, an interface's name or *)")
 
 
 # -- status -----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ cluster."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -14,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import zmq
 
 from .. import config, logs
 from ..core import keys as K
@@ -148,13 +151,18 @@ def broker(args: argparse.Namespace) -> int:
         print(f"zres broker: --fresh discarded the state in {directory} ({held})",
               file=sys.stderr, flush=True)
     try:
-        broker = Broker(settings["listen"], settings["heartbeat_interval"],
-                        settings["heartbeat_timeout"], settings["client_timeout"],
-                        settings["starvation_after"], prefetch=settings["prefetch"],
-                        limits=Limits.from_settings(settings), store=store, keys=keys_dir,
-                        half_life=settings["fairshare_half_life"],
-                        quotas=quotas, client_grace=settings["client_grace"],
-                        relay=settings["relay_listen"])
+        try:
+            broker = Broker(settings["listen"], settings["heartbeat_interval"],
+                            settings["heartbeat_timeout"], settings["client_timeout"],
+                            settings["starvation_after"], prefetch=settings["prefetch"],
+                            limits=Limits.from_settings(settings), store=store,
+                            keys=keys_dir, half_life=settings["fairshare_half_life"],
+                            quotas=quotas, client_grace=settings["client_grace"],
+                            relay=settings["relay_listen"])
+        except zmq.ZMQError as exc:  # its address: taken, not this host's, not a host
+            raise ZresError(f"cannot listen on {settings['listen']}: {exc.strerror}" + (
+                " (bind to an address of this host, an interface's name or *)"
+                if exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL) else "")) from None
         dashboard = _serve_http(broker, http, given=given is not None)
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
