@@ -228,6 +228,23 @@ def test_agent_refuses_a_device_count_past_the_limit_at_once(tmp_path):
     assert "'GPU=1000000': more than 4096 devices" in line
 
 
+@pytest.mark.parametrize("address", ["garbage", "tcp://127.0.0.1:99999"])
+def test_agent_with_a_bad_data_port_address_is_a_usage_error(address, tmp_path):
+    """(It was given to libzmq after the agent had started: `Invalid argument`, or port
+    99999 bound as 34463.)"""
+    result = zres_cli("agent", NOWHERE, "--data-listen", address, "--no-detect",
+                      cwd=tmp_path, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert f"data_listen {address!r} is not a data port's address" in \
+        assert_one_line_error(result)
+
+
+def test_demo_refuses_a_count_of_inputs_below_one(tmp_path):
+    result = zres_cli("demo", "--inputs", "-5", cwd=tmp_path, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stdout)
+    assert "'-5': give a whole number, 1 or more" in assert_one_line_error(result)
+
+
 def test_agent_with_zero_workers_is_rejected(tmp_path):
     result = zres_cli("agent", NOWHERE, "--nworkers", "0", "--no-detect", cwd=tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr)

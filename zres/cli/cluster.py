@@ -117,8 +117,15 @@ def add_parsers(sub: Any) -> None:
                      help="seconds to wait for the broker's answer (default 10)")
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
-    demo.add_argument("--inputs", type=int, default=20,
+    demo.add_argument("--inputs", type=_count, default=20,
                       help="how many inputs the example loads and processes (default 20)")
+
+
+def _count(text: str) -> int:
+    """An argument type: a whole number, 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, 1 or more")
+    return int(text)
 
 
 def broker(args: argparse.Namespace) -> int:
@@ -191,12 +198,13 @@ def _open_files_to_hard_limit() -> None:
 
 
 def _data_address(value: Any, what: str) -> None:
-    """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port is reached
-    at: tcp://HOST:PORT or ipc://PATH (None: not given)."""
-    if value is not None and not (isinstance(value, str) and re.fullmatch(
-            r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):\d{1,5}|ipc://\S+", value)):
-        raise ValueError(f"{what} {value!r} is not an address a data port is reached at: "
-                         "give tcp://HOST:PORT or ipc://PATH")
+    """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port listens or is
+    reached at: tcp://HOST:PORT (a port up to 65535) or ipc://PATH (None: not given)."""
+    match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d{1,5})|ipc://\S+",
+                         value) if isinstance(value, str) else None
+    if value is not None and (match is None or int(match[2] or 0) > 65535):
+        raise ValueError(f"{what} {value!r} is not a data port's address: give "
+                         "tcp://HOST:PORT or ipc://PATH")
 
 
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
@@ -293,10 +301,11 @@ def agent(args: argparse.Namespace) -> int:
     limits = str(settings["memory_limits"])
     if limits not in MODES:
         raise UsageError(f"memory_limits {limits!r}: give one of {', '.join(MODES)}")
+    _data_address(settings["data_listen"], "data_listen")
+    _data_address(settings["data_advertise"], "data_advertise")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
-    _data_address(settings["data_advertise"], "data_advertise")
     relaying.mode_of(None)  # ($ZRES_RELAY, which its workers read: refused here if wrong)
     address = settings["broker"] or config.DEFAULT_ADDRESS
     key = config.find_key(None, ("agent",), address, args.config, settings["name"])
