@@ -54,6 +54,11 @@ def normalize(address: str) -> str:
     if match is not None and int(match.group(2)) > 65535:
         # (libzmq would take the port modulo 65536: 99999 binds or dials 34463)
         raise ValueError(f"{address!r}: port {match.group(2)} is past 65535")
+    if match is not None and match.group(1).startswith("["):
+        # (zres's sockets are IPv4 ones: libzmq's bind says `No such device`, its connect
+        # retries for ever)
+        raise ValueError(f"{address!r}: IPv6 addresses are not supported; give an IPv4 "
+                         "address or a host name")
     if not rest:
         raise ValueError(f"{address!r}: the address after {scheme}:// is empty")
     return address
