@@ -284,8 +284,45 @@ def test_the_state_directory_comes_from_the_flag_env_file_or_the_port(tmp_path):
         "/xdg/zres/broker-7070"
     assert load("broker", {"listen": "tcp://127.0.0.1:0"}, environ={})["state"] is None
     bad = write(tmp_path / "b.toml", "[broker]\nstate = 5\n")
-    with pytest.raises(ConfigError, match="state must be a directory's path"):
+    with pytest.raises(ConfigError, match="b.toml: state must be a non-empty string"):
         load("broker", path=bad, environ={})
+
+
+@pytest.mark.parametrize("text", [
+    "[agent]\nname = 5", "[agent]\nname = ''", "[agent]\njob_logs = 5",
+    "[agent]\nstate = 5", "[agent]\ndata_listen = 5", "[agent]\ndata_advertise = ' '",
+    "[broker]\nstate = ''", "[broker]\nrelay_listen = 5", "[security]\nkeys = 5",
+    "[security]\nkeys = ''"])
+def test_names_paths_and_addresses_are_refused_unless_non_empty_strings(text, tmp_path):
+    """(A number crashed the agent with a traceback; an empty string was quietly the
+    default.)"""
+    section, key = text[1:].split("]")[0], text.split("\n")[1].split(" ")[0]
+    conf = write(tmp_path / "n.toml", text + "\n")
+    with pytest.raises(ConfigError, match=f"n.toml: {key} must be a non-empty string"):
+        load(section, path=conf, environ={})
+    with pytest.raises(ConfigError, match=f"environment: {key} must be a non-empty string"):
+        load(section, environ={f"ZRES_{section.upper()}__{key.upper()}": ""})
+
+
+@pytest.mark.parametrize("section, text, says", [
+    ("broker", "[brokr]\nlisten = 'tcp://127.0.0.1:1'", r"unknown section \[brokr\]"),
+    ("agent", "broker = 'tcp://127.0.0.1:1'", r"broker must be a section \(\[broker\]\)"),
+    ("security", "[security]\ninsecure = 'maybe'", "insecure must be true or false"),
+])
+def test_a_misspelt_section_or_a_wrong_kind_of_value_is_refused(section, text, says,
+                                                                 tmp_path):
+    """(A misspelt section was ignored, a value where a section belongs crashed with a
+    traceback, and an insecure that is not a boolean was quietly false.)"""
+    conf = write(tmp_path / "m.toml", text + "\n")
+    with pytest.raises(ConfigError, match=f"m.toml: {says}"):
+        load(section, path=conf, environ={})
+
+
+def test_a_heartbeat_timeout_must_be_longer_than_the_interval():
+    """(Else every peer is lost between two of its heartbeats.)"""
+    with pytest.raises(ConfigError, match=r"heartbeat_timeout \(3.0\) must be longer than "
+                       r"heartbeat_interval \(5.0\)"):
+        load("agent", environ={"ZRES_AGENT__HEARTBEAT_INTERVAL": "5"})
 
 
 # -- fair share and quotas ---------------------------------------------------------------

@@ -86,10 +86,13 @@ _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeo
           "job_grace": float, "fairshare_half_life": float,
           "drain_grace": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
-          "bind_cpus": bool,
+          "bind_cpus": bool, "insecure": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
                                               "resources", "slots", "tasks", "deps",
                                               "object_bytes")}}
+# Settings that are a name, a path or an address: a string with something in it.
+_STRINGS = {"name", "state", "job_logs", "keys", "data_listen", "data_advertise",
+            "relay_listen", "memory_limits"}
 _ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
 _FINITE = {"fairshare_half_life"}  # (use that never decays would never forgive)
 
@@ -124,6 +127,11 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
                 settings[key] = _convert(key, value, origin)
     if section == "agent":
         settings["resources"] = resources or {}
+    if section in ("broker", "agent") and \
+            settings["heartbeat_timeout"] <= settings["heartbeat_interval"]:
+        # (a peer would be lost between two of its own heartbeats)
+        raise ConfigError(f"heartbeat_timeout ({settings['heartbeat_timeout']}) must be "
+                          f"longer than heartbeat_interval ({settings['heartbeat_interval']})")
     if section == "broker":
         try:
             settings["listen"] = normalize(settings["listen"])
@@ -134,9 +142,6 @@ def load(section: str, flags: Mapping[str, Any] | None = None,
         settings["state"] = ((flags or {}).get("state") or env.get("ZRES_STATE_DIR")
                              or settings["state"]
                              or default_state_dir(settings["listen"], env))
-        if not isinstance(settings["state"], (str, type(None))):
-            raise ConfigError(f"state must be a directory's path (a string), got "
-                              f"{settings['state']!r}")
     if section in ("agent", "client"):
         # The broker: the flag, then $ZRES_BROKER, then the file (or ZRES_<SECTION>__BROKER).
         given = (flags or {}).get("broker") or env.get("ZRES_BROKER") or settings["broker"]
@@ -196,11 +201,19 @@ def _read_file(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
         return {}
     try:
         with open(name, "rb") as fh:
-            return tomllib.load(fh)
+            tables = tomllib.load(fh)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {name}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {name} is not valid TOML: {exc}") from None
+    for section, table in tables.items():  # (a misspelt section would be ignored)
+        if section not in DEFAULTS and section != "quotas":
+            raise ConfigError(f"{name}: unknown section [{section}] (sections: "
+                              f"{', '.join([*DEFAULTS, 'quotas'])})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{name}: {section} must be a section ([{section}]), got "
+                              f"{table!r}")
+    return tables
 
 
 def _from_env(section: str, env: Mapping[str, str]) -> dict[str, Any]:
@@ -236,6 +249,9 @@ def _resources(value: Any, origin: str) -> Units:
 
 
 def _convert(key: str, value: Any, origin: str) -> Any:
+    if key in _STRINGS and value is not None and not (isinstance(value, str)
+                                                      and value.strip()):
+        raise ConfigError(f"{origin}: {key} must be a non-empty string, got {value!r}")
     kind = _TYPES.get(key)
     if kind is None or value is None:
         return value

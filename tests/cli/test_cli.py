@@ -22,6 +22,7 @@ import zres
 from tests.conftest import wait_until
 from tests.tasks import hold
 from zres.cli.main import _parser
+from zres.core import keys as K
 
 # An address where nothing listens: an agent given it must fail on its arguments first.
 NOWHERE = "tcp://127.0.0.1:1"
@@ -227,6 +228,23 @@ def test_agent_refuses_a_device_count_past_the_limit_at_once(tmp_path):
     assert "'GPU=1000000': more than 4096 devices" in line
 
 
+@pytest.mark.parametrize("address", ["garbage", "tcp://127.0.0.1:99999"])
+def test_agent_with_a_bad_data_port_address_is_a_usage_error(address, tmp_path):
+    """(It was given to libzmq after the agent had started: `Invalid argument`, or port
+    99999 bound as 34463.)"""
+    result = zres_cli("agent", NOWHERE, "--data-listen", address, "--no-detect",
+                      cwd=tmp_path, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert f"data_listen {address!r} is not a data port's address" in \
+        assert_one_line_error(result)
+
+
+def test_demo_refuses_a_count_of_inputs_below_one(tmp_path):
+    result = zres_cli("demo", "--inputs", "-5", cwd=tmp_path, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stdout)
+    assert "'-5': give a whole number, 1 or more" in assert_one_line_error(result)
+
+
 def test_agent_with_zero_workers_is_rejected(tmp_path):
     result = zres_cli("agent", NOWHERE, "--nworkers", "0", "--no-detect", cwd=tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr)
@@ -275,7 +293,20 @@ def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
                       timeout=30)
     assert result.returncode != 0
     line = assert_one_line_error(result)
-    assert line.startswith("zres broker: ")
+    assert line.startswith(f"zres broker: cannot listen on tcp://127.0.0.1:{port}: ")
+
+
+def test_broker_on_an_address_not_of_this_host_says_what_to_bind(tmp_path):
+    """(libzmq's own words were `No such device (addr=...)`: a host name is taken for an
+    interface's.)"""
+    K.keygen(tmp_path / "keys")
+    for host in ("nonexistent.invalid", "192.0.2.1"):  # (192.0.2.0/24: for documentation)
+        result = zres_cli("broker", "--listen", f"tcp://{host}:{free_port()}", "--keys",
+                          str(tmp_path / "keys"), "--http", "off", cwd=tmp_path, timeout=30)
+        assert result.returncode == 1
+        line = assert_one_line_error(result)
+        assert line.startswith(f"zres broker: cannot listen on tcp://{host}:"), line
+        assert line.endswith("(bind to an address of this host, an interface's name or *)")
 
 
 # -- status -----------------------------------------------------------------------------------
@@ -390,12 +421,22 @@ def test_a_client_or_command_given_an_http_port_says_so(http_port, tmp_path):
     ["status", "not-an-address", "--timeout", "0.5"],
     ["agent", "not-an-address", "--resources", "foo=1", "--no-detect"],
     ["broker", "--listen", "not-an-address"],
-], ids=["status", "agent", "broker"])
+    # (libzmq takes a port modulo 65536: this broker served on 34463, these dialled it)
+    ["broker", "--listen", "tcp://127.0.0.1:99999", "--insecure", "--http", "off"],
+    ["status", "127.0.0.1:99999", "--timeout", "0.5"],
+    ["agent", "tcp://127.0.0.1:99999", "--resources", "foo=1", "--no-detect"],
+    # (the sockets are IPv4 ones: `No such device`, or an agent retrying for ever)
+    ["broker", "--listen", "tcp://[::1]:7070", "--insecure", "--http", "off"],
+    ["agent", "[::1]:7070", "--resources", "foo=1", "--no-detect"],
+], ids=["status", "agent", "broker", "broker-port", "status-port", "agent-port",
+        "broker-ipv6", "agent-ipv6"])
 def test_malformed_address_fails_with_one_line(args, tmp_path):
     result = zres_cli(*args, cwd=tmp_path, timeout=30)
-    assert result.returncode != 0
+    assert result.returncode == 2
     line = assert_one_line_error(result)
-    assert line.startswith(f"zres {args[0]}: ") and "not-an-address" in line
+    assert line.startswith(f"zres {args[0]}: ")
+    assert any(says in line for says in ("not-an-address", "port 99999 is past 65535",
+                                         "IPv6 addresses are not supported"))
 
 
 def test_status_with_a_negative_timeout_does_not_wait_forever(tmp_path):

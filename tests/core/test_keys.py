@@ -44,6 +44,16 @@ def test_missing_keys_are_named(tmp_path):
         K.keygen(tmp_path / "c", "client", "no spaces")
 
 
+def test_keys_that_cannot_be_made_there_are_an_error_naming_the_place(tmp_path):
+    """(`zres keygen FILE`, or a broker's first start on a read-only keys directory, ended
+    in a traceback.)"""
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(K.KeysError, match=f"cannot make keys in {tmp_path}/a-file: "):
+        K.keygen(tmp_path / "a-file")
+    with pytest.raises(K.KeysError, match="cannot make keys in .*a-file/keys: "):
+        K.keygen(tmp_path / "a-file" / "keys", agents=["n1"])
+
+
 def test_a_peer_finds_keys_in_order(tmp_path, monkeypatch):
     given, env, own = tmp_path / "given", tmp_path / "env", tmp_path / "config"
     for where in (given, env):

@@ -4,6 +4,7 @@ cluster."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -14,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import zmq
 
 from .. import config, logs
 from ..core import keys as K
@@ -114,8 +117,15 @@ def add_parsers(sub: Any) -> None:
                      help="seconds to wait for the broker's answer (default 10)")
 
     demo = sub.add_parser("demo", help="run the example on a local cluster")
-    demo.add_argument("--inputs", type=int, default=20,
+    demo.add_argument("--inputs", type=_count, default=20,
                       help="how many inputs the example loads and processes (default 20)")
+
+
+def _count(text: str) -> int:
+    """An argument type: a whole number, 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, 1 or more")
+    return int(text)
 
 
 def broker(args: argparse.Namespace) -> int:
@@ -148,13 +158,18 @@ def broker(args: argparse.Namespace) -> int:
         print(f"zres broker: --fresh discarded the state in {directory} ({held})",
               file=sys.stderr, flush=True)
     try:
-        broker = Broker(settings["listen"], settings["heartbeat_interval"],
-                        settings["heartbeat_timeout"], settings["client_timeout"],
-                        settings["starvation_after"], prefetch=settings["prefetch"],
-                        limits=Limits.from_settings(settings), store=store, keys=keys_dir,
-                        half_life=settings["fairshare_half_life"],
-                        quotas=quotas, client_grace=settings["client_grace"],
-                        relay=settings["relay_listen"])
+        try:
+            broker = Broker(settings["listen"], settings["heartbeat_interval"],
+                            settings["heartbeat_timeout"], settings["client_timeout"],
+                            settings["starvation_after"], prefetch=settings["prefetch"],
+                            limits=Limits.from_settings(settings), store=store,
+                            keys=keys_dir, half_life=settings["fairshare_half_life"],
+                            quotas=quotas, client_grace=settings["client_grace"],
+                            relay=settings["relay_listen"])
+        except zmq.ZMQError as exc:  # its address: taken, not this host's, not a host
+            raise ZresError(f"cannot listen on {settings['listen']}: {exc.strerror}" + (
+                " (bind to an address of this host, an interface's name or *)"
+                if exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL) else "")) from None
         dashboard = _serve_http(broker, http, given=given is not None)
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
@@ -190,12 +205,13 @@ def _open_files_to_hard_limit() -> None:
 
 
 def _data_address(value: Any, what: str) -> None:
-    """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port is reached
-    at: tcp://HOST:PORT or ipc://PATH (None: not given)."""
-    if value is not None and not (isinstance(value, str) and re.fullmatch(
-            r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):\d{1,5}|ipc://\S+", value)):
-        raise ValueError(f"{what} {value!r} is not an address a data port is reached at: "
-                         "give tcp://HOST:PORT or ipc://PATH")
+    """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port listens or is
+    reached at: tcp://HOST:PORT (a port up to 65535) or ipc://PATH (None: not given)."""
+    match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d{1,5})|ipc://\S+",
+                         value) if isinstance(value, str) else None
+    if value is not None and (match is None or int(match[2] or 0) > 65535):
+        raise ValueError(f"{what} {value!r} is not a data port's address: give "
+                         "tcp://HOST:PORT or ipc://PATH")
 
 
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
@@ -292,10 +308,11 @@ def agent(args: argparse.Namespace) -> int:
     limits = str(settings["memory_limits"])
     if limits not in MODES:
         raise UsageError(f"memory_limits {limits!r}: give one of {', '.join(MODES)}")
+    _data_address(settings["data_listen"], "data_listen")
+    _data_address(settings["data_advertise"], "data_advertise")
     logs.setup(args.log_format, args.log_level)
     slots = plan_slots(settings["resources"], settings["nworkers"], settings["nthreads"],
                        detect=not args.no_detect)
-    _data_address(settings["data_advertise"], "data_advertise")
     relaying.mode_of(None)  # ($ZRES_RELAY, which its workers read: refused here if wrong)
     address = settings["broker"] or config.DEFAULT_ADDRESS
     key = config.find_key(None, ("agent",), address, args.config, settings["name"])

@@ -42,14 +42,23 @@ def normalize(address: str) -> str:
     scheme, sep, rest = address.partition("://")
     if not sep:
         if _HOST_PORT.fullmatch(address):
-            return f"tcp://{address}"
+            return normalize(f"tcp://{address}")
         raise ValueError(f"{address!r} is not a broker address: use tcp://HOST:PORT "
                          "(e.g. tcp://127.0.0.1:7070), HOST:PORT or ipc://PATH")
     if scheme not in _TRANSPORTS:
         raise ValueError(f"{address!r}: unknown transport {scheme!r} (use tcp, ipc or inproc)")
-    if scheme == "tcp" and not _HOST_PORT.fullmatch(rest.rpartition(";")[2]):
+    match = _HOST_PORT.fullmatch(rest.rpartition(";")[2]) if scheme == "tcp" else None
+    if scheme == "tcp" and match is None:
         raise ValueError(f"{address!r}: a tcp address needs a host and a port, "
                          "e.g. tcp://127.0.0.1:7070")
+    if match is not None and int(match.group(2)) > 65535:
+        # (libzmq would take the port modulo 65536: 99999 binds or dials 34463)
+        raise ValueError(f"{address!r}: port {match.group(2)} is past 65535")
+    if match is not None and match.group(1).startswith("["):
+        # (zres's sockets are IPv4 ones: libzmq's bind says `No such device`, its connect
+        # retries for ever)
+        raise ValueError(f"{address!r}: IPv6 addresses are not supported; give an IPv4 "
+                         "address or a host name")
     if not rest:
         raise ValueError(f"{address!r}: the address after {scheme}:// is empty")
     return address

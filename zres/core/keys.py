@@ -88,14 +88,17 @@ def keygen(directory: str | os.PathLike[str], role: str | None = None,
                         "them, and every peer then needs the new ones)")
     if role is not None and fresh:
         raise KeysError(f"{path} holds no cluster keys yet: run `zres keygen {path}` first")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
     made = []
-    for stem in stems:
-        public, secret = zmq.auth.create_certificates(str(path), stem)
-        os.chmod(secret, 0o600)
-        os.chmod(public, 0o644)
-        made.append(Path(secret))
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)
+        for stem in stems:
+            public, secret = zmq.auth.create_certificates(str(path), stem)
+            os.chmod(secret, 0o600)
+            os.chmod(public, 0o644)
+            made.append(Path(secret))
+    except OSError as exc:  # (not a directory, read-only, not ours)
+        raise KeysError(f"cannot make keys in {path}: {exc.strerror or exc}") from None
     return made
 
 
