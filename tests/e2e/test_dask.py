@@ -24,7 +24,7 @@ import pytest
 import zres
 import zres.dask
 from tests.conftest import wait_until
-from tests.tasks import wait_for_file
+from tests.tasks import hold, wait_for_file
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,3 +297,42 @@ def test_progress_callbacks_hear_every_task(client):
     assert len(ended) >= 36 and sorted(map(str, began)) == sorted(str(k) for k, _ in ended)
     assert {worker for _, worker in ended} <= {"gpu-a", "cpu-b"}
     assert "100% Completed" in out.getvalue()
+
+
+def fails(_: object) -> None:
+    raise KeyError("on purpose")
+
+
+def test_a_computes_cancelled_or_failed_output_cancels_what_has_not_begun(client, tmp_path):
+    """As get does when a compute fails: once no output of a compute wants a task any more
+    (the output was cancelled, or failed), what has not begun of it is cancelled; another
+    output's tasks run on."""
+    release, marker = str(tmp_path / "release"), str(tmp_path / "m")
+    holds = [dask.delayed(hold)(release, f"{marker}-{i}") for i in range(10)]
+    kept = dask.delayed(hold)(release, f"{marker}-kept")
+    doomed_f, kept_f = client.compute([dask.delayed(sum)(holds), kept])
+    wait_until(lambda: len(list(tmp_path.glob("m-*"))) == 4, message="every slot to be busy")
+    assert "waiting" in repr(doomed_f)  # (for its inputs, as zres status says)
+    doomed_f.cancel()
+
+    def left() -> dict[str, int]:
+        counts = client.status()["counts"]
+        return {s: counts[s] for s in ("queued", "waiting") if counts.get(s)}
+    # What runs goes on; of the rest, only the kept output's task (if not begun) is left.
+    wait_until(lambda: sum(left().values()) <= 1, message=f"the doomed tasks cancelled {left()}")
+    Path(release).touch()
+    assert kept_f.result(30) == "released"
+    assert len(list(tmp_path.glob("m-[0-9]*"))) < 10, "the doomed tasks did not all run"
+
+    with dask.annotate(priority=10):  # (it starts first: ready ones start by priority)
+        bad = dask.delayed(fails)(0)
+    gate = str(tmp_path / "gate")
+    more = [dask.delayed(hold)(gate, f"{marker}-more-{i}") for i in range(10)]
+    failed = client.compute(dask.delayed(sum)([bad, *more]))
+    with pytest.raises(KeyError, match="on purpose"):
+        failed.result(30)
+    wait_until(lambda: not left(), message=f"the failed compute's tasks cancelled {left()}")
+    Path(gate).touch()
+    wait_until(lambda: not client.status()["counts"].get("running"),
+               message="nothing of either compute running")
+    assert len(list(tmp_path.glob("m-more-*"))) <= 4

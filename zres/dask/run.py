@@ -5,9 +5,9 @@ Every step is submitted at once, in batches (the client's I/O thread sends up to
 a message): one round trip per batch, none per task. The broker keeps each step's result
 while a step that reads it has not finished. ``get`` hears each step end (not its result:
 an intermediate is submitted *quiet*, and only its dependents read it) and releases a
-result as soon as the last step that reads it has ended; ``compute`` lets go of the
-intermediates at once, and the broker frees each after its last reader. A failed step fails
-the compute with its own exception, which names its key; what has not begun is cancelled.
+result as soon as the last step that reads it has ended; so does ``compute``, for the
+futures it returns. A failed step fails the compute with its own exception, which names its
+key; what has not begun is cancelled (by ``compute``: what no output still pending needs).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import pickle
 import queue
+import threading
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -113,11 +114,67 @@ class Submitter:
 
 def compute(client: Any, plan: Plan, where: Mapping[str, Any] | None = None
             ) -> dict[Any, Future]:
-    """Submit PLAN; return the future of each requested key. The rest are let go at once."""
+    """Submit PLAN; return the future of each requested key (see ``_Computed``)."""
     futures = Submitter(client, where).submit_all(plan, quiet=True)  # (outputs never quiet)
-    outputs = set(plan.outputs.values())
-    client._forget(f for key, f in futures.items() if key not in outputs)
+    _Computed(client, plan, futures).follow()
     return {key: futures[source] for key, source in plan.outputs.items()}
+
+
+class _Computed:
+    """One ``compute`` whose outputs' futures the caller holds: each step's result is let
+    go of once the steps reading it have ended, and once no output still pending needs a
+    step (an output failed or was cancelled), what has not begun of it is cancelled, as
+    ``get`` does on a failure: a cancelled compute leaves nothing queued behind it."""
+
+    def __init__(self, client: Any, plan: Plan, futures: dict[Any, Future]) -> None:
+        self.client = client
+        self.futures = dict(futures)     # step key -> future, while something may read it
+        self.sources = {step.key: step.sources for step in plan.steps}
+        self.key_of = {future._local: key for key, future in futures.items()}
+        self.left = dict(plan.readers)   # step key -> its readers not ended yet
+        self.outputs = set(plan.outputs.values())
+        self.open = set(self.outputs)    # outputs not ended yet
+        # (re-entrant: cancelling ends futures, and their callbacks come back here)
+        self.lock = threading.RLock()
+
+    def follow(self) -> None:
+        for future in list(self.futures.values()):
+            future.add_done_callback(self._ended)
+
+    def _ended(self, future: Any) -> None:  # (a done-callback: given a cf.Future)
+        with self.lock:
+            key = self.key_of.pop(future._local, None)
+            if key is None:
+                return
+            done = []
+            for source in set(self.sources[key]):
+                self.left[source] -= 1
+                if self.left[source] == 0 and source not in self.outputs:
+                    done.append(self.futures.pop(source))
+            unwanted = []
+            if key in self.outputs:
+                self.open.discard(key)
+                # (an output that finished needed only steps that have finished too)
+                if not self.open or future.cancelled() or future.exception() is not None:
+                    wanted = self._needed()
+                    unwanted = [self.futures.pop(k) for k in list(self.futures)
+                                if k not in wanted and k not in self.outputs]
+                if not self.open:  # (hold nothing more: the outputs' callbacks hold us)
+                    self.futures.clear()
+        # (a step whose readers all ended has begun, unless they failed or were cancelled:
+        # then nothing wants it either)
+        self.client._forget(done + unwanted, cancel=True)
+
+    def _needed(self) -> set[Any]:
+        """The steps the outputs still pending read, directly or not, and those outputs."""
+        needed: set[Any] = set()
+        work = list(self.open)
+        while work:
+            key = work.pop()
+            if key not in needed:
+                needed.add(key)
+                work.extend(self.sources[key])
+        return needed
 
 
 def get(client: Any, plan: Plan, keys: Any, callbacks: Any = None,
