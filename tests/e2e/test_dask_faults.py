@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import zres
-from tests.conftest import stop_process, wait_until
+from tests.conftest import LOSS, stop_process, wait_until
 from tests.tasks import wait_for_file
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,6 +38,40 @@ def test_the_retries_annotation_lets_a_task_outlive_its_worker(make_cluster, mak
     unannotated = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "twice"), 5)]
     with pytest.raises(zres.WorkerLostError):
         dask.delayed(sum)(unannotated).compute(scheduler=client.get)
+
+
+def big_part(ledger: str) -> bytes:
+    """Over 64 KiB: kept on the agent that made it, not sent to the broker."""
+    with open(ledger, "a") as fh:
+        fh.write("made\n")
+    return bytes(range(256)) * 1024
+
+
+def combined(part: bytes, other: int) -> int:
+    return len(part) + other
+
+
+def test_an_intermediate_lost_with_its_agent_is_made_again_as_dask_does(
+        make_cluster, make_client, tmp_path):
+    """Dask's tasks are pure by contract, and Dask distributed computes a lost intermediate
+    again: so does a compute on zres, with no retries annotation (the user cannot pass
+    recompute=True to a Dask task; it failed with ResultLostError, telling them to)."""
+    cluster = make_cluster(agents=[{"a": 1}], names=["agent-a"], **LOSS)
+    client = make_client(cluster.address)
+    ledger = str(tmp_path / "ledger")
+    with dask.annotate(resources={"a": 1}):
+        part = dask.delayed(big_part)(ledger)
+    with dask.annotate(resources={"c": 1}):  # (no agent offers c yet: it waits)
+        total = dask.delayed(combined)(part, dask.delayed(len)("xy"))
+    future = client.compute(total)
+    wait_until(lambda: os.path.exists(ledger), message="the intermediate to be made")
+    wait_until(lambda: "waiting" in repr(future) or future.done(), message="the compute")
+    os.kill(cluster.agents["agent-a"].pid, 9)
+    wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
+               message="agent-a to be declared lost")
+    cluster.add_agent({"a": 1, "c": 1}, name="agent-c")
+    assert future.result(60) == 256 * 1024 + 2
+    assert open(ledger).read() == "made\nmade\n"
 
 
 def noted(ledger: str, key: str, value: object, gate: str | None = None) -> object:

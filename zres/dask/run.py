@@ -83,9 +83,11 @@ class Submitter:
         opts = self._opts.get(step.options)
         if opts is None:
             given = step.options
+            # (recompute: Dask's tasks are pure by contract, and Dask distributed makes a
+            # lost intermediate again; its users have no recompute= to pass)
             opts = self._opts[given] = client._options(
                 dict(given.resources), given.retries or 0, given.priority or 0, None, None,
-                **self._where)
+                recompute=True, **self._where)
         buf = io.BytesIO()
         NodePickler(buf, self._functions).dump(step.node)
         deps: list[Any] = []
