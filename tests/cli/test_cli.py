@@ -283,6 +283,19 @@ def test_broker_raises_its_open_files_limit_to_the_hard_limit(spawn, tmp_path):
         int(soft) >= 10240, f"the broker runs with a soft limit of {soft} open files"
 
 
+def test_broker_warns_of_keys_others_may_use(spawn, tmp_path):
+    keys = tmp_path / "keys"
+    K.keygen(keys)
+    os.chmod(keys / "agent.key_secret", 0o644)  # (as a careless copy leaves it)
+    proc = spawn([sys.executable, "-m", "zres", "broker", "--listen", "tcp://127.0.0.1:0",
+                  "--keys", str(keys), "--http", "off"], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdout.readline().startswith("zres broker serving")
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert "keys_not_private" in err and "agent.key_secret is readable by others" in err
+
+
 def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
     port = free_port()
     first = spawn([sys.executable, "-m", "zres", "broker", "--listen",
@@ -437,6 +450,21 @@ def test_malformed_address_fails_with_one_line(args, tmp_path):
     assert line.startswith(f"zres {args[0]}: ")
     assert any(says in line for says in ("not-an-address", "port 99999 is past 65535",
                                          "IPv6 addresses are not supported"))
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["agent", "--keys", "somewhere", "--insecure", "--resources", "foo=1", "--no-detect"],
+     "--keys and --insecure: give one"),
+    (["keygen", "{tmp}/keys", "--role", "client", "--name", "two words"],
+     "a name of letters, digits and _.@-"),
+], ids=["keys-and-insecure", "keygen-name"])
+def test_contradictory_or_malformed_flags_are_usage_errors(args, says, tmp_path):
+    """--keys with --insecure ignored the keys; a key name with a space exited 1, as if
+    something had failed rather than been typed wrong."""
+    result = zres_cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], cwd=tmp_path,
+                      timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
 
 
 def test_status_with_a_negative_timeout_does_not_wait_forever(tmp_path):

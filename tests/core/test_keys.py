@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -40,7 +41,7 @@ def test_missing_keys_are_named(tmp_path):
         K.peer_key(only_broker, ("agent",))
     with pytest.raises(K.KeysError, match="run `zres keygen"):
         K.keygen(tmp_path / "empty", "client", "bob")
-    with pytest.raises(K.KeysError, match="a role"):
+    with pytest.raises(ValueError, match="a role"):  # (a usage error: exit 2)
         K.keygen(tmp_path / "c", "client", "no spaces")
 
 
@@ -71,3 +72,17 @@ def test_a_peer_finds_keys_in_order(tmp_path, monkeypatch):
         assert K.find(None, ("client",), "tcp://x:1") is None, "a cluster started insecure"
     finally:
         K.forget("tcp://x:1")
+
+
+def test_keys_others_may_use_are_named(tmp_path):
+    """A keys directory others may write to lets in whoever adds a key there; a secret key
+    others may read lets them act as its peer: the broker warns of both at start, as it
+    does of a state directory others may read."""
+    keys = tmp_path / "keys"
+    K.keygen(keys)
+    assert K.exposed(keys) == []
+    os.chmod(keys, 0o777)
+    os.chmod(keys / "client.key_secret", 0o644)
+    found = K.exposed(keys)
+    assert any("is writable by others (mode 0777)" in f for f in found)
+    assert any("client.key_secret is readable by others (mode 0644)" in f for f in found)

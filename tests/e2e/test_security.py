@@ -78,7 +78,8 @@ def test_roles_client_cannot_register_and_agent_cannot_submit(make_cluster, tmp_
             "slots": [{"units": {"CPU": UNIT}, "gpus": []}]}))
         refused = answer(as_client)
         assert refused is not None and refused.kind == P.REFUSED
-        assert "client key may not send register" in refused.body["error"]
+        assert "client key may not register as an agent (zres agent takes an agent key" \
+            in refused.body["error"]
         items, frames = touch_task(str(tmp_path / "ran"))
         P.send(as_agent, P.encode(P.SUBMIT, {"tasks": items}, frames))
         refused = answer(as_agent)

@@ -50,7 +50,9 @@ MAY_SEND = {
 }
 # What a refused kind would have done, in its user's words (the rest are named by kind: no
 # zres command or client sends them with the wrong key).
-REFUSED_WORDS = {P.RESOURCES: "change an agent's capacity (zres resources takes an admin key)"}
+REFUSED_WORDS = {P.RESOURCES: "change an agent's capacity (zres resources takes an admin key)",
+                 P.REGISTER: "register as an agent (zres agent takes an agent key: "
+                             "agent.key_secret, or its own, agent-NAME.key_secret)"}
 # Requests about one job or actor: only its owner or an admin may make them (what each
 # does, in its user's words).
 OWNED = {P.JOB_CANCEL: "cancel", P.LOGS: "read the log of", P.KILL: "kill",
@@ -122,6 +124,9 @@ class Gate:
         self._tokens = b""
         if keys is not None:
             self._public, self._secret = K.broker_pair(keys)
+            for what in K.exposed(keys):  # (as for the state directory: store)
+                log.warning("keys_not_private", problem=what,
+                            fix=f"chmod go-rwx {keys} and the secret keys in it")
             self._tokens = hashlib.blake2b(b"zres task tokens", key=self._secret[:64],
                                            digest_size=32).digest()
             self._check = _KeyCheck(ctx, keys)

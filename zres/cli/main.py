@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_usage(sys.stderr)
         sys.exit(EXIT_USAGE)
     args = parser.parse_args(argv)
+    if getattr(args, "keys", None) and getattr(args, "insecure", False):
+        parser.error("--keys and --insecure: give one (keys, or none at all)")
     if getattr(args, "keys", None):
         os.environ["ZRES_KEYS"] = args.keys  # where every part of the command looks first
     if getattr(args, "insecure", False):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,7 @@ def keygen(directory: str | os.PathLike[str], role: str | None = None,
         for each_role, each_name in named:
             if each_role not in ROLES or not each_name \
                     or not _STEM.fullmatch(f"{each_role}-{each_name}"):
-                raise KeysError(f"a key needs a role ({', '.join(ROLES)}) and a name of "
+                raise ValueError(f"a key needs a role ({', '.join(ROLES)}) and a name of "
                                 f"letters, digits and _.@- (got role {each_role!r}, name "
                                 f"{each_name!r})")
         stems = [f"{r}-{n}" for r, n in named]
@@ -130,6 +131,21 @@ def allowed(directory: str | os.PathLike[str]) -> dict[bytes, tuple[str, str]]:
             if public:
                 out[public] = (match[1], match[2] or match[1])
     return out
+
+
+def exposed(directory: str | os.PathLike[str]) -> list[str]:
+    """What in the keys DIRECTORY others than its owner may use: the directory if they
+    may write to it (a public key put there lets its holder in), each secret key they
+    may read (its holder is that peer). Empty when all is private."""
+    path, found = Path(directory), []
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o022:
+        found.append(f"{path} is writable by others (mode {mode:04o})")
+    for secret in sorted(path.glob("*.key_secret")):
+        mode = stat.S_IMODE(secret.stat().st_mode)
+        if mode & 0o044:
+            found.append(f"{secret} is readable by others (mode {mode:04o})")
+    return found
 
 
 def peer_key(directory: str | os.PathLike[str], roles: tuple[str, ...],
