@@ -32,11 +32,13 @@ import zmq
 
 from . import local_reads, objects
 from . import protocol as P
+from .data_ports import Ports
 from .errors import ZresError
 
 CHUNK = 4 << 20       # bytes a request asks for at most
 WINDOW = 8            # requests in flight to one holder (over all its objects)
 TIMEOUT = 5.0         # seconds a holder asked for chunks sends none before it counts as gone
+IDLE = 60.0           # seconds a data port's connection may go unused before it is closed
 
 
 class TransferError(ZresError):
@@ -157,26 +159,11 @@ class Transfers:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._timeout = timeout
         self.routes = routes
-        self._socks: dict[tuple[str, str], zmq.Socket[Any]] = {}
-        self._public, self._secret = zmq.curve_keypair()  # (authorised by tokens, not keys)
+        self._ports = Ports(self._ctx, routes)
         self._lock = threading.Lock()
         self._reqs = itertools.count(1)
         local = local_reads.enabled() if local is None else local
         self._local = local_reads.Links(timeout) if local else None
-
-    def _sock(self, holder: Holder) -> zmq.Socket[Any]:
-        sock = self._socks.get((holder.address, holder.key))
-        if sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)  # (requests to a holder not reached never block)
-            if holder.key:
-                sock.curve_serverkey = holder.key.encode()
-                if not (holder.relay and self.routes and self.routes.secure(sock)):
-                    sock.curve_publickey, sock.curve_secretkey = self._public, self._secret
-            sock.connect(holder.address)
-            self._socks[holder.address, holder.key] = sock
-        return sock
 
     def fetch(self, refs: Sequence[Ref],
               deadline: float | None = None) -> list[list[memoryview]]:
@@ -203,6 +190,7 @@ class Transfers:
 
     def _run(self, fetches: list[_Fetch], deadline: float | None = None) -> None:
         with self._lock:
+            self._close_idle()
             flight = _Flight(deadline=deadline)
             for fetch in fetches:
                 flight.queued.setdefault(fetch.at, deque()).append(fetch)
@@ -212,7 +200,7 @@ class Transfers:
                              and local.link(a) is not None):
                 self._ask(at, flight)
             poller = zmq.Poller()
-            for sock in {id(s): s for s in self._socks.values()}.values():
+            for sock in self._ports.sockets():
                 poller.register(sock, zmq.POLLIN)
             while flight.done < len(fetches):
                 held = [at for at, queue in flight.queued.items()
@@ -239,12 +227,13 @@ class Transfers:
                             if fetch.at == at and fetch.got < fetch.ref.size:
                                 self._next_holder(fetch, flight, "did not answer within "
                                                   f"{self._timeout:g}s", silent=True)
-                poller = _poller(self._socks.values(), poller)
+                poller = _poller(self._ports.sockets(), poller)
 
     def _ask(self, at: tuple[str, str], flight: _Flight) -> None:
         """Keep WINDOW requests in flight to the holder AT, for the fetches queued there
         (the first in the queue asks for all its bytes before the next asks)."""
         queue = flight.queued.get(at)
+        self._ports.used(at)
         while queue and flight.busy[at] < WINDOW:
             fetch = queue[0]
             if fetch.asked >= fetch.ref.size:
@@ -260,7 +249,7 @@ class Transfers:
                 if self._local.unknown(at):
                     req = next(self._reqs)
                     self._local.asked(at, req)
-                    P.send(self._sock(holder), P.encode(P.LOCAL, {"req": req}))
+                    P.send(self._ports.get(at, holder.relay), P.encode(P.LOCAL, {"req": req}))
                 if not fetch.asked and self._local.holding(at):
                     return  # (its answer says which way: asked again once it comes)
             length = min(CHUNK, fetch.ref.size - fetch.asked)
@@ -268,7 +257,7 @@ class Transfers:
             flight.waiting[req] = (fetch, fetch.asked, length)
             if not flight.busy[at]:
                 flight.heard[at] = time.monotonic()  # (silent from now on: gone)
-            P.send(self._sock(holder), P.encode(
+            P.send(self._ports.get(at, holder.relay), P.encode(
                 P.GET, {"id": fetch.ref.id, "offset": fetch.asked, "length": length,
                         "token": fetch.ref.token, "req": req, **self._fields(holder)}))
             fetch.asked += length
@@ -375,7 +364,8 @@ class Transfers:
         did not answer)."""
         size = objects.object_size(frames)
         with self._lock:
-            sock = self._sock(holder)
+            self._close_idle()
+            sock = self._ports.get((holder.address, holder.key), holder.relay)
             stream = _Stream(objects.parts(frames))
             inflight: dict[int, int] = {}
             offset, heard = 0, time.monotonic()
@@ -401,15 +391,20 @@ class Transfers:
                     if msg.body.get("done"):
                         return size
                 elif time.monotonic() - heard > self._timeout:
-                    self._socks.pop((holder.address, holder.key)).close(0)  # (what it queued)
+                    self._ports.drop((holder.address, holder.key))  # (with what it queued)
                     raise Unanswered(f"object {object_id} could not be put on agent "
                                      f"{holder.agent} at {_where(holder)}: it did not "
                                      f"answer within {self._timeout:g}s")
 
+    def _close_idle(self) -> None:
+        """Close the connections to data ports unused for a while, and forget their local
+        sockets (``data_ports``)."""
+        for at in self._ports.close_idle(IDLE):
+            if self._local is not None:
+                self._local.failed(at)
+
     def close(self) -> None:
-        for sock in self._socks.values():
-            sock.close(0)
-        self._socks.clear()
+        self._ports.close()
         if self._local is not None:
             self._local.close()
         self._ctx.term()
