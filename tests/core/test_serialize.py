@@ -325,6 +325,8 @@ def test_exception_that_cannot_be_rebuilt_becomes_a_remote_error():
     exc = S.loads_exception(_raise_in_worker(NeedsTwoArgs("a", "b")))
     assert isinstance(exc, RemoteError)
     assert "cannot be unpickled" in str(exc)
+    assert "NeedsTwoArgs: a" in str(exc)  # what the task raised, with its traceback
+    assert "_raise_in_worker" in exc.__cause__.tb
 
 
 def test_garbage_exception_payload_becomes_a_remote_error():

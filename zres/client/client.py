@@ -154,6 +154,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         it alone (RESOURCES, or the whole bundle). (For a function taking one of these
         keywords itself, use ``executor()``.)
         """
+        _check_callable(fn, "submit")
         return self._submit(fn, args, kwargs, resources, retries, priority, infeasible, key,
                             workers, allow_other_workers, detached, recompute, retry_oom,
                             placement)
@@ -170,7 +171,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         deps: list[Any] = []
         index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, deps, index)
-        frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
+        frames = self._pickler.call(fn_frame, args, kwargs, deps, index,
+                                    getattr(fn, "__name__", repr(fn)))
         future = self._make_future(fn, key, frames, deps, opts)
         self._io.wake()
         return future
@@ -188,6 +190,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         RETRY_OOM and PLACEMENT as for ``submit``. (``executor().map`` is the standard's: an
         iterator of results, with ``timeout``.)
         """
+        _check_callable(fn, "map")
         return self._map(fn, iterables, kwargs, resources, retries, priority, infeasible, key,
                          workers, allow_other_workers, detached, recompute, retry_oom,
                          placement)
@@ -205,10 +208,11 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         fn_deps: list[Any] = []
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
+        what = getattr(fn, "__name__", repr(fn))
         futures = []
         for args in zip(*iterables):
             deps, index = list(fn_deps), dict(fn_index)
-            frames = self._pickler.call(fn_frame, args, kwargs, deps, index)
+            frames = self._pickler.call(fn_frame, args, kwargs, deps, index, what)
             futures.append(self._make_future(fn, key, frames, deps, opts))
             if len(futures) % 256 == 0:
                 self._io.wake()  # the first tasks start while the rest are pickled
@@ -386,6 +390,13 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
             return html.cluster("zres.Client", self.address, self.status(timeout=2.0))
         except ZresError as exc:
             return html.cluster("zres.Client", self.address, None, str(exc))
+
+
+def _check_callable(fn: Any, call: str) -> None:
+    """Refuse at once what no agent could call (as Dask's submit does), not on an agent."""
+    if not callable(fn):
+        raise TypeError(f"{call}() takes the function to run first, not {type(fn).__name__} "
+                        f"{fn!r:.60}")
 
 
 def _check_infeasible(mode: str) -> None:

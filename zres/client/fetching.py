@@ -57,6 +57,10 @@ class Fetcher:
         once, one pass for all; looked up again where a holder is gone."""
         deadline = None if timeout is None else time.monotonic() + timeout
         todo = [f for f in futures if type(f._result) is Remote]
+        if todo and self._client._closed:
+            # (its broker let go of it when the client went: nobody holds it any more)
+            raise ZresError(f"the result of {todo[0].label} was kept on an agent, and was "
+                            "let go of when its client closed: read results before closing")
         while todo:
             transfers = self._transfers_()
             try:

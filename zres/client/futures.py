@@ -29,7 +29,7 @@ class Owner(Protocol):
 
     _closed: bool
     _futures_lock: threading.RLock  # the lock its futures share
-
+    _io: Any  # its I/O thread (``io.IOThread``), which runs the done-callbacks
 
     def _release(self, task_id: int) -> None: ...
 
@@ -224,14 +224,29 @@ class Future(cf.Future[T], Generic[T]):
         if self._on_running is not None:
             self._on_running(self)
 
+    def _check_waitable(self) -> None:
+        """Refuse to wait on the client's I/O thread (in a done-callback): the future
+        could only end by that thread, which would wait for ever (or for its timeout)."""
+        if self._state in (_base.PENDING, _base.RUNNING) and self.client._io.on_thread():
+            raise RuntimeError(
+                f"{self!r} has not ended and cannot be waited for in a done-callback: "
+                "callbacks run on the client's I/O thread, which ends futures; wait in "
+                "another thread, or add a callback to it instead")
+
     def result(self, timeout: float | None = None) -> T:
         """The task's result, as concurrent.futures gives it; one kept on an agent is
         fetched from there now (see ``fetching``)."""
+        self._check_waitable()
         value = super().result(timeout)
         if type(value) is Remote:
             self.client._fetch([self], timeout)
             value = super().result(timeout)
         return value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The task's exception, as concurrent.futures gives it (None if it succeeded)."""
+        self._check_waitable()
+        return super().exception(timeout)
 
     def why(self, timeout: float = 10.0) -> str:
         """Say why this task is not running yet (or where it runs)."""

@@ -123,6 +123,11 @@ class IOThread(OutboxSender):
     def ask(self, kind: str, body: dict[str, Any]) -> cf.Future:  # type: ignore[type-arg]
         """Send a request (after everything queued before it); its reply comes later."""
         reply: cf.Future = cf.Future()  # type: ignore[type-arg]
+        if self._stop or self.dead:  # (nothing would send it: its caller waited it out)
+            reply.set_exception(ZresError(
+                "this client is closed" if self.refused is None else
+                f"the broker at {self.address} refused this client: {self.refused}"))
+            return reply
         self.outbox.append((kind, (body, reply), ()))
         self.wake()
         return reply
@@ -141,7 +146,8 @@ class IOThread(OutboxSender):
     def stop(self) -> None:
         self._stop = True
         self.wake()
-        self._thread.join(5)
+        if not self.on_thread():  # (a done-callback closing its client: it ends after)
+            self._thread.join(5)
 
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:

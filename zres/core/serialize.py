@@ -142,7 +142,12 @@ class CallPickler:
                     return cached
         buf = io.BytesIO()
         found = len(deps)
-        _TaskPickler(buf, self.dep_type, None, deps, index).dump(fn)
+        try:
+            _TaskPickler(buf, self.dep_type, None, deps, index).dump(fn)
+        except Exception as exc:
+            kind = "class" if isinstance(fn, type) else "function"
+            raise _unpicklable(exc, f"the {kind} {_name_of(fn)} cannot be pickled to be "
+                                    "sent") from exc
         data = buf.getvalue()
         # (a function closing over futures is its tasks' own: never shared)
         if plain and len(deps) == found and len(data) < 100_000:
@@ -153,13 +158,18 @@ class CallPickler:
         return data
 
     def call(self, fn_frame: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
-             deps: list[Any], index: dict[int, int]) -> list[Frame]:
+             deps: list[Any], index: dict[int, int], what: str = "a call") -> list[Frame]:
+        """ARGS and KWARGS pickled after FN_FRAME; WHAT (the function) names them in errors."""
         if _plain(args) and _plain(kwargs.values()):
             return [fn_frame, pickle.dumps((args, kwargs), protocol=5)]
         buf = io.BytesIO()
         frames: list[Any] = []
         pickler = _TaskPickler(buf, self.dep_type, frames, deps, index)
-        pickler.dump((args, kwargs))
+        try:
+            pickler.dump((args, kwargs))
+        except Exception as exc:
+            raise _unpicklable(exc, f"the arguments of {what} cannot be pickled to be "
+                                    "sent") from exc
         assert pickler.values is not None
         return [fn_frame, buf.getvalue(), *frames, *reversed(pickler.values)]
 
@@ -274,14 +284,21 @@ def dumps_result(value: Any, fn: Any, task_id: int, agent: str) -> list[Frame]:
     try:
         return dumps(value)
     except Exception as exc:
-        what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
-        why = (f"the result of task {task_id} ({what}) on agent {agent} cannot be "
-               f"pickled to be sent back: {type(exc).__name__}: {exc}")
-        try:
-            error = type(exc)(why)
-        except Exception:  # an error class that takes other arguments
-            error = RuntimeError(why)
-        raise error from exc
+        raise _unpicklable(exc, f"the result of task {task_id} ({_name_of(fn)}) on agent "
+                                f"{agent} cannot be pickled to be sent back") from exc
+
+
+def _name_of(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
+
+
+def _unpicklable(exc: Exception, what: str) -> Exception:
+    """The pickler's error EXC, of its own type (what users catch), saying WHAT failed."""
+    why = f"{what}: {type(exc).__name__}: {exc}"
+    try:
+        return type(exc)(why)
+    except Exception:  # an error class that takes other arguments
+        return RuntimeError(why)
 
 
 def missing_module_note(name: str, agent: str) -> str:
@@ -303,21 +320,35 @@ def loads(frames: Sequence[Frame]) -> Any:
 
 
 def dumps_exception(exc: BaseException) -> list[Frame]:
-    """Pickle an exception with its traceback text; fall back to a RemoteError."""
+    """Pickle an exception with its traceback text; fall back to a RemoteError.
+
+    The exception is pickled on its own, inside: one that pickles but cannot be rebuilt
+    where it is read (an ``__init__`` taking other arguments than ``args``, a class whose
+    module is not there) still gives its type, words and traceback."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    words = "".join(traceback.format_exception_only(type(exc), exc)).strip()  # (a bad str())
     try:
-        return [cloudpickle.dumps((exc, tb), protocol=5)]
+        inner = cloudpickle.dumps(exc, protocol=5)
     except Exception:
-        fallback = RemoteError(f"{type(exc).__name__}: {exc} (the exception could not be "
-                               "pickled)")
-        return [cloudpickle.dumps((fallback, tb), protocol=5)]
+        inner = cloudpickle.dumps(RemoteError(f"{words} (the exception could not be pickled)"),
+                                  protocol=5)
+    return [pickle.dumps((inner, tb, words), protocol=5)]
 
 
 def loads_exception(frames: Sequence[Frame]) -> BaseException:
     """Rebuild an exception, chaining the remote traceback as its cause."""
     try:
-        exc, tb = pickle.loads(buffer(frames[0]))
+        outer = pickle.loads(buffer(frames[0]))
     except Exception as err:
         return RemoteError(f"a task raised an exception that cannot be unpickled here: {err!r}")
+    if len(outer) == 2:  # (kept by a broker of an earlier version: the exception itself)
+        exc, tb = outer
+    else:
+        inner, tb, words = outer
+        try:
+            exc = pickle.loads(inner)
+        except Exception as err:
+            exc = RemoteError(f"the task raised {words}, an exception that cannot be "
+                              f"unpickled here: {err!r}")
     exc.__cause__ = RemoteTraceback(tb)
     return exc
