@@ -40,7 +40,6 @@ class InfeasibleWarning(UserWarning):
     """A task asks for resources that no connected agent could ever provide."""
 
 
-
 class RequestLost(BrokerLostError):
     """A request the broker restarted before answering (it is back): the asker may ask
     again (a put does: ``putting``)."""
@@ -105,13 +104,11 @@ class IOThread(OutboxSender):
         # wake() as the I/O thread ends, and a closed descriptor's number can be reused.
         # Not at exit: the thread may still be running then (a client never closed).
         weakref.finalize(self, _close_fds, self._wake_r, self._wake_w).atexit = False
-        self._awake = False
-        self._stop = False
+        self._awake = self._stop = False
         self.dead = False  # the thread has ended: nothing more is sent or received
         self.lock = threading.Lock()  # guards swapping `pending` against inserts
         self._last_heard = time.monotonic()
-        self._welcomed = False
-        self._hello_at = 0.0
+        self._welcomed, self._hello_at = False, 0.0
         self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
         self._thread.start()
 
@@ -124,9 +121,8 @@ class IOThread(OutboxSender):
         """Send a request (after everything queued before it); its reply comes later."""
         reply: cf.Future = cf.Future()  # type: ignore[type-arg]
         if self._stop or self.dead:  # (nothing would send it: its caller waited it out)
-            reply.set_exception(ZresError(
-                "this client is closed" if self.refused is None else
-                f"the broker at {self.address} refused this client: {self.refused}"))
+            reply.set_exception(ZresError("this client is closed" if self.refused is None else
+                                          f"the broker refused this client: {self.refused}"))
             return reply
         self.outbox.append((kind, (body, reply), ()))
         self.wake()
