@@ -291,3 +291,33 @@ def test_a_queued_grant_that_fits_is_not_held_back_by_one_that_does_not(
     assert wait_until(lambda: os.path.exists(path["Y"]), message="Y to start")
     Path(path["rY"]).touch()
     assert [f.result(30) for f in (p, q, y, b)] == ["released"] * 4
+
+
+class Pid:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.mark.timeout(90)
+def test_no_task_queues_behind_a_restarted_actor_and_a_newcomer_takes_it(
+        make_cluster, make_client, tmp_path):
+    # Chaos round 49: an actor restarted (its new placement has no kind, once counted as
+    # short work) held its agent's only slot for good; a task of a short kind, blocked,
+    # was queued there behind it and never started, while another agent sat idle. It now
+    # waits at the broker, so an agent that has room takes it.
+    cluster = make_cluster(agents=[{"slot": 1}], nthreads=2, names=["cpu-a"], env=PIPELINED)
+    client = make_client(cluster.address)
+    make_short(client, tmp_path)
+    actor = client.actor(Pid, resources={"slot": 1}, restarts=-1)
+    pid = actor.pid().result(30)
+    os.kill(pid, signal.SIGKILL)
+    assert actor.pid().result(30) != pid, "restarted on cpu-a"
+    release, marker = tmp_path / "release", tmp_path / "task"
+    release.touch()
+    task = client.submit(hold, str(release), str(marker), resources={"slot": 1})
+    assert wait_until(lambda: "cpu-a has slot=0 free" in client.why(task),
+                      message="the task to be blocked")
+    cluster.add_agent({"slot": 1}, name="cpu-b")
+    assert task.result(20) == "released" and task.agent == "cpu-b"
+    assert marker.exists()
+    assert actor.pid().result(30) != pid, "the actor still holds cpu-a"

@@ -276,3 +276,39 @@ def test_room_freed_with_nothing_waiting_calls_for_no_pass_until_a_task_waits():
     assert [(g.task, g.started) for g in sched.schedule()] == [(3, True), (4, False)]
     check_started_fit(sched)
     assert not sched.needs_pass()
+
+
+def test_no_queue_forms_behind_actors_that_hold_a_slot_for_good():
+    """Chaos round 49: two actors, restarted (a restart's placement has no kind: counted
+    short), held all of a's slot resource while b was away; blocked tasks of a short kind
+    were queued on a as if behind short work, and waited there for ever after b came back
+    with room. An actor's hold never ends, so it is never short work: they wait, and b
+    takes them."""
+    sched = Scheduler(prefetch=4)
+    sched.finished("recompute", 0.001)
+    sched.add_slot(1, "cpu-a", cap(CPU=4, slot=2))
+    sched.add_slot(2, "cpu-b", cap(CPU=4, slot=2))
+    sched.set_open(2, False)                       # draining, or not heard from
+    sched.enqueue(1, req(slot=1), queueable=False)  # restarted actors: no kind
+    sched.enqueue(2, req(slot=1), queueable=False)
+    assert placed(sched.schedule()) == {1: 1, 2: 1}
+    for task in (3, 4, 5):
+        sched.enqueue(task, req(CPU=1, slot=1), kind="recompute")
+    assert sched.schedule() == [], "queued behind the actors, they would never start"
+    assert sched.queued(1) == []
+    sched.set_open(2, True)
+    grants = sched.schedule()
+    assert placed(grants) == {3: 2, 4: 2, 5: 2}
+    assert [g.started for g in grants] == [True, True, False], "5 queues behind 3 and 4"
+    check_started_fit(sched)
+
+
+def test_no_queue_forms_behind_a_command_job_or_an_actor_whose_kind_ran_short():
+    """What holds its room for good is never short work, even of a kind that ran short."""
+    sched = Scheduler(prefetch=4)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.finished("quick", 0.001)
+    sched.enqueue(1, req(CPU=1), queueable=False, kind="quick")
+    assert placed(sched.schedule()) == {1: 1}
+    sched.enqueue(2, req(CPU=1), kind="quick")
+    assert sched.schedule() == [] and 2 in sched.waiting

@@ -66,7 +66,8 @@ Rules
   as at 100 (``bench/simulate.py``).
 - Pipelining (``prefetch`` > 0): a *short* task that fits nowhere now may be granted to a
   slot whose capacity could run it, into that slot's queue of at most ``prefetch`` grants,
-  if what it needs there is free or held by short tasks (never behind long work). The
+  if what it needs there is free or held by short tasks (never behind long work, nor
+  behind an actor or a job, whose hold may never end: it is never short work). The
   agent starts queued grants itself as room frees (priority first, backfilling, see
   ``zres.agent.running``) and reports each start; ``started(task)`` takes its resources
   then: the scheduler never predicts a start. A task that fits a slot with a queue is

@@ -26,7 +26,8 @@ class Durations:
             average + _WEIGHT * (seconds - average))
 
     def short(self, kind: Hashable | None) -> bool:
-        """Whether tasks of KIND are expected to be short (no kind, or not seen: yes)."""
+        """Whether tasks of KIND are expected to be short (no kind: yes; a kind not seen
+        lately: no, until its runs say so)."""
         return kind is None or self._average.get(kind, SHORT_TASK) < SHORT_TASK
 
     def expected(self, kind: Hashable | None) -> float | None:

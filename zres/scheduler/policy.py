@@ -135,7 +135,9 @@ class Scheduler(Asking, Reserving, Ganging):
                 where: Workers | None = None, owner: str = "",
                 near: tuple[str, ...] = ()) -> None:
         """Queue a ready task of OWNER (the key that submitted it: fair share and quotas);
-        QUEUEABLE=False keeps it out of slot queues (an actor).
+        QUEUEABLE=False keeps it out of slot queues and says it may hold its room for good
+        (an actor, a command job): its hold never counts as short work, so no grant queues
+        behind it (it could wait there for ever while another slot has room).
 
         KIND groups tasks expected to take alike (see ``finished``). WHERE: the agents it
         may run on, or prefers (None: any; see ``records.workers``). NOW, when it was
@@ -145,7 +147,7 @@ class Scheduler(Asking, Reserving, Ganging):
         self._changed = True
         self.queue.add(task_id, units, priority,
                        queueable and GPU not in units and GPU_MEMORY not in units, kind, where,
-                       owner, near)
+                       owner, near, lasting=not queueable)
 
     @property
     def waiting(self) -> dict[int, Waiting]:
@@ -377,8 +379,8 @@ class Scheduler(Asking, Reserving, Ganging):
         slot, (gpus, shares, memory) = found
         grant = Grant(task.id, slot.id, task.units, gpus, taken_by(task.units, shares, memory),
                       shares, memory, priority=task.priority, seq=task.seq,
-                      short=self.durations.short(task.kind), kind=task.kind, since=self._now,
-                      owner=owner)
+                      short=not task.lasting and self.durations.short(task.kind),
+                      kind=task.kind, since=self._now, owner=owner)
         self._start(slot, grant)
         self._charge(grant)
         return grant, fenced

@@ -41,7 +41,7 @@ class WaitingQueue:
 
     def add(self, task_id: int, units: Units, priority: int, queueable: bool,
             kind: Hashable | None, where: Hashable | None = None, owner: str = "",
-            near: tuple[str, ...] = ()) -> Waiting:
+            near: tuple[str, ...] = (), lasting: bool = False) -> Waiting:
         """Queue a task behind every task of OWNER of higher or equal priority; WHERE: the
         agents it may run on (Workers; None: any), the bundle it is placed in (Inside), or
         the gang it is (see ``gangs``)."""
@@ -51,7 +51,8 @@ class WaitingQueue:
         lane = (owner, shape)
         lane = self._lane_keys.setdefault(lane, lane)
         task = Waiting(task_id, units, priority, self._seq, shape,
-                       queueable=queueable, kind=kind, owner=owner, lane=lane, near=near)
+                       queueable=queueable, kind=kind, owner=owner, lane=lane, near=near,
+                       lasting=lasting)
         self.tasks[task_id] = task
         heap = self.by_lane.get(lane)
         if heap is None:

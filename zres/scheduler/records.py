@@ -75,6 +75,9 @@ class Waiting:
     reserved_slot: int | None = None
     reserve_failed: int = -1     # the reservation epoch in which no slot was free to reserve
     queueable: bool = True       # may be granted into a slot's queue (pipelining)
+    # It may hold its room for good (an actor, a command job): never short work, whatever
+    # its kind's record says (a queue behind it would never start).
+    lasting: bool = False
     kind: Hashable | None = None  # what it runs, for its expected duration (None: short)
     owner: str = ""              # the key that submitted it ("": none), for fair share
     lane: Lane = ("", ())        # (owner, shape): one tuple shared by the lane's tasks
