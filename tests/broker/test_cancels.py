@@ -72,3 +72,27 @@ def test_a_direct_grant_is_cancelled_only_on_its_agents_word(broker: Broker,  # 
     finally:
         agent.close()
         client.close()
+
+
+def test_a_grant_dropped_on_an_earlier_brokers_cancel_runs_as_its_cancel_said(
+        broker: Broker):  # noqa: F811
+    """A client asked a cancel; the broker asked the agent, then was killed before it
+    answered: the client's cancel() said False (nothing known cancelled). The agent dropped
+    the grant, unstarted, on the old broker's word and tells the new one. That broker never
+    asked: the task never began, so it runs, as cancel() said, rather than ending
+    cancelled (bench/chaos.py, seed 53, round 6)."""
+    agent, client = connected(broker)
+    try:
+        register(agent, session=5, cpus=1)
+        submit(client, 1)
+        (task,) = [t[0] for t in agent.take(P.ASSIGN).body["tasks"]]
+        report(agent, 1, 5, held=[task],
+               results=[[task, P.FAILED, 0, {"type": "CancelledError", "message": "cancelled"}]])
+        (again,) = agent.take(P.ASSIGN).body["tasks"]
+        assert again[0] == task, "the grant dropped unstarted was not granted again"
+        assert [m for m in client.sync() if m.kind == P.RESULTS] == [], \
+            "the task ended cancelled though its client's cancel() was told nothing"
+    finally:
+        agent.close()
+        client.close()
+

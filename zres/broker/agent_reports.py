@@ -172,6 +172,12 @@ class AgentReports:
                 self._retry(task, info.get("message", "worker lost"))
             elif outcome == P.FAILED and info.get("type") == "InputLostError":
                 self.lineage.input_lost(task, info, self._requeue)  # (it ran nothing)
+            elif outcome == P.FAILED and info.get("type") == "CancelledError" \
+                    and not task.cancelling and task.id not in self._jobs.active:
+                # Dropped unstarted on a cancel this broker never asked: an earlier life's,
+                # killed before it answered (its asker's cancel() said False). It never
+                # began: it runs, as that answer said, uncharged.
+                self._requeue(task)
             else:
                 info["agent"] = agent.name
                 self._finish(task, agent, outcome, frames, info)
