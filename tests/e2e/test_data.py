@@ -276,9 +276,15 @@ def test_a_value_put_before_any_agent_has_joined_waits_for_one(make_cluster, mak
     cluster = make_cluster(agents=[])
     client = make_client(cluster.address)
     value = made(2 << 20)
+    def looks() -> int:  # (each ask of the broker takes a new local id)
+        return int(repr(client._ids)[len("count("):-1])
+
+    first = looks()
     with ThreadPoolExecutor(1) as pool:
         put = pool.submit(client.scatter, value)
-        wait_until(lambda: client._io.requests or put.done(), message="the put to be asked")
+        wait_until(lambda: looks() >= first + 2 or put.done(),
+                   message="the put to be refused once (no agent), and asked again")
+        assert not put.done(), put.exception()
         cluster.add_agent({"a": 1}, name="late")
         assert client.submit(size, put.result(60), resources={"a": 1}).result(60) == len(value)
     alone = make_client(make_cluster(agents=[]).address, broker_timeout=1.5)
