@@ -55,6 +55,7 @@ class AgentLink:
         # and the IP address its connection comes from: PEER()).
         self._relay, self._peer = relay, peer
         self.to_ack: set[bytes] = set()    # agents whose big reports need an ack now
+        self._life: tuple[int, float] | None = None  # this broker's epoch, heartbeat
 
     def flush_acks(self) -> None:
         """Acknowledge the reports that need it now (unless an assign carried it), those
@@ -245,11 +246,14 @@ class AgentLink:
         dropped (the agent's copy says what became of them, as before)."""
         agent = self._agents.by_session.get(msg.body.get("session"))  # type: ignore[arg-type]
         role, name, _ = self._key()
-        welcome = self._welcome()
+        if self._life is None:  # (fixed for the broker's life: not a welcome made a task)
+            welcome = self._welcome()
+            self._life = (welcome["epoch"], welcome["heartbeat"])
+        epoch, heartbeat = self._life
         if agent is None or agent.key != (f"{role}:{name}" if role else "") \
-                or msg.body.get("epoch") != welcome["epoch"]:
+                or msg.body.get("epoch") != epoch:
             return
-        if now - agent.last_seen > 2 * welcome["heartbeat"]:
+        if now - agent.last_seen > 2 * heartbeat:
             # Its agent has not been heard for two heartbeats (stopped, hung?): taken, the
             # result would free a slot there, and grants the agent may never start would
             # follow; its agent's copy says the same, once it is heard again.
