@@ -50,6 +50,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # Seconds a client whose connection closed has to come back before its
                # (undetached) work is stopped.
                "client_grace": 5.0,
+               # Seconds the loop polls for messages after a turn before it sleeps, while
+               # that catches them (zres.broker.spinning); 0: off. None: the default there.
+               "spin": None,
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
@@ -84,7 +87,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "client_grace": float, "starvation_after": float,
           "job_grace": float, "fairshare_half_life": float,
-          "drain_grace": float,
+          "drain_grace": float, "spin": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           "bind_cpus": bool, "insecure": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
@@ -93,8 +96,9 @@ _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeo
 # Settings that are a name, a path or an address: a string with something in it.
 _STRINGS = {"name", "state", "job_logs", "keys", "data_listen", "data_advertise",
             "relay_listen", "memory_limits"}
-_ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
-_FINITE = {"fairshare_half_life"}  # (use that never decays would never forgive)
+# prefetch=0: no pipelining; drain_grace=0: stop now; spin=0: sleep at once
+_ZERO_OK = {"prefetch", "drain_grace", "spin"}
+_FINITE = {"fairshare_half_life", "spin"}  # (use that never decays would never forgive)
 
 
 class _Parsed(dict[str, int]):

@@ -1,0 +1,86 @@
+"""The broker's loop polls for a moment before it sleeps, while that catches messages
+(zres.broker.spinning): it spins while messages come close together, stops once its spins
+catch nothing (an idle broker sleeps), and its turns' CPU leaves the spinning out."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from tests.broker.test_agent_link import Peer
+from zres.broker.metrics import Traffic
+from zres.broker.server import Broker
+from zres.broker.spinning import _CREDIT, SpinningPoller
+from zres.broker.store import Store
+from zres.core import protocol as P
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pair():
+    """Two connected inproc sockets: the one polled, and the one that sends to it."""
+    ctx = zmq.Context.instance()
+    polled, sender = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    polled.bind("inproc://spinning-test")
+    sender.connect("inproc://spinning-test")
+    poller = zmq.Poller()
+    poller.register(polled, zmq.POLLIN)
+    yield poller, polled, sender
+    for sock in (polled, sender):
+        sock.close(0)
+
+
+def test_spins_after_a_wait_that_ended_in_the_window_and_stops_once_spins_catch_nothing(pair):
+    poller, polled, sender = pair
+    traffic = Traffic()
+    waiting = SpinningPoller(poller, 0.02, traffic)
+    assert waiting.poll(30) == [] and traffic.spun == 0, "spun before anything came"
+    sender.send(b"soon")  # (there at once: a wait that a spin would have caught)
+    assert waiting.poll(1000) and polled.recv() == b"soon"
+    assert traffic.spun == 0, "a sleeping wait is no spin"
+    sender.send(b"caught")
+    assert waiting.poll(1000) and polled.recv() == b"caught"
+    assert traffic.spun > 0, "caught while spinning, yet no spin counted"
+    spun = []
+    for _ in range(_CREDIT + 3):  # (nothing comes: each spin a miss)
+        assert waiting.poll(30) == []
+        spun.append(traffic.spun)
+    grew = [after > before for before, after in zip(spun, spun[1:])]
+    assert grew[:_CREDIT - 1] == [True] * (_CREDIT - 1) and not any(grew[_CREDIT - 1:]), \
+        f"did not stop spinning after {_CREDIT} misses: spun {spun}"
+    assert spun[_CREDIT - 1] >= _CREDIT * 0.02, "a spin gave up before its window"
+
+
+def test_never_spins_when_told_zero_or_when_the_loop_must_not_wait(pair):
+    poller, polled, sender = pair
+    for spin, timeout in ((0.0, 50), (0.02, 0)):
+        traffic = Traffic()
+        waiting = SpinningPoller(poller, spin, traffic)
+        for _ in range(3):
+            sender.send(b"x")
+            while not waiting.poll(timeout):
+                pass
+            polled.recv()
+            waiting.poll(timeout)  # (nothing: with a spin, a miss)
+        assert traffic.spun == 0, f"spin={spin}, timeout={timeout}: spun {traffic.spun}"
+
+
+def test_a_broker_reports_its_spinning_apart_from_its_turns_cpu(tmp_path):
+    """status()["loop"]: the seconds spun, and a longest turn's CPU without them (the
+    spinning is waiting, not a turn's work: bench/scale.py reads the longest turn)."""
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)), spin=0.3)
+    peer = Peer(broker)
+    try:
+        peer.send(P.STATUS, {"req": 1})
+        while not peer.sock.poll(0):  # (the wait that took it ended within the window)
+            broker.poll_once(time.monotonic(), timeout=1.0)
+        broker.poll_once(time.monotonic(), timeout=0.5)  # (nothing comes: it spins 0.3 s)
+        loop = broker.status()["loop"]
+        assert loop["spun"] >= 0.3
+        assert loop["longest_turn_cpu"] < 0.2, f"the spin counted as a turn's work: {loop}"
+    finally:
+        peer.sock.close(0)
+        broker.close()

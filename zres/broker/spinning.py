@@ -1,0 +1,62 @@
+"""How the broker's loop waits for its next message: it polls for a moment (``spin``
+seconds) before it sleeps, while such moments keep catching messages.
+
+A process asleep in a poll is woken by the kernel, and on a virtual machine whose idle
+CPUs halt (most clouds', where the guest does not poll before halting) each wake-up is an
+exit to the host: 100 to 200 us, against a few on bare metal. A short task's round trip
+wakes the broker twice (its submit, its result), and the broker is the hub every other
+hop goes through. Polling for up to a millisecond after a turn takes those wake-ups off the
+path (measured in bench/history: 0.82 of the median latency on the two-core VM).
+
+It costs CPU while messages come, none while idle: the loop spins only while one of its
+last ``_CREDIT`` waits ended within the window (a wait asleep counts as well: would a spin
+have caught it?). A broker whose messages come further apart, as long tasks' do, stops
+spinning after a few misses and sleeps as before; at most it spends a core while messages
+come at least every ``spin`` seconds. ``[broker] spin = 0`` turns it off (a broker sharing
+a small machine with work that needs every core).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .metrics import Traffic
+
+DEFAULT_SPIN = 0.001  # seconds
+_CREDIT = 4  # waits in a row that catch nothing before the loop stops spinning
+
+
+class SpinningPoller:
+    """POLLER's ``poll`` (a zmq poller), spinning for up to SPIN seconds first while
+    that pays (see above; None: ``DEFAULT_SPIN``); the seconds spun are added to
+    TRAFFIC's ``spun``."""
+
+    def __init__(self, poller: Any, spin: float | None, traffic: Traffic) -> None:
+        self._poller = poller
+        self.spin = DEFAULT_SPIN if spin is None else spin
+        self._traffic = traffic
+        self._credit = 0  # (spinning while positive)
+
+    def poll(self, timeout_ms: int) -> list[tuple[Any, int]]:
+        """Wait up to TIMEOUT_MS milliseconds for events; return them (poll's list)."""
+        if self.spin <= 0 or timeout_ms <= 0:
+            return self._poller.poll(timeout_ms)
+        start = time.monotonic()
+        window = min(self.spin, timeout_ms / 1000)
+        if self._credit > 0:
+            while True:
+                events = self._poller.poll(0)
+                now = time.monotonic()
+                if events or now - start >= window:
+                    break
+            self._traffic.spun += now - start
+            if events:
+                self._credit = _CREDIT
+                return events
+        events = self._poller.poll(timeout_ms)
+        if events and time.monotonic() - start < window:
+            self._credit = _CREDIT  # (a spin would have caught it: spin from now on)
+        else:
+            self._credit = max(self._credit - 1, 0)
+        return events
