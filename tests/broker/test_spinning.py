@@ -4,12 +4,15 @@ catch nothing (an idle broker sleeps), and its turns' CPU leaves the spinning ou
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 import zmq
 
 from tests.broker.test_agent_link import Peer
+from tests.conftest import wait_until
 from zres.broker.metrics import Traffic
 from zres.broker.server import Broker
 from zres.broker.spinning import _CREDIT, SpinningPoller
@@ -84,3 +87,18 @@ def test_a_broker_reports_its_spinning_apart_from_its_turns_cpu(tmp_path):
     finally:
         peer.sock.close(0)
         broker.close()
+
+
+def test_tells_when_other_threads_wait_for_a_cpu():
+    """What a spin yields to: more threads runnable than this process has CPUs."""
+    from zres.broker import spinning
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range((spinning._cpus or 1) + 1)]
+    try:
+        wait_until(spinning.others_wait_for_a_cpu, timeout=30,
+                   message=f"{len(busy)} busy processes seen as waiting for a CPU")
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()

@@ -6,14 +6,15 @@ CPUs halt (most clouds', where the guest does not poll before halting) each wake
 exit to the host: 100 to 200 us, against a few on bare metal. A short task's round trip
 wakes the broker twice (its submit, its result), and the broker is the hub every other
 hop goes through. Polling for up to a millisecond after a turn takes those wake-ups off the
-path (measured in bench/history: 0.82 of the median latency on the two-core VM).
+path (bench/history/latency-2026-11-27-session8.txt: 0.80 of the median on two cores).
 
 It costs CPU while messages come, none while idle: the loop spins only while one of its
 last ``_CREDIT`` waits ended within the window (a wait asleep counts as well: would a spin
 have caught it?). A broker whose messages come further apart, as long tasks' do, stops
-spinning after a few misses and sleeps as before; at most it spends a core while messages
-come at least every ``spin`` seconds. Past its first moments a spin yields its CPU between
-polls, to whatever its turn woke on the same machine. ``[broker] spin = 0`` turns it off.
+spinning after a few misses and sleeps as before. While other threads wait for a CPU (the
+agents and workers of a map, on the broker's machine) a spin yields its CPU between polls:
+spinning regardless cost a 1,000-task map 6% of its throughput on two cores, and 5 ms
+tasks 10% of their round trip. ``[broker] spin = 0`` turns it off.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ from .metrics import Traffic
 
 DEFAULT_SPIN = 0.001  # seconds
 _CREDIT = 4  # waits in a row that catch nothing before the loop stops spinning
-# Seconds after which a spin yields its CPU between polls: the processes its turn woke (an
-# agent and a worker given a task, on a machine of few cores) may need it more. Spinning
-# a whole millisecond without yielding made 5 ms tasks 10% slower on two cores.
-_YIELD_AFTER = 0.0002
 
 
 class SpinningPoller:
@@ -55,7 +52,7 @@ class SpinningPoller:
                 now = time.monotonic()
                 if events or now - start >= window:
                     break
-                if now - start >= _YIELD_AFTER:
+                if others_wait_for_a_cpu():
                     os.sched_yield()
             self._traffic.spun += now - start
             if events:
@@ -67,3 +64,21 @@ class SpinningPoller:
         else:
             self._credit = max(self._credit - 1, 0)
         return events
+
+
+_loadavg: int | None = None  # (/proc/loadavg, opened once per process; -1: none)
+_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def others_wait_for_a_cpu() -> bool:
+    """Whether more threads are runnable on this machine than this process has CPUs (the
+    kernel's count now, in /proc/loadavg: 2 us to read); True where it cannot be known."""
+    global _loadavg
+    try:
+        if _loadavg is None:
+            _loadavg = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        if _loadavg >= 0:
+            return int(os.pread(_loadavg, 128, 0).split()[3].split(b"/")[0]) > (_cpus or 1)
+    except (OSError, ValueError, IndexError):
+        _loadavg = -1  # (not Linux: not asked again)
+    return True  # (unknown: yield at every poll, as when the machine is busy)
