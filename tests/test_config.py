@@ -344,6 +344,11 @@ def test_the_brokers_spin_is_its_default_zero_or_finite_seconds():
     for bad in ("inf", "-0.001", "nan", "fast"):
         with pytest.raises(ConfigError, match="environment: spin must be a non-negative"):
             load("broker", environ={"ZRES_BROKER__SPIN": bad})
+    for huge in ("10", "0.5"):  # (seconds: it would spin on a core between heartbeats)
+        with pytest.raises(ConfigError, match=f"environment: spin must be at most 0.1, got "
+                                              f"'{huge}'"):
+            load("broker", environ={"ZRES_BROKER__SPIN": huge})
+    assert load("broker", environ={"ZRES_BROKER__SPIN": "0.1"})["spin"] == 0.1
 
 
 def test_quotas_come_from_the_file_and_the_environment_per_owner(tmp_path):

@@ -99,6 +99,9 @@ _STRINGS = {"name", "state", "job_logs", "keys", "data_listen", "data_advertise"
 # prefetch=0: no pipelining; drain_grace=0: stop now; spin=0: sleep at once
 _ZERO_OK = {"prefetch", "drain_grace", "spin"}
 _FINITE = {"fairshare_half_life", "spin"}  # (use that never decays would never forgive)
+# (a spin is meant to bridge a wake-up's 100-200 us: one of seconds would spin on a core
+# between heartbeats, and stretch the loop's waits)
+_AT_MOST = {"spin": 0.1}
 
 
 class _Parsed(dict[str, int]):
@@ -275,6 +278,8 @@ def _convert(key: str, value: Any, origin: str) -> Any:
     if not (converted > 0 or key in _ZERO_OK and converted == 0) or (
             key in _FINITE and converted == float("inf")):
         raise wrong  # refuses NaN too; inf is allowed (starvation_after=inf: never)
+    if converted > _AT_MOST.get(key, converted):
+        raise ConfigError(f"{origin}: {key} must be at most {_AT_MOST[key]}, got {value!r}")
     return converted
 
 

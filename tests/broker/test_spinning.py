@@ -44,9 +44,14 @@ def test_spins_after_a_wait_that_ended_in_the_window_and_stops_once_spins_catch_
     sender.send(b"soon")  # (there at once: a wait that a spin would have caught)
     assert waiting.poll(1000) and polled.recv() == b"soon"
     assert traffic.spun == 0, "a sleeping wait is no spin"
-    sender.send(b"caught")
-    assert waiting.poll(1000) and polled.recv() == b"caught"
-    assert traffic.spun > 0, "caught while spinning, yet no spin counted"
+
+
+    def caught() -> bool:  # (again if the wait above ended past the window: descheduled)
+        sender.send(b"caught")
+        assert waiting.poll(1000) and polled.recv() == b"caught"
+        return traffic.spun > 0
+
+    wait_until(caught, timeout=20, message="a spin counted, having caught a message")
     spun = []
     for _ in range(_CREDIT + 3):  # (nothing comes: each spin a miss)
         assert waiting.poll(30) == []
@@ -102,3 +107,58 @@ def test_tells_when_other_threads_wait_for_a_cpu():
         for process in busy:
             process.kill()
             process.wait()
+
+
+def test_waits_that_catch_only_what_may_wait_stop_the_spinning(pair):
+    """``unfruitful``: a wait that caught nothing worth catching early (heartbeats) is a
+    miss, however soon it came: heartbeats close together do not keep an idle loop spinning."""
+    poller, polled, sender = pair
+    traffic = Traffic()
+    waiting = SpinningPoller(poller, 0.02, traffic)
+    sender.send(b"work")
+    assert waiting.poll(1000) and polled.recv() == b"work"  # (came at once: it spins now)
+    for _ in range(_CREDIT):
+        sender.send(b"beat")  # (there at once: caught by the spin)
+        assert waiting.poll(1000) and polled.recv() == b"beat"
+        waiting.unfruitful()
+    spun = traffic.spun
+    assert waiting.poll(30) == [] and traffic.spun == spun, "spun on after heartbeats alone"
+
+
+def test_a_spin_that_caught_nothing_is_part_of_the_wait_not_added_to_it():
+    """The loop's timeout bounds the whole wait: after a spin of 5 ms, a wait of 10 ms
+    sleeps for at most the 5 left (its acknowledgements are due then)."""
+    class Poller:
+        def __init__(self):
+            self.asked, self.events = [], [("sock", 1)]
+
+        def poll(self, timeout_ms):
+            self.asked.append(timeout_ms)
+            events, self.events = self.events, []
+            return events
+
+    poller = Poller()
+    waiting = SpinningPoller(poller, 0.005, Traffic())
+    assert waiting.poll(10)  # (at once: it spins from now on)
+    poller.asked.clear()
+    assert waiting.poll(10) == []
+    spins, slept = poller.asked[:-1], poller.asked[-1]
+    assert spins and set(spins) == {0} and slept <= 5, poller.asked
+
+
+def test_a_broker_stops_spinning_while_only_heartbeats_come(tmp_path):
+    broker = Broker("tcp://127.0.0.1:0", prefetch=0, store=Store(str(tmp_path)), spin=0.3)
+    peer = Peer(broker)
+    try:
+        peer.send(P.STATUS, {"req": 1})
+        while not peer.sock.poll(0):  # (a wait that ended within the window: it spins)
+            broker.poll_once(time.monotonic(), timeout=1.0)
+        for _ in range(_CREDIT):
+            peer.send(P.HEARTBEAT, {})
+            broker.poll_once(time.monotonic(), timeout=1.0)  # (caught: a heartbeat)
+        spun = broker.status()["loop"]["spun"]
+        broker.poll_once(time.monotonic(), timeout=0.05)  # (nothing comes)
+        assert broker.status()["loop"]["spun"] == spun, "spun on for heartbeats alone"
+    finally:
+        peer.sock.close(0)
+        broker.close()

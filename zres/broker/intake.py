@@ -25,6 +25,7 @@ class Intake:
     """Mixed into the ``Broker``, whose parts it hands each message to."""
 
     _head: Any = None   # the first frame of the message being handled
+    heard_work = False  # whether a message other than a heartbeat came (see ``spinning``)
 
     if TYPE_CHECKING:  # (the broker's own, used here)
         limits: Any
@@ -52,6 +53,8 @@ class Intake:
                     f"a message's header of {len(frames[1])} bytes is larger than the "
                     f"broker's limit of {self.limits.header_bytes} (max_header_bytes)")
             msg = P.decode(frames[1:])
+            if msg.kind != P.HEARTBEAT:
+                self.heard_work = True
             handler = self._handlers.get(msg.kind)
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")

@@ -11,10 +11,13 @@ path (bench/history/latency-2026-11-27-session8.txt: 0.80 of the median on two c
 It costs CPU while messages come, none while idle: the loop spins only while one of its
 last ``_CREDIT`` waits ended within the window (a wait asleep counts as well: would a spin
 have caught it?). A broker whose messages come further apart, as long tasks' do, stops
-spinning after a few misses and sleeps as before. While other threads wait for a CPU (the
-agents and workers of a map, on the broker's machine) a spin yields its CPU between polls:
-spinning regardless cost a 1,000-task map 6% of its throughput on two cores, and 5 ms
-tasks 10% of their round trip. ``[broker] spin = 0`` turns it off.
+spinning after a few misses and sleeps as before. A wait that caught only heartbeats counts
+as a miss (``unfruitful``): a thousand agents beating every half second are a message every
+half millisecond, and would keep an idle broker spinning on most of a core for nothing.
+While other threads wait for a CPU (the agents and workers of a map, on the broker's
+machine) a spin yields its CPU between polls: spinning regardless cost a 1,000-task map 6%
+of its throughput on two cores, and 5 ms tasks 10% of their round trip. ``[broker] spin =
+0`` turns it off.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ class SpinningPoller:
         self.spin = DEFAULT_SPIN if spin is None else spin
         self._traffic = traffic
         self._credit = 0  # (spinning while positive)
+        self._was = 0  # (the credit before the last wait: see ``unfruitful``)
 
     def poll(self, timeout_ms: int) -> list[tuple[Any, int]]:
         """Wait up to TIMEOUT_MS milliseconds for events; return them (poll's list)."""
+        self._was = self._credit
         if self.spin <= 0 or timeout_ms <= 0:
             return self._poller.poll(timeout_ms)
         start = time.monotonic()
@@ -58,12 +63,19 @@ class SpinningPoller:
             if events:
                 self._credit = _CREDIT
                 return events
+            # (the spin is part of the wait: the loop's timeout is not put off by it)
+            timeout_ms = max(timeout_ms - int((now - start) * 1000), 0)
         events = self._poller.poll(timeout_ms)
         if events and time.monotonic() - start < window:
             self._credit = _CREDIT  # (a spin would have caught it: spin from now on)
         else:
             self._credit = max(self._credit - 1, 0)
         return events
+
+    def unfruitful(self) -> None:
+        """What the last wait caught was not worth catching early (heartbeats): it counts
+        as a miss."""
+        self._credit = max(self._was - 1, 0)
 
 
 _loadavg: int | None = None  # (/proc/loadavg, opened once per process; -1: none)
