@@ -43,12 +43,13 @@ def test_spins_after_a_wait_that_ended_in_the_window_and_stops_once_spins_catch_
     assert waiting.poll(30) == [] and traffic.spun == 0, "spun before anything came"
     sender.send(b"soon")  # (there at once: a wait that a spin would have caught)
     assert waiting.poll(1000) and polled.recv() == b"soon"
+    waiting.fruitful = True  # (as the loop says of what a wait caught, other than beats)
     assert traffic.spun == 0, "a sleeping wait is no spin"
-
 
     def caught() -> bool:  # (again if the wait above ended past the window: descheduled)
         sender.send(b"caught")
         assert waiting.poll(1000) and polled.recv() == b"caught"
+        waiting.fruitful = True
         return traffic.spun > 0
 
     wait_until(caught, timeout=20, message="a spin counted, having caught a message")
@@ -110,17 +111,17 @@ def test_tells_when_other_threads_wait_for_a_cpu():
 
 
 def test_waits_that_catch_only_what_may_wait_stop_the_spinning(pair):
-    """``unfruitful``: a wait that caught nothing worth catching early (heartbeats) is a
+    """``fruitful``: a wait that caught nothing worth catching early (heartbeats) is a
     miss, however soon it came: heartbeats close together do not keep an idle loop spinning."""
     poller, polled, sender = pair
     traffic = Traffic()
     waiting = SpinningPoller(poller, 0.02, traffic)
     sender.send(b"work")
     assert waiting.poll(1000) and polled.recv() == b"work"  # (came at once: it spins now)
+    waiting.fruitful = True
     for _ in range(_CREDIT):
         sender.send(b"beat")  # (there at once: caught by the spin)
-        assert waiting.poll(1000) and polled.recv() == b"beat"
-        waiting.unfruitful()
+        assert waiting.poll(1000) and polled.recv() == b"beat"  # (not fruitful)
     spun = traffic.spun
     assert waiting.poll(30) == [] and traffic.spun == spun, "spun on after heartbeats alone"
 
@@ -140,6 +141,7 @@ def test_a_spin_that_caught_nothing_is_part_of_the_wait_not_added_to_it():
     poller = Poller()
     waiting = SpinningPoller(poller, 0.005, Traffic())
     assert waiting.poll(10)  # (at once: it spins from now on)
+    waiting.fruitful = True
     poller.asked.clear()
     assert waiting.poll(10) == []
     spins, slept = poller.asked[:-1], poller.asked[-1]
@@ -162,3 +164,33 @@ def test_a_broker_stops_spinning_while_only_heartbeats_come(tmp_path):
     finally:
         peer.sock.close(0)
         broker.close()
+
+
+def test_a_cpu_quota_under_two_cpus_turns_the_default_spin_off(tmp_path):
+    """A container's CPU limit (cgroup v2 ``cpu.max`` or v1's CFS quota, on the process's
+    group or one above it): a spinning core would use it up and get the group throttled."""
+    from zres.broker.spinning import DEFAULT_SPIN, cpu_quota, default_spin
+
+    def tree(cgroup: str, files: dict[str, str]) -> tuple[str, str]:
+        (tmp_path / "proc").mkdir(exist_ok=True)
+        (tmp_path / "proc" / "cgroup").write_text(cgroup)
+        root = tmp_path / "sys"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+        return str(tmp_path / "proc" / "cgroup"), str(root)
+
+    v2 = tree("0::/kubepods/pod1/broker\n", {"cpu.max": "max 100000\n",
+                                              "kubepods/pod1/cpu.max": "150000 100000\n",
+                                              "kubepods/pod1/broker/cpu.max": "max 100000\n"})
+    assert cpu_quota(*v2) == 1.5 and default_spin(*v2) == 0
+    v2 = tree("0::/kubepods/pod1/broker\n", {"kubepods/pod1/cpu.max": "400000 100000\n"})
+    assert cpu_quota(*v2) == 4 and default_spin(*v2) == DEFAULT_SPIN
+    v1 = tree("4:memory:/x\n3:cpu,cpuacct:/docker/abc\n0::/\n",
+              {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "50000\n",
+               "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert cpu_quota(*v1) == 0.5 and default_spin(*v1) == 0
+    none = tree("1:cpu:/\n0::/\n", {"cpu/cpu.cfs_quota_us": "-1\n",
+                                     "cpu/cpu.cfs_period_us": "100000\n"})
+    assert cpu_quota(*none) is None and default_spin(*none) == DEFAULT_SPIN
+    assert cpu_quota(str(tmp_path / "missing"), str(tmp_path)) is None  # (not Linux)

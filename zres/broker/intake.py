@@ -25,7 +25,6 @@ class Intake:
     """Mixed into the ``Broker``, whose parts it hands each message to."""
 
     _head: Any = None   # the first frame of the message being handled
-    heard_work = False  # whether a message other than a heartbeat came (see ``spinning``)
 
     if TYPE_CHECKING:  # (the broker's own, used here)
         limits: Any
@@ -33,6 +32,7 @@ class Intake:
         ids: Any
         clients: Any
         backlog: Any
+        waiting: Any
         _fd: int
         _handlers: dict[str, Handler]
 
@@ -53,8 +53,8 @@ class Intake:
                     f"a message's header of {len(frames[1])} bytes is larger than the "
                     f"broker's limit of {self.limits.header_bytes} (max_header_bytes)")
             msg = P.decode(frames[1:])
-            if msg.kind != P.HEARTBEAT:
-                self.heard_work = True
+            if msg.kind != P.HEARTBEAT:  # (what was worth waking early for: ``spinning``)
+                self.waiting.fruitful = True
             handler = self._handlers.get(msg.kind)
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")

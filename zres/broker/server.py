@@ -277,7 +277,6 @@ class Broker(Intake):
             self._on_connection_events()
         if self.snapshots.wake in events:
             self.snapshots.drain()
-        self.heard_work = False
         if self.sock not in events:
             self.beats.drained_at = busy_from  # (nothing waited when the poll returned)
         else:
@@ -295,8 +294,6 @@ class Broker(Intake):
                     break
                 if now - busy_from > _TURN_BUDGET:
                     break  # the rest next turn, after heartbeats and scheduling
-        if not self.heard_work:  # (heartbeats alone, a snapshot asked: waits well)
-            self.waiting.unfruitful()
         if self.link.to_ack:  # (hand-offs wait for these: not behind large submits' work)
             self._keep()
         self.backlog.run(_BACKLOG_BUDGET)  # (what large submits left: see backlog)
