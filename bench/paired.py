@@ -9,12 +9,15 @@ every round), so both see the same moments; the figure to read is how many round
 second tree won and the ratio of the medians.
 
     python bench/paired.py OLD_TREE NEW_TREE [--rounds 20] [--batch 50] [--pre N] [--map N]
+                                             [--sleep MS]
 
 Each tree is a checkout of zres (``git worktree add /tmp/old REV``); its cluster and its
 client run that tree's code (it is put first on PYTHONPATH, and LocalCluster starts its
 processes from it). The cluster is the one ``compare.py`` times: a broker and two agents of
 ``slot=2``, two threads, keys on, a state directory. ``--pre N`` first runs a map of N
-no-op tasks on each (as compare.py's latency follows its throughput runs).
+no-op tasks on each (as compare.py's latency follows its throughput runs). ``--sleep MS``:
+each task sleeps MS milliseconds rather than returning at once (what a change costs work
+that is not a no-op).
 
 A tree given as ``ray`` is Ray instead, its cluster as compare.py starts it (run from the
 peers' environment, see compare.py): zres against Ray at the same moments, which
@@ -57,11 +60,13 @@ def timed():
 _CHILD = _TIMED + """
 import json, sys, time
 import zres
+pre, mapped, nap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 
 def noop(x):
+    if nap:
+        time.sleep(nap)
     return x
 
-pre, mapped = int(sys.argv[1]), int(sys.argv[2])
 with zres.LocalCluster(agents=[{"slot": 2}] * 2, nthreads=2) as cluster:
     with zres.Client(cluster.address) as client:
         def one(i):
@@ -81,11 +86,13 @@ _RAY_CHILD = _TIMED + """
 import json, sys, time
 import ray
 from ray.cluster_utils import Cluster
+pre, mapped, nap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 
 def noop(x):
+    if nap:
+        time.sleep(nap)
     return x
 
-pre, mapped = int(sys.argv[1]), int(sys.argv[2])
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
 for _ in range(2):
     cluster.add_node(num_cpus=2, resources={"slot": 2})
@@ -115,13 +122,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--pre", type=int, default=0)
     parser.add_argument("--map", type=int, default=0, help="time maps of N tasks instead")
+    parser.add_argument("--sleep", type=float, default=0.0, metavar="MS",
+                        help="each task sleeps MS milliseconds (not a no-op)")
     args = parser.parse_args()
     trees = [tree if tree == "ray" else os.path.abspath(tree) for tree in args.trees]
     children = {}
     for tree in trees:
         ray = tree == "ray"
         children[tree] = subprocess.Popen(
-            [sys.executable, "-c", _RAY_CHILD if ray else _CHILD, str(args.pre), str(args.map)],
+            [sys.executable, "-c", _RAY_CHILD if ray else _CHILD, str(args.pre), str(args.map),
+             str(args.sleep / 1000)],
             cwd=None if ray else tree, text=True,
             env=os.environ if ray else {**os.environ, "PYTHONPATH": tree},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=ray)

@@ -337,6 +337,20 @@ def test_the_fairshare_half_life_defaults_to_hours_and_must_be_finite():
             load("broker", environ={"ZRES_BROKER__FAIRSHARE_HALF_LIFE": bad})
 
 
+def test_the_brokers_spin_is_its_default_zero_or_finite_seconds():
+    assert load("broker", environ={})["spin"] is None  # (zres.broker.spinning's default)
+    assert load("broker", environ={"ZRES_BROKER__SPIN": "0"})["spin"] == 0.0
+    assert load("broker", environ={"ZRES_BROKER__SPIN": "0.0005"})["spin"] == 0.0005
+    for bad in ("inf", "-0.001", "nan", "fast"):
+        with pytest.raises(ConfigError, match="environment: spin must be a non-negative"):
+            load("broker", environ={"ZRES_BROKER__SPIN": bad})
+    for huge in ("10", "0.5"):  # (seconds: it would spin on a core between heartbeats)
+        with pytest.raises(ConfigError, match=f"environment: spin must be at most 0.1, got "
+                                              f"'{huge}'"):
+            load("broker", environ={"ZRES_BROKER__SPIN": huge})
+    assert load("broker", environ={"ZRES_BROKER__SPIN": "0.1"})["spin"] == 0.1
+
+
 def test_quotas_come_from_the_file_and_the_environment_per_owner(tmp_path):
     conf = write(tmp_path / "q.toml", '[quotas]\nAlice = "GPU=4"\nbob = "GPU=1 CPU=8"\n'
                  'default = { GPU = 2 }\n[quotas.queued]\nAlice = 100_000\ndefault = 5\n')

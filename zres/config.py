@@ -50,6 +50,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # Seconds a client whose connection closed has to come back before its
                # (undetached) work is stopped.
                "client_grace": 5.0,
+               # Seconds the loop polls for messages after a turn before it sleeps, while
+               # that catches them (zres.broker.spinning); 0: off. None: the default there.
+               "spin": None,
                # Limits (zres.core.limits); None: the default there.
                "max_header_bytes": None, "max_payload_bytes": None, "max_name_bytes": None,
                "max_resources": None, "max_slots": None, "max_tasks": None,
@@ -84,7 +87,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "client_grace": float, "starvation_after": float,
           "job_grace": float, "fairshare_half_life": float,
-          "drain_grace": float,
+          "drain_grace": float, "spin": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           "bind_cpus": bool, "insecure": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
@@ -93,8 +96,12 @@ _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeo
 # Settings that are a name, a path or an address: a string with something in it.
 _STRINGS = {"name", "state", "job_logs", "keys", "data_listen", "data_advertise",
             "relay_listen", "memory_limits"}
-_ZERO_OK = {"prefetch", "drain_grace"}  # prefetch=0: no pipelining; drain_grace=0: stop now
-_FINITE = {"fairshare_half_life"}  # (use that never decays would never forgive)
+# prefetch=0: no pipelining; drain_grace=0: stop now; spin=0: sleep at once
+_ZERO_OK = {"prefetch", "drain_grace", "spin"}
+_FINITE = {"fairshare_half_life", "spin"}  # (use that never decays would never forgive)
+# (a spin is meant to bridge a wake-up's 100-200 us: one of seconds would spin on a core
+# between heartbeats, and stretch the loop's waits)
+_AT_MOST = {"spin": 0.1}
 
 
 class _Parsed(dict[str, int]):
@@ -271,6 +278,8 @@ def _convert(key: str, value: Any, origin: str) -> Any:
     if not (converted > 0 or key in _ZERO_OK and converted == 0) or (
             key in _FINITE and converted == float("inf")):
         raise wrong  # refuses NaN too; inf is allowed (starvation_after=inf: never)
+    if converted > _AT_MOST.get(key, converted):
+        raise ConfigError(f"{origin}: {key} must be at most {_AT_MOST[key]}, got {value!r}")
     return converted
 
 

@@ -84,6 +84,19 @@ def test_metrics_say_what_the_cluster_did(make_cluster, make_client, tmp_path):
                message="the GPU back in /metrics")
 
 
+def test_the_broker_spins_while_work_streams_in_unless_told_not_to(make_cluster, make_client):
+    """[broker] spin: while messages come close together (a map's) the broker polls for a
+    moment before it sleeps, told in /metrics; spin = 0 never does."""
+    for env, spins in (({"ZRES_BROKER__SPIN": "0"}, False), ({}, True)):
+        cluster = make_cluster(agents=[{"slot": 2}], nthreads=2, env=env, http="127.0.0.1:0")
+        client = make_client(cluster.address)
+        assert client.gather(client.map(abs, range(-300, 0))) == list(range(300, 0, -1))
+        spun = scrape(cluster.dashboard)["zres_loop_spin_seconds_total", ()]
+        assert (spun > 0) is spins, f"{env or 'the default'}: spun {spun} s"
+        client.close()
+        cluster.close()
+
+
 def test_health_answers_and_nothing_changes_the_cluster(make_cluster):
     cluster = make_cluster(agents=[{"foo": 1}], http="127.0.0.1:0")
     assert get(cluster.dashboard + "health") == (200, "ok\n")

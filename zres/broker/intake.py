@@ -32,6 +32,7 @@ class Intake:
         ids: Any
         clients: Any
         backlog: Any
+        waiting: Any
         _fd: int
         _handlers: dict[str, Handler]
 
@@ -52,6 +53,8 @@ class Intake:
                     f"a message's header of {len(frames[1])} bytes is larger than the "
                     f"broker's limit of {self.limits.header_bytes} (max_header_bytes)")
             msg = P.decode(frames[1:])
+            if msg.kind != P.HEARTBEAT:  # (what was worth waking early for: ``spinning``)
+                self.waiting.fruitful = True
             handler = self._handlers.get(msg.kind)
             if handler is None:
                 raise ProtocolError(f"{msg.kind} is not a message for the broker")

@@ -33,7 +33,7 @@ class Traffic:
     by the loop."""
 
     __slots__ = ("messages_in", "bytes_in", "messages_out", "bytes_out", "turns",
-                 "longest_turn", "longest_cpu", "_cpu")
+                 "longest_turn", "longest_cpu", "_cpu", "spun")
 
     def __init__(self) -> None:
         self.messages_in = self.bytes_in = self.messages_out = self.bytes_out = 0
@@ -43,16 +43,25 @@ class Traffic:
         # for a CPU far longer than it works (both are what a message waits behind).
         self.longest_cpu = 0.0
         self._cpu = time.thread_time()
+        self.spun = 0.0  # seconds the loop polled for messages before it slept (spinning)
+
+    def awake(self) -> None:
+        """The loop's wait for messages (and its spinning: not a turn's work) is over."""
+        self._cpu = time.thread_time()  # (a system call each time: two a turn)
 
     def turned(self, seconds: float) -> None:
-        """Count one turn of the loop that took SECONDS."""
+        """Count one turn of the loop that took SECONDS (from ``awake``)."""
         self.turns += 1
         if seconds > self.longest_turn:
             self.longest_turn = seconds
-        now = time.thread_time()  # (a system call each time: one a turn)
-        cpu, self._cpu = now - self._cpu, now
+        cpu = time.thread_time() - self._cpu
         if cpu > self.longest_cpu:
             self.longest_cpu = cpu
+
+    def describe(self) -> dict[str, Any]:
+        """The loop's turns, its longest (seconds, and of CPU), and the seconds it spun."""
+        return {"turns": self.turns, "longest_turn": round(self.longest_turn, 4),
+                "longest_turn_cpu": round(self.longest_cpu, 4), "spun": round(self.spun, 3)}
 
 
 class Snapshots:
@@ -146,7 +155,9 @@ class _SnapshotCollector(Collector):
                 ("zres_received_bytes", "Bytes the broker received", t.bytes_in),
                 ("zres_messages_sent", "Messages the broker sent", t.messages_out),
                 ("zres_sent_bytes", "Bytes the broker sent", t.bytes_out),
-                ("zres_loop_turns", "Turns of the broker's loop", t.turns)):
+                ("zres_loop_turns", "Turns of the broker's loop", t.turns),
+                ("zres_loop_spin_seconds", "Seconds the broker's loop polled for messages "
+                 "before it would sleep ([broker] spin)", t.spun)):
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily("zres_loop_longest_turn_seconds", "The longest turn of the "
                                 "broker's loop since it started", value=t.longest_turn)

@@ -51,6 +51,7 @@ from .objects import ObjectDirectory, data_secret
 from .orphans import Orphans
 from .output import OutputRouter
 from .relay import Relay, listen_beside
+from .spinning import SpinningPoller
 from .status import Explainer
 from .store import Store
 
@@ -69,7 +70,8 @@ class Broker(Intake):
                  prefetch: int = 32, limits: Limits | None = None,
                  store: Store | None = None, keys: str | None = None,
                  half_life: float = DEFAULT_HALF_LIFE, quotas: Quotas | None = None,
-                 client_grace: float = 5.0, relay: str | None = None) -> None:
+                 client_grace: float = 5.0, relay: str | None = None,
+                 spin: float | None = None) -> None:
         self.ctx = context or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         # KEYS: the cluster's keys directory: only their holders get in (None: anyone).
@@ -211,6 +213,7 @@ class Broker(Intake):
         if self.gate.zap is not None:
             self.poller.register(self.gate.zap, zmq.POLLIN)
         self.poller.register(self.snapshots.wake, zmq.POLLIN)  # (seen below: ``wanted``)
+        self.waiting = SpinningPoller(self.poller, spin, self._traffic)  # (None: default)
         self._handlers: dict[str, Handler] = {
             P.HELLO: self.client_link.on_hello, P.SUBMIT: self.client_link.on_submit,
             P.RELEASE: self.client_link.on_release, P.CANCEL: self.client_link.on_cancel,
@@ -265,8 +268,9 @@ class Broker(Intake):
         start = time.monotonic()
         # (Not run for that long, stopped or stalled: peers were not silent, we were deaf.)
         self.beats.stalled(start - self._last_turn)
-        events = dict(self.poller.poll(int(min(timeout, self.client_link.acks.wait) * 1000)))
+        events = dict(self.waiting.poll(int(min(timeout, self.client_link.acks.wait) * 1000)))
         busy_from = time.monotonic()  # (a turn's length leaves out its wait for messages)
+        self._traffic.awake()
         if self.gate.zap is not None and self.gate.zap in events:
             self.gate.serve()
         if self._monitor in events:
@@ -383,14 +387,12 @@ class Broker(Intake):
         self.objects.dropped(task)
 
     def _client_gone(self, client: Any, event: str) -> None:
-        """A client left, or was dropped: what it had not handed over goes with it, and
-        what it left is stopped (``orphans``)."""
+        """A client left or was dropped: its backlog goes, what it left stops (``orphans``)."""
         self.backlog.drop(client.ident)
         self.orphans.client_gone(client, event)
 
     def acting(self) -> tuple[str, str]:
-        """The role and owner the message being handled acts as ("" and "" without keys):
-        see ``identity``."""
+        """The role and owner the message handled acts as ("" without keys): ``identity``."""
         return self.ids.acting
 
     def _send(self, ident: bytes, kind: str, body: dict[str, Any] | None = None,
@@ -433,9 +435,7 @@ class Broker(Intake):
         return {**self.explain.report(self.address, self.epoch, len(self.clients)),
                 "cluster": self.cluster_id, "dashboard": self.dashboard_url,
                 "placement_groups": self.groups.describe(), "job_waits": self.jobs.waits.held,
-                "loop": {"turns": self._traffic.turns,
-                         "longest_turn": round(self._traffic.longest_turn, 4),
-                         "longest_turn_cpu": round(self._traffic.longest_cpu, 4)},
+                "loop": self._traffic.describe(),
                 "state": self.store.describe() if self.store is not None else None,
                 "relay": self.relay.status() if self.relay is not None else None}
 

@@ -165,7 +165,7 @@ def broker(args: argparse.Namespace) -> int:
                             limits=Limits.from_settings(settings), store=store,
                             keys=keys_dir, half_life=settings["fairshare_half_life"],
                             quotas=quotas, client_grace=settings["client_grace"],
-                            relay=settings["relay_listen"])
+                            relay=settings["relay_listen"], spin=settings["spin"])
         except zmq.ZMQError as exc:  # its address: taken, not this host's, not a host
             raise ZresError(f"cannot listen on {settings['listen']}: {exc.strerror}" + (
                 " (bind to an address of this host, an interface's name or *)"
