@@ -91,11 +91,12 @@ def test_grants_queued_on_a_lost_agent_spend_a_retry_only_if_they_may_have_start
     client = make_client(cluster.address)
     make_short(client, tmp_path)
     release = str(tmp_path / "release")
+    # (queued at once: once the first has run long, nothing more is queued behind it)
     first = client.submit(hold, release, str(tmp_path / "first"), resources={"slot": 1})
-    assert wait_until(lambda: (tmp_path / "first").exists(), message="the first task")
     spare = client.submit(hold, release, str(tmp_path / "spare"), resources={"slot": 1},
                           retries=1)
     strict = client.submit(hold, release, str(tmp_path / "strict"), resources={"slot": 1})
+    assert wait_until(lambda: (tmp_path / "first").exists(), message="the first task")
     assert wait_until(lambda: all("queued on doomed" in client.why(f)
                                   for f in (spare, strict)), message="both queued")
     cluster.add_agent({"slot": 1}, name="survivor")

@@ -319,16 +319,18 @@ def test_no_queue_forms_behind_a_command_job_or_an_actor_whose_kind_ran_short():
 
 
 def test_a_short_task_that_runs_long_no_longer_has_grants_queued_behind_it():
-    # Slot 1 runs a short-kind task that turns out long: the grants queued behind it are
-    # named for recall (they stay queued until the agent gives them back), and from then
-    # on nothing new is queued behind it; a slot whose short tasks end takes them.
+    # Slot 1 runs a short-kind task that turns out long: the grants queued behind it, which
+    # slot 2 could run, are named for recall (they stay queued until the agent gives them
+    # back), and from then on nothing new is queued behind it; slot 2 takes them once free.
     sched = Scheduler(prefetch=4)
     sched.finished("f", 0.001)  # (a short kind)
     sched.add_slot(1, "a", cap(CPU=1))
+    sched.add_slot(2, "b", cap(CPU=1))
+    assert sched.adopt(100, 2, req(CPU=1), [])  # (long work, a job say: it queues nothing)
     for task in range(1, 4):
         sched.enqueue(task, req(CPU=1), kind="f")
     grants = sched.schedule(now=0.0)
-    assert placed(grants) == {1: 1, 2: 1, 3: 1} and started(sched) == {1}
+    assert placed(grants) == {1: 1, 2: 1, 3: 1} and started(sched) == {1, 100}
     assert sched.overdue(LONG_AFTER / 2) == {}, "not long yet"
     assert sched.overdue(LONG_AFTER) == {1: [2, 3]}
     assert sched.queued(1) == [2, 3], "recalled grants stay queued until given back"
@@ -339,7 +341,7 @@ def test_a_short_task_that_runs_long_no_longer_has_grants_queued_behind_it():
         sched.enqueue(task, req(CPU=1), kind="f")
     sched.enqueue(4, req(CPU=1), kind="f")
     assert sched.schedule(now=1.0) == [] and set(sched.waiting) == {2, 3, 4}
-    sched.add_slot(2, "b", cap(CPU=1))
+    sched.release(100)
     assert placed(sched.schedule(now=1.0)) == {2: 2, 3: 2, 4: 2}
     check_started_fit(sched)
     sched.release(1)  # (its end gives back what it held, once)
@@ -353,10 +355,12 @@ def test_only_queued_grants_no_longer_covered_by_short_work_are_recalled():
     sched = Scheduler(prefetch=4)
     sched.finished("f", 0.001)  # (a short kind)
     sched.add_slot(1, "a", cap(CPU=2))
+    sched.add_slot(2, "b", cap(CPU=1))
+    assert sched.adopt(100, 2, req(CPU=1), [])
     for task in range(1, 5):
         sched.enqueue(task, req(CPU=1), kind="f")
     sched.schedule(now=0.0)
-    assert started(sched) == {1, 2} and sched.queued(1) == [3, 4]
+    assert started(sched) == {1, 2, 100} and sched.queued(1) == [3, 4]
     sched.release(2)
     sched.started(3, now=LONG_AFTER / 2)
     assert sched.overdue(LONG_AFTER) == {}, "task 3 (started later) still frees room soon"
@@ -373,3 +377,15 @@ def test_a_task_that_ends_in_time_is_never_taken_to_be_long():
     sched.release(1)
     sched.started(2, now=0.05)
     assert sched.overdue(LONG_AFTER) == {} and sched.running[2].short
+
+
+def test_grants_queued_behind_a_task_turned_long_stay_where_no_other_slot_could_run_them():
+    sched = Scheduler(prefetch=4)
+    sched.finished("f", 0.001)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.add_slot(2, "b", cap(GPU=1))  # (it could never run them)
+    for task in range(1, 3):
+        sched.enqueue(task, req(CPU=1), kind="f")
+    sched.schedule(now=0.0)
+    assert sched.overdue(LONG_AFTER) == {} and sched.queued(1) == [2]
+    assert not sched.running[1].short, "taken to be long all the same"
