@@ -82,6 +82,7 @@ class Events:
         self.heard: list[int] = []
         self.waiting: list[Callable[[], None]] = []
         self.results: dict[int, tuple[str, dict[str, Any]]] = {}
+        self.returned: list[int] = []
 
     def held(self, task_id: int) -> None:
         self.heard.append(task_id)
@@ -111,7 +112,7 @@ class Events:
         self.results[task_id] = (outcome, info)
 
     def give_back(self, task_id: int) -> None:
-        pass
+        self.returned.append(task_id)
 
 
 def runner(**capacity: float) -> tuple[TaskRunner, FakePool, Events]:
@@ -357,3 +358,56 @@ def test_a_forced_cancel_of_a_grant_waiting_for_its_starting_worker_frees_it_uns
     assert events.results[2][1]["type"] == "CancelledError"
     assert not worker.backlog and 2 not in run.grants
     assert run.slots[0].used.get("CPU", 0) == 0
+
+
+# -- recalls: queued grants the broker asks back ------------------------------------------
+
+
+def test_a_recalled_grant_its_worker_had_not_begun_is_given_back_once_dropped():
+    run, pool, events = _one_running_and_one_delegated()
+    events.ack()  # (handed over: its worker holds it, to start when room frees)
+    assert ("run", 2) in pool.log
+    run.recall([2])
+    assert ("cancel", {"ids": [2]}) in pool.log and events.returned == []
+    assert run.settling(), "given back only once its worker says it dropped it"
+    run.recall([2])  # (asked again: asked of its worker once)
+    assert pool.log.count(("cancel", {"ids": [2]})) == 1
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"results": [], "dropped": [2]}, [])  # type: ignore[arg-type]
+    assert events.returned == [2] and 2 not in run.grants and not run.settling()
+    assert 2 not in events.results, "a grant given back is not a result"
+
+
+def test_a_recalled_grant_its_worker_began_as_it_was_asked_runs_on_and_is_not_given_back():
+    # The request crossed the start: the worker began it (room freed) before the cancel
+    # reached it. It runs here, once; it is never given back to run elsewhere.
+    run, pool, events = _one_running_and_one_delegated()
+    events.ack()
+    run.recall([2])
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"started": [2], "results": [[1, "ok", 0, {}]]}, [[]])  # type: ignore
+    assert events.returned == [] and 2 in run.grants and run.grants[2].running
+    assert not run.settling(), "an answered request still counted as waiting"
+    run.recall([2])  # (asked again after it began: left alone)
+    assert events.returned == [] and pool.log.count(("cancel", {"ids": [2]})) == 1
+
+
+def test_a_recalled_grant_whose_hand_off_waits_for_the_ack_never_reaches_its_worker():
+    run, pool, events = _one_running_and_one_delegated()
+    run.recall([2])
+    assert events.returned == [2] and 2 not in run.grants
+    assert 2 not in run.slots[0].delegated and not run.slots[0].delegated_taken.get("CPU")
+    events.ack()
+    assert ("run", 2) not in pool.log, "a grant given back reached its worker"
+
+
+def test_recalled_grants_waiting_here_go_back_and_begun_or_direct_ones_stay():
+    run, pool, events = runner(CPU=1)
+    run.add([grant(1, direct=True)])
+    events.ack()
+    run.add([grant(t) for t in range(2, 4 + DELEGATE)])  # (past what its worker may hold)
+    waiting = [g.task for g in run.slots[0].waiting]
+    assert waiting
+    run.recall([1, *waiting, 999])
+    assert events.returned == waiting and not run.slots[0].waiting
+    assert 1 in run.grants, "a running (direct) grant was given back"

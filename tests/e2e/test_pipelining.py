@@ -91,11 +91,12 @@ def test_grants_queued_on_a_lost_agent_spend_a_retry_only_if_they_may_have_start
     client = make_client(cluster.address)
     make_short(client, tmp_path)
     release = str(tmp_path / "release")
+    # (queued at once: once the first has run long, nothing more is queued behind it)
     first = client.submit(hold, release, str(tmp_path / "first"), resources={"slot": 1})
-    assert wait_until(lambda: (tmp_path / "first").exists(), message="the first task")
     spare = client.submit(hold, release, str(tmp_path / "spare"), resources={"slot": 1},
                           retries=1)
     strict = client.submit(hold, release, str(tmp_path / "strict"), resources={"slot": 1})
+    assert wait_until(lambda: (tmp_path / "first").exists(), message="the first task")
     assert wait_until(lambda: all("queued on doomed" in client.why(f)
                                   for f in (spare, strict)), message="both queued")
     cluster.add_agent({"slot": 1}, name="survivor")
@@ -321,3 +322,40 @@ def test_no_task_queues_behind_a_restarted_actor_and_a_newcomer_takes_it(
     assert task.result(20) == "released" and task.agent == "cpu-b"
     assert marker.exists()
     assert actor.pid().result(30) != pid, "the actor still holds cpu-a"
+
+
+def gate(release: str, ledger: str, key: str) -> str:
+    """Append KEY to LEDGER (one line a start), then block until RELEASE exists."""
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{key}\n".encode())
+    finally:
+        os.close(fd)
+    wait_for_file(release)
+    return key
+
+
+def test_grants_queued_behind_a_short_kind_task_that_runs_long_move_to_an_idle_agent(
+        make_cluster, make_client, tmp_path):
+    # A kind known as short is queued behind its own running tasks. One call of it blocks:
+    # what was queued behind it is given back and runs on the other agent, each exactly
+    # once, while the blocked one still runs.
+    cluster = make_cluster(agents=[{"slot": 1}, {"slot": 1}], nthreads=2)
+    client = make_client(cluster.address)
+    opened, release = str(tmp_path / "open"), str(tmp_path / "release")
+    Path(opened).touch()
+    ledger = str(tmp_path / "ledger")
+    zres.wait([client.submit(gate, opened, ledger, f"warm{i}", resources={"slot": 1})
+               for i in range(10)], timeout=30)
+    blocked = client.submit(gate, release, ledger, "blocked", resources={"slot": 1})
+    quick = [client.submit(gate, opened, ledger, f"q{i}", resources={"slot": 1})
+             for i in range(40)]
+    done, waiting = concurrent.futures.wait(quick, timeout=20)
+    assert not waiting, f"{len(waiting)} short tasks stuck behind the blocked one"
+    assert not blocked.done()
+    Path(release).touch()
+    assert blocked.result(30) == "blocked"
+    assert [f.result() for f in quick] == [f"q{i}" for i in range(40)]
+    starts = Path(ledger).read_text().split()
+    assert sorted(starts) == sorted([f"warm{i}" for i in range(10)] + ["blocked"]
+                                    + [f"q{i}" for i in range(40)]), "a body ran twice"

@@ -9,6 +9,7 @@ import random
 from tests.scheduler.test_scheduler import cap, placed, req
 from zres.scheduler.policy import Scheduler
 from zres.scheduler.records import Grant
+from zres.scheduler.stragglers import LONG_AFTER
 
 
 def started(sched: Scheduler) -> set[int]:
@@ -312,3 +313,79 @@ def test_no_queue_forms_behind_a_command_job_or_an_actor_whose_kind_ran_short():
     assert placed(sched.schedule()) == {1: 1}
     sched.enqueue(2, req(CPU=1), kind="quick")
     assert sched.schedule() == [] and 2 in sched.waiting
+
+
+# -- short tasks that turn out long ------------------------------------------------------
+
+
+def test_a_short_task_that_runs_long_no_longer_has_grants_queued_behind_it():
+    # Slot 1 runs a short-kind task that turns out long: the grants queued behind it, which
+    # slot 2 could run, are named for recall (they stay queued until the agent gives them
+    # back), and from then on nothing new is queued behind it; slot 2 takes them once free.
+    sched = Scheduler(prefetch=4)
+    sched.finished("f", 0.001)  # (a short kind)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.add_slot(2, "b", cap(CPU=1))
+    assert sched.adopt(100, 2, req(CPU=1), [])  # (long work, a job say: it queues nothing)
+    for task in range(1, 4):
+        sched.enqueue(task, req(CPU=1), kind="f")
+    grants = sched.schedule(now=0.0)
+    assert placed(grants) == {1: 1, 2: 1, 3: 1} and started(sched) == {1, 100}
+    assert sched.overdue(LONG_AFTER / 2) == {}, "not long yet"
+    assert sched.overdue(LONG_AFTER) == {1: [2, 3]}
+    assert sched.queued(1) == [2, 3], "recalled grants stay queued until given back"
+    assert sched.overdue(2 * LONG_AFTER) == {}, "named once"
+    # The agent gives them back (never begun): they wait again, nothing queues behind 1.
+    for task in (2, 3):
+        sched.release(task)
+        sched.enqueue(task, req(CPU=1), kind="f")
+    sched.enqueue(4, req(CPU=1), kind="f")
+    assert sched.schedule(now=1.0) == [] and set(sched.waiting) == {2, 3, 4}
+    sched.release(100)
+    assert placed(sched.schedule(now=1.0)) == {2: 2, 3: 2, 4: 2}
+    check_started_fit(sched)
+    sched.release(1)  # (its end gives back what it held, once)
+    assert sched.slots[1].short_taken.get("CPU", 0) == 0
+    check_started_fit(sched)
+
+
+def test_only_queued_grants_no_longer_covered_by_short_work_are_recalled():
+    # Two CPUs, two short tasks: one turns long; what is queued still frees soon through
+    # the other, so nothing is recalled; once both are long, all of it is.
+    sched = Scheduler(prefetch=4)
+    sched.finished("f", 0.001)  # (a short kind)
+    sched.add_slot(1, "a", cap(CPU=2))
+    sched.add_slot(2, "b", cap(CPU=1))
+    assert sched.adopt(100, 2, req(CPU=1), [])
+    for task in range(1, 5):
+        sched.enqueue(task, req(CPU=1), kind="f")
+    sched.schedule(now=0.0)
+    assert started(sched) == {1, 2, 100} and sched.queued(1) == [3, 4]
+    sched.release(2)
+    sched.started(3, now=LONG_AFTER / 2)
+    assert sched.overdue(LONG_AFTER) == {}, "task 3 (started later) still frees room soon"
+    assert sched.overdue(2 * LONG_AFTER) == {1: [4]}
+
+
+def test_a_task_that_ends_in_time_is_never_taken_to_be_long():
+    sched = Scheduler(prefetch=4)
+    sched.finished("f", 0.001)  # (a short kind)
+    sched.add_slot(1, "a", cap(CPU=1))
+    for task in range(1, 3):
+        sched.enqueue(task, req(CPU=1), kind="f")
+    sched.schedule(now=0.0)
+    sched.release(1)
+    sched.started(2, now=0.05)
+    assert sched.overdue(LONG_AFTER) == {} and sched.running[2].short
+
+
+def test_grants_queued_behind_a_task_turned_long_stay_where_no_other_slot_could_run_them():
+    sched = Scheduler(prefetch=4)
+    sched.finished("f", 0.001)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.add_slot(2, "b", cap(GPU=1))  # (it could never run them)
+    for task in range(1, 3):
+        sched.enqueue(task, req(CPU=1), kind="f")
+    sched.schedule(now=0.0)
+    assert sched.overdue(LONG_AFTER) == {} and sched.queued(1) == [2]
+    assert not sched.running[1].short, "taken to be long all the same"

@@ -26,6 +26,7 @@ from ..core.errors import ProtocolError
 from ..core.resources import format_units, token_devices, units_to_float
 from ..logs import get_logger
 from .actors import ActorSupervisor
+from .cancels import TakingBack
 from .carry import CarryOver
 from .connection import RECONNECTED, BrokerConnection
 from .cpus import CoreBinder
@@ -49,7 +50,7 @@ log = get_logger("zres.agent")
 DRAIN_GRACE = 30.0   # seconds running work has to finish once the agent is told to stop
 
 
-class Agent(Draining, Fencing):
+class Agent(Draining, Fencing, TakingBack):
     """Connect to the broker, register slots, run assigned tasks in worker processes."""
 
     def __init__(self, broker: str, slots: list[SlotSpec], name: str | None = None,
@@ -344,18 +345,9 @@ class Agent(Draining, Fencing):
             else:
                 log.warning("message_refused", kind=msg.body.get("kind"), why=error)
         elif msg.kind == P.CANCEL:
-            for task_id in P.field(msg, "ids", list):
-                if self._deferred.drop(task_id):
-                    self.reports.result(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                                "message": "cancelled"})
-                    continue
-                self.runner.cancel(task_id, msg.body.get("force") is True)
-                if task_id in self.jobs.jobs:
-                    self.jobs.cancel(task_id)
-                elif task_id in self.runner.placements and not self.actors.placed(task_id):
-                    # A job not started yet (its start waits for the broker's ack): drop it.
-                    self._job_ended(task_id, P.FAILED, [], {"type": "CancelledError",
-                                                            "message": "cancelled"})
+            self._on_cancel(msg)
+        elif msg.kind == P.RECALL:
+            self._on_recall(msg)
         elif msg.kind == P.CALL:
             self.actors.call(msg)
         elif msg.kind == P.LOGS:

@@ -1,6 +1,7 @@
 """What a node's runner hands back: grants that never started, to a broker the agent is
-leaving (or one restarted on its state), and what runs, offered to a restarted broker.
-Mixed into ``running.TaskRunner``, whose books it changes."""
+leaving (or one restarted on its state), or that the broker asks back (``recall``), and
+what runs, offered to a restarted broker. Mixed into ``running.TaskRunner``, whose books it
+changes."""
 
 from __future__ import annotations
 
@@ -27,10 +28,50 @@ class HandingBack:
 
         def _undelegate(self, state: SlotState, task_id: int) -> Grant | None: ...
         def _unrun(self, grant: Grant) -> None: ...
+        def _end_delegation_if_done(self, slot: int) -> None: ...
 
     def settling(self) -> bool:
         """Whether grants asked back from workers have not been answered yet."""
+        # (one its worker began as it was asked, or whose worker died, is answered: it
+        # runs, or it was dealt with as the death's; it is no longer delegated)
+        self._giving_back &= {t for state in self.slots for t in state.delegated}
         return bool(self._giving_back)
+
+    def recall(self, ids: list[int]) -> None:
+        """Give back those of IDS (queued grants the broker asks back) that have not begun:
+        at once those waiting here or whose hand-off has not gone, delegated ones once their
+        worker has dropped them. One its worker begins before that runs on, reported
+        started; one begun, starting at once (a direct grant) or not held here is left."""
+        for task_id in ids:
+            grant = self.grants.get(task_id)
+            if grant is None or grant.direct:
+                continue
+            state = self.slots[grant.slot]
+            if any(g is grant for g in state.waiting):
+                state.waiting.remove(grant)
+                del self.grants[task_id]
+                self._events.give_back(task_id)
+                continue
+            if task_id not in state.delegated or task_id in state.cancelling \
+                    or task_id in self._giving_back:
+                continue  # it runs (or starts now), or its worker is asked already
+            worker = grant.worker
+            if worker is not None and worker.ready and worker.proc.returncode is None \
+                    and grant.sent:  # (its worker drops it unless it has begun it)
+                self._events.after(
+                    functools.partial(self._pool.tell, worker, P.CANCEL, {"ids": [task_id]}))
+                self._giving_back.add(task_id)
+            elif not grant.sent or (worker is not None and not worker.ready
+                                    and worker.proc.returncode is None):
+                # Its hand-off waits for the broker's ack (it never goes now), or its
+                # process has not started: it cannot have begun. (One whose process died
+                # is the reaping's: asked again, it is found waiting.)
+                self._undelegate(state, task_id)
+                del self.grants[task_id]
+                if worker is not None:
+                    worker.backlog = [(i, f) for i, f in worker.backlog if i[0][0] != task_id]
+                self._events.give_back(task_id)
+                self._end_delegation_if_done(grant.slot)
 
     def offer(self) -> list[list[Any]]:
         """The tasks running here, for a restarted broker: [id, slot, GPU positions,

@@ -46,6 +46,7 @@ from .jobs import JobTable
 from .lineage import Lineage
 from .objects import ObjectDirectory
 from .outbox import Batches, Send
+from .recalls import Recalls
 
 log = get_logger("zres.broker")
 
@@ -99,6 +100,7 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
             send, graph, sched, agents, jobs, graph.new_id, gated.add,
             lambda: gated.flush(self._ack), token, on_started)
         self._warned: set[int] = set()  # tasks told they were infeasible (some may be gone)
+        self.recalls = Recalls(send, sched, agents)  # queued behind work that turned long
 
     # -- queueing ---------------------------------------------------------------------
     def make_ready(self, task: Task) -> None:

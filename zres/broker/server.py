@@ -263,8 +263,7 @@ class Broker(Intake):
         self._stopping = True
 
     def poll_once(self, now: float, timeout: float = 0.0) -> None:
-        """Handle what has arrived (for a bounded time), run the scheduler, send batches,
-        check heartbeats."""
+        """Handle what has arrived (a bounded time), schedule, send batches, check heartbeats."""
         start = time.monotonic()
         # (Not run for that long, stopped or stalled: peers were not silent, we were deaf.)
         self.beats.stalled(start - self._last_turn)
@@ -344,9 +343,10 @@ class Broker(Intake):
         self._traffic.turned(self._last_turn - busy_from)
 
     def settle(self) -> None:
-        """Judge every queued task's feasibility again if agents were lost since it was
-        last judged: once a turn, however many went (each judging walks every queued task:
-        a thousand agents lost with 100,000 tasks queued held the loop for a minute)."""
+        """Ask back grants queued behind work that turned long (``recalls``); judge every
+        queued task's feasibility again if agents were lost since it was last judged: once
+        a turn, however many went (each judging walks every queued task)."""
+        self.dispatch.recalls.tick(time.monotonic())
         if self.agents.removed != self._judged:
             self._judged = self.agents.removed
             self.dispatch.recheck_feasibility()

@@ -255,6 +255,9 @@ broker -> agent
     kill_actor {ids: [actor id...]}
     logs       {token, job, offset}             read a job's log file
     cancel     {ids: [id...], force?: bool}     force: stop them even if they started
+    recall     {ids: [id...]}                   queued grants asked back (behind a task
+                                                that turned out long): those not begun are
+                                                returned (a report's), the rest run on
     resources  {slots: [units...]}              the new capacity, for re-registering
     heartbeat  {epoch, echo?: t, ack?}          the answer to each heartbeat of the agent's
                                                 (once the broker's turn has kept what came
@@ -364,7 +367,7 @@ HELLO = "hello"
 WELCOME = "welcome"
 SUBMIT = "submit"
 RELEASE = "release"
-CANCEL = "cancel"
+CANCEL, RECALL = "cancel", "recall"
 STATUS, STATUS_REPLY = "status", "status_reply"
 WHY, WHY_REPLY = "why", "why_reply"
 RESULTS = "results"
@@ -416,7 +419,7 @@ KINDS = frozenset({HELLO, WELCOME, SUBMIT, RELEASE, CANCEL, STATUS, STATUS_REPLY
                    JOB_CANCEL_REPLY, CANCEL_REPLY, LOGS, LOGS_REPLY, REPORT, HOLDING, DRAIN,
                    ACK, REFUSED, RESUME, ACCEPTED, OUTPUT, TASK_CANCEL, TASK_CANCEL_REPLY,
                    GET, CHUNK, PUT, PUT_ACK, FREE, PLACE, PLACE_REPLY, LOCATE, LOCATE_REPLY,
-                   LOCAL, LOCAL_REPLY, GROUP, GROUP_REPLY, DIRECT_DONE})
+                   LOCAL, LOCAL_REPLY, GROUP, GROUP_REPLY, DIRECT_DONE, RECALL})
 
 # Task outcomes.
 OK = "ok"

@@ -76,7 +76,10 @@ Rules
   without GPU or GPU_MEMORY, and not actors or jobs, are queued; a slot reserved for a
   starving task, or one an earlier blocked task could use, takes none. Only tasks of a
   *kind* (the caller's label, e.g. the function) whose recent runs took under
-  ``SHORT_TASK`` are queued, and a task of a kind never seen is taken to be long.
+  ``SHORT_TASK`` are queued, and a task of a kind never seen is taken to be long. One of a
+  short kind that runs ``LONG_AFTER`` is taken to be long, and ``overdue`` names the grants
+  queued behind it that another slot could run, for the broker to ask back
+  (``stragglers``).
 - Gangs (placement groups, multi-node jobs): several bundles, each a request for one slot,
   placed all at once by a strategy (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD) or not at
   all: nothing is held until every bundle fits, so two gangs never deadlock on halves. A

@@ -23,12 +23,13 @@ from .queue import WaitingQueue
 from .records import Grant, Inside, Shape, Slot, Waiting, Workers, add_to, workers, workers_of
 from .reservations import Fence, held_fences
 from .reserving import Reserving
+from .stragglers import Stragglers
 from .table import NewSlot, SlotTable
 
 _QUEUE_HEADS = 32  # blocked shapes considered for slot queues per pass
 
 
-class Scheduler(Asking, Reserving, Ganging):
+class Scheduler(Asking, Reserving, Ganging, Stragglers):
     """Resource table plus waiting queue; every method is plain bookkeeping."""
 
     def __init__(self, starvation_after: float = 5.0, prefetch: int = 0,
@@ -53,6 +54,7 @@ class Scheduler(Asking, Reserving, Ganging):
         self._changed = False                         # since the last pass
         self._now = 0.0                               # the time of the latest pass
         self._gains = True                            # slots gained room since the last
+        self._init_stragglers()                       # short tasks that may turn long
 
     # -- resource table -------------------------------------------------------------
     def add_slot(self, slot_id: int, agent: str, units: Units,
@@ -188,6 +190,7 @@ class Scheduler(Asking, Reserving, Ganging):
         slot.running.add(grant.task)
         if grant.short:
             add_to(slot.short_taken, grant.taken)
+            self._note_short(grant)
 
     def adopt(self, task_id: int, slot_id: int, units: Units, positions: list[int],
               priority: int = 0, owner: str = "", where: Inside | None = None) -> bool:
