@@ -4,6 +4,7 @@ catch nothing (an idle broker sleeps), and its turns' CPU leaves the spinning ou
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from zres.broker.store import Store
 from zres.core import protocol as P
 
 pytestmark = pytest.mark.timeout(60)
+_names = itertools.count()
 
 
 @pytest.fixture
@@ -27,8 +29,10 @@ def pair():
     """Two connected inproc sockets: the one polled, and the one that sends to it."""
     ctx = zmq.Context.instance()
     polled, sender = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    polled.bind("inproc://spinning-test")
-    sender.connect("inproc://spinning-test")
+    # (a name of its own each time: a closed socket lets go of its name only later)
+    name = f"inproc://spinning-test-{next(_names)}"
+    polled.bind(name)
+    sender.connect(name)
     poller = zmq.Poller()
     poller.register(polled, zmq.POLLIN)
     yield poller, polled, sender
