@@ -412,7 +412,10 @@ class JobTable:
             token = next(self._tokens)
             # "finished" as of now: a job that had finished has its whole log on disk.
             self._log_requests[token] = (ident, req, job_id, finished, agent_name, now)
-            self._send(agent.ident, P.LOGS, {"token": token, "job": log_id, "offset": offset})
+            body = {"token": token, "job": log_id, "offset": offset}
+            if job.finished is not None:  # (the agent says whether its retention explains
+                body["ended"] = job.finished  # a log that is gone)
+            self._send(agent.ident, P.LOGS, body)
 
     def on_logs_reply(self, ident: bytes, msg: P.Message, now: float) -> None:
         request = self._log_requests.pop(msg.body.get("token", -1), None)
