@@ -50,7 +50,7 @@ def duration(seconds: float) -> str:
             count = seconds / size
             text = f"{count:.0f}" if abs(count - round(count)) < 0.05 else f"{count:.1f}"
             return f"{text} {unit}{'' if text == '1' else 's'}"
-    return f"{seconds:g} s"
+    return f"{seconds:.3g} s"
 
 
 class LogRetention:
