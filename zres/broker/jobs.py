@@ -2,7 +2,9 @@
 
 A job is a task (its id is the task's id) with a record that outlives the task: who ran
 it, where, on which GPUs, when, and its exit code, so ``zres jobs --all`` can show
-finished jobs and ``zres logs`` can find the agent that holds a job's log.
+finished jobs and ``zres logs`` can find the agent that holds a job's log (for its
+``job_log_retention`` after the job ended: told the job's end, the agent says whether that
+is why a log is gone). It remembers the last ``_FINISHED_KEPT`` finished jobs.
 
 Every job records its owner (the key name that submitted it, detached or not). Its command
 line, working directory and environment (which may hold a token) are shown only to that
