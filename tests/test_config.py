@@ -337,6 +337,28 @@ def test_the_fairshare_half_life_defaults_to_hours_and_must_be_finite():
             load("broker", environ={"ZRES_BROKER__FAIRSHARE_HALF_LIFE": bad})
 
 
+def test_job_log_retention_defaults_to_a_week_and_must_be_positive_seconds(tmp_path):
+    """(0 is refused, not "remove at once": a log removed as its job ends could not be read
+    by ``zres logs``, nor finished by a ``--follow``; inf keeps logs for ever.)"""
+    assert load("agent", environ={})["job_log_retention"] == 7 * 24 * 3600.0
+    assert load("agent", environ={})["job_log_max_bytes"] is None
+    got = load("agent", environ={"ZRES_AGENT__JOB_LOG_RETENTION": "3600"})
+    assert got["job_log_retention"] == 3600.0
+    assert math.isinf(load("agent", {"job_log_retention": "inf"},
+                           environ={})["job_log_retention"])
+    conf = write(tmp_path / "r.toml", "[agent]\njob_log_retention = 86400\n"
+                 "job_log_max_bytes = '10GiB'\n")
+    got = load("agent", path=conf, environ={})
+    assert (got["job_log_retention"], got["job_log_max_bytes"]) == (86400.0, "10GiB")
+    for bad in ("0", "-5", "nan", "a week", ""):
+        with pytest.raises(ConfigError, match="environment: job_log_retention must be a "
+                                              f"positive float, got '{bad}'"):
+            load("agent", environ={"ZRES_AGENT__JOB_LOG_RETENTION": bad})
+    bad_file = write(tmp_path / "b.toml", "[agent]\njob_log_retention = true\n")
+    with pytest.raises(ConfigError, match="b.toml: job_log_retention must be a positive"):
+        load("agent", path=bad_file, environ={})
+
+
 def test_the_brokers_spin_is_its_default_zero_or_finite_seconds():
     assert load("broker", environ={})["spin"] is None  # (zres.broker.spinning's default)
     assert load("broker", environ={"ZRES_BROKER__SPIN": "0"})["spin"] == 0.0

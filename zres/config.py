@@ -66,6 +66,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "agent": {"broker": None, "resources": None, "nworkers": 1, "nthreads": None,
               "name": None, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
               "job_logs": None, "job_grace": 5.0, "drain_grace": 30.0,
+              # Seconds an ended command job's log is kept (inf: for ever), and the ended
+              # jobs' logs' bytes kept at most, the oldest removed first (None: no cap);
+              # see zres.agent.log_retention.
+              "job_log_retention": 7 * 24 * 3600.0, "job_log_max_bytes": None,
               # The agent's own files (job logs, its workers' lease and socket); None:
               # $XDG_STATE_HOME/zres/agent-NAME (zres.agent.files).
               "state": None,
@@ -86,7 +90,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "client_grace": float, "starvation_after": float,
-          "job_grace": float, "fairshare_half_life": float,
+          "job_grace": float, "fairshare_half_life": float, "job_log_retention": float,
           "drain_grace": float, "spin": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           "bind_cpus": bool, "insecure": bool,

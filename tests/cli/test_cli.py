@@ -211,6 +211,17 @@ def test_agent_with_a_bad_memory_reserve_or_mode_is_a_usage_error(tmp_path):
         assert_one_line_error(result)
 
 
+def test_agent_with_a_bad_job_log_retention_or_max_bytes_is_a_usage_error(tmp_path):
+    for flag, value, says in (
+            ("--job-log-retention", "-1", "command line: job_log_retention must be a positive "
+                                          "float, got '-1'"),
+            ("--job-log-max-bytes", "lots", "job_log_max_bytes 'lots': give a number of bytes"),
+            ("--job-log-max-bytes", "0", "job_log_max_bytes '0': give a positive number")):
+        result = zres_cli("agent", NOWHERE, flag, value, "--no-detect", cwd=tmp_path)
+        assert result.returncode == 2, (result.returncode, result.stderr)
+        assert says in assert_one_line_error(result), result.stderr
+
+
 def test_agent_with_bad_numeric_flag_is_a_usage_error(tmp_path):
     result = zres_cli("agent", NOWHERE, "--nworkers", "many", cwd=tmp_path)
     assert result.returncode == 2

@@ -288,6 +288,30 @@ def test_logs_are_followed_while_the_job_runs_and_kept_after(cli, tmp_path):
     assert "no job 999" in run("logs", "999", check=1).stderr
 
 
+def test_an_ended_jobs_log_goes_after_the_retention_and_zres_logs_says_why(cli, tmp_path):
+    """An agent never fills its disk with logs: an ended job's goes job_log_retention
+    seconds after its end, and ``zres logs`` then says so (it printed nothing, or a bare
+    'No such file'); a running job's stays, however long it has been silent."""
+    logs = tmp_path / "logs"
+    cluster, run = cli([{"foo": 1}], nthreads=2, env={
+        "ZRES_AGENT__JOB_LOGS": str(logs), "ZRES_AGENT__JOB_LOG_RETENTION": "0.5"})
+    go = tmp_path / "go"
+    held = int(run("submit", "--", "sh", "-c",
+                   f'echo held; while [ ! -e "{go}" ]; do sleep 0.02; done').stdout)
+    job = int(run("submit", "--", "echo", "short-lived").stdout)
+    assert run("wait", str(job)).returncode == 0
+    (log,) = logs.glob(f"*/{job}.log")
+    wait_until(lambda: not log.exists(), timeout=30, message="the ended job's log to go")
+    said = run("logs", str(job), check=1).stderr
+    assert re.search(rf"zres logs: job {job}: its log was removed by agent agent-0 "
+                     r"[\d.]+ s after the job ended \(job_log_retention is 0.5 s\)", said), said
+    (kept,) = logs.glob(f"*/{held}.log")
+    assert run("logs", str(held)).stdout == "held\n" and kept.exists()
+    go.touch()
+    assert run("wait", str(held)).returncode == 0
+    wait_until(lambda: not kept.exists(), timeout=30, message="the held job's log to go")
+
+
 def test_a_log_asked_of_an_agent_that_cannot_answer_says_so(cli, tmp_path):
     """A log asked of an agent that cannot answer (stopped, still connected) is answered by
     the broker within seconds, naming the agent: the command waited its whole timeout, then

@@ -60,7 +60,8 @@ class Agent(Draining, Fencing, TakingBack):
                  state: str | None = None, data_listen: str | None = None,
                  store_memory: int | None = None, data_advertise: str | None = None,
                  memory_limits: str = "auto", memory_reserve: int | None = None,
-                 bind_cpus: bool = False) -> None:
+                 bind_cpus: bool = False, job_log_keep: tuple[float, int | None] | None = None
+                 ) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.files, self.logs = open_files(self.name, state, job_logs)
         # Memory limits for work of its own process, and the node's reserve (see memory).
@@ -90,7 +91,7 @@ class Agent(Draining, Fencing, TakingBack):
         self.jobs = JobRunner(self.logs, self.name, self._job_ended, job_grace,
                               watch=lambda fd: self.poller.register(fd, zmq.POLLIN),
                               unwatch=self.poller.unregister, memory=self.memory, cpus=cpus,
-                              ranks=(broker, self.reports))
+                              ranks=(broker, self.reports), keep=job_log_keep)
         self.guard = Guard(self.memory, self.name, self.runner, self.actors, self.jobs,
                            self.pool, resume=self._lease_came_back)
         self.carry = CarryOver(self.runner, self.jobs, self.reports, self.actors)

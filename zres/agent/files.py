@@ -5,7 +5,8 @@ else ``~/.local/state/zres/agent-NAME``) holds:
 
 - ``lock``: locked while its agent runs, so a second agent given the same directory is
   refused, and whatever is found there at start was left by a dead one;
-- ``jobs/``: the command jobs' logs, ``<cluster>/<job id>.log``, and the record of the jobs
+- ``jobs/``: the command jobs' logs, ``<cluster>/<job id>.log`` (removed a while after their
+  jobs end: ``log_retention``), and the record of the jobs
   running (``running-NAME/<job id>``, one small file per job, so that starting or ending
   one never touches the others'), unless ``--job-logs`` names another directory;
 - ``run/``: what the agent shares with its worker processes (the lease, their start logs,

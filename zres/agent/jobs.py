@@ -3,7 +3,8 @@
 The agent, not a worker process, owns every job's process group: it starts the job with
 CUDA_VISIBLE_DEVICES set to the granted devices and its output in a log file on the agent
 (``<job logs>/<cluster>/<job id>.log``, 0600, made anew for each job and never written
-through a link: see ``files``; kept after the job ends), follows it, stops it on cancel
+through a link: see ``files``; kept after the job ends, for ``log_retention`` to remove
+when its time comes), follows it, stops it on cancel
 (SIGTERM to the group, SIGKILL once the grace has passed), and reports the job ended only
 when no process of its group is left, whatever else died meanwhile: a job's resources
 are never granted to another while any of its processes runs. Processes the job leaves
@@ -28,6 +29,7 @@ from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
 from .cpus import CoreBinder, born_on
 from .files import JobLogs
+from .log_retention import RETENTION, LogRetention
 from .memory.monitor import Monitor, memory_error
 from .ranks import free_port, master_address, master_env
 
@@ -79,8 +81,13 @@ class JobRunner:
                  watch: Callable[[int], None] | None = None,
                  unwatch: Callable[[int], None] | None = None,
                  memory: Monitor | None = None, cpus: CoreBinder | None = None,
-                 ranks: tuple[str, Any] | None = None) -> None:
+                 ranks: tuple[str, Any] | None = None,
+                 keep: tuple[float, int | None] | None = None) -> None:
         self.logs = logs
+        # KEEP: (retention, max bytes) of the ended jobs' logs (None: the defaults there).
+        retention, max_bytes = keep or (RETENTION, None)
+        self.retention = LogRetention(logs, agent, retention, max_bytes,
+                                      running=lambda cluster, job: job in self.jobs)
         self.memory = memory or Monitor(None, False, 0)
         self.cpus = cpus  # (binds each job to cores of its own: see cpus)
         # RANKS: (the broker's address, the reports): rank 0 of a multi-node job says
@@ -103,9 +110,11 @@ class JobRunner:
         # them before it offers anything.
 
     def stop_leftovers(self) -> int:
-        """Stop the jobs a previous agent of this name left running; return how many."""
+        """Stop the jobs a previous agent of this name left running; return how many. The
+        logs earlier runs left are found, to be removed when their time comes."""
         stopped = 0
-        for job_id, pgid in self.logs.running_left().items():
+        left = self.logs.running_left()
+        for job_id, pgid in left.items():
             members = _members(pgid, job_id)
             for pid in members:
                 _signal(pid, signal.SIGKILL)
@@ -113,6 +122,7 @@ class JobRunner:
             self.logs.forget_running(job_id)
         if stopped:
             log.warning("jobs_left_behind_stopped", count=stopped)
+        self.retention.found(left)
         return stopped
 
     def _note(self, job: Job) -> None:
@@ -174,6 +184,7 @@ class JobRunner:
                 os.write(out, f"zres: {why}\n".encode())
             except OSError:
                 pass
+            self.retention.ended(self.cluster, task_id)  # (its log: made, never run)
             self._cannot_start(task_id, why, path)
             return
         finally:
@@ -246,9 +257,11 @@ class JobRunner:
             self._forget(job.task)
             self._unnote(job.task)
             self._finished(job)
+        self.retention.poll()  # (O(1) unless a log's time has come)
 
     def _finished(self, job: Job) -> None:
         code = job.proc.returncode
+        self.retention.ended(job.cluster, job.task)
         log.info("job_ended", job=job.task, exit_code=code, cancelled=job.cancelled)
         info: dict[str, Any] = {"exit_code": code, "log": job.log}
         unit = self.memory.forget(job.task)
@@ -292,8 +305,10 @@ class JobRunner:
         try:
             body["data"] = self.logs.read(self.cluster, job, max(offset, 0))
         except OSError as exc:
-            body["error"] = f"agent {self.agent} has no log for job {job}: " \
-                            f"{exc.strerror or exc}"
+            why = self.retention.why_missing(self.cluster, job, msg.body.get("ended")) \
+                if isinstance(exc, FileNotFoundError) else None
+            body["error"] = f"job {job}: {why}" if why else \
+                f"agent {self.agent} has no log for job {job}: {exc.strerror or exc}"
         return body
 
     def stop_all(self) -> None:
@@ -309,6 +324,7 @@ class JobRunner:
                 self.cpus.give(job.task)
             self._forget(job.task)
             self._unnote(job.task)
+            self.retention.ended(job.cluster, job.task)  # (for the next start's walk)
         self.jobs.clear()
         self.recent.clear()  # (a broker that gets these is not the one they ran for)
 

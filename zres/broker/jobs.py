@@ -2,7 +2,9 @@
 
 A job is a task (its id is the task's id) with a record that outlives the task: who ran
 it, where, on which GPUs, when, and its exit code, so ``zres jobs --all`` can show
-finished jobs and ``zres logs`` can find the agent that holds a job's log.
+finished jobs and ``zres logs`` can find the agent that holds a job's log (for its
+``job_log_retention`` after the job ended: told the job's end, the agent says whether that
+is why a log is gone). It remembers the last ``_FINISHED_KEPT`` finished jobs.
 
 Every job records its owner (the key name that submitted it, detached or not). Its command
 line, working directory and environment (which may hold a token) are shown only to that
@@ -412,7 +414,10 @@ class JobTable:
             token = next(self._tokens)
             # "finished" as of now: a job that had finished has its whole log on disk.
             self._log_requests[token] = (ident, req, job_id, finished, agent_name, now)
-            self._send(agent.ident, P.LOGS, {"token": token, "job": log_id, "offset": offset})
+            body = {"token": token, "job": log_id, "offset": offset}
+            if job.finished is not None:  # (the agent says whether its retention explains
+                body["ended"] = job.finished  # a log that is gone)
+            self._send(agent.ident, P.LOGS, body)
 
     def on_logs_reply(self, ident: bytes, msg: P.Message, now: float) -> None:
         request = self._log_requests.pop(msg.body.get("token", -1), None)

@@ -71,6 +71,10 @@ def add_parsers(sub: Any) -> None:
                        "else ~/.local/state/zres/agent-NAME)")
     agent.add_argument("--job-logs", metavar="DIR", help="keep command jobs' logs here "
                        "instead (private too; default: jobs in the --state directory)")
+    agent.add_argument("--job-log-retention", metavar="SECONDS", help="how long an ended "
+                       "command job's log is kept (default 604800: 7 days; inf: for ever)")
+    agent.add_argument("--job-log-max-bytes", metavar="BYTES", help="the most bytes of "
+                       "ended jobs' logs kept, the oldest removed first (default: no cap)")
     agent.add_argument("--job-grace", type=seconds, help="seconds a cancelled command job "
                        "has between SIGTERM and SIGKILL (default 5)")
     agent.add_argument("--data-listen", metavar="ADDR", help="where this agent serves the "
@@ -294,6 +298,8 @@ def agent(args: argparse.Namespace) -> int:
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
                                      "name": args.name, "job_logs": args.job_logs,
                                      "job_grace": args.job_grace,
+                                     "job_log_retention": args.job_log_retention,
+                                     "job_log_max_bytes": args.job_log_max_bytes,
                                      "drain_grace": args.drain_grace,
                                      "state": args.state, "data_listen": args.data_listen,
                                      "data_advertise": args.data_advertise,
@@ -305,6 +311,10 @@ def agent(args: argparse.Namespace) -> int:
     # (bad input is refused before anything is detected, logged or made)
     store_memory = _bytes(settings["store_memory"], "store_memory")
     reserve = _bytes(settings["memory_reserve"], "memory_reserve")
+    log_bytes = _bytes(settings["job_log_max_bytes"], "job_log_max_bytes")
+    if log_bytes is not None and log_bytes <= 0:
+        raise UsageError(f"job_log_max_bytes {settings['job_log_max_bytes']!r}: give a "
+                         "positive number of bytes (or leave it out: no cap)")
     limits = str(settings["memory_limits"])
     if limits not in MODES:
         raise UsageError(f"memory_limits {limits!r}: give one of {', '.join(MODES)}")
@@ -325,7 +335,8 @@ def agent(args: argparse.Namespace) -> int:
                       settings["job_logs"], settings["job_grace"], settings["drain_grace"],
                       key, settings["state"], settings["data_listen"],
                       store_memory, settings["data_advertise"], limits, reserve,
-                      bind_cpus=bool(settings["bind_cpus"]))
+                      bind_cpus=bool(settings["bind_cpus"]),
+                      job_log_keep=(settings["job_log_retention"], log_bytes))
         _exit_with(args, agent.stop)
         agent.run()
         # A broker starting on this machine makes this user's keys before it listens: an

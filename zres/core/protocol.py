@@ -253,7 +253,8 @@ broker -> agent
     call       {calls: [[id, actor id, nframes, deps: [nframes...], extra?]]}  extra:
                                                 {refs, payload}, as in assign
     kill_actor {ids: [actor id...]}
-    logs       {token, job, offset}             read a job's log file
+    logs       {token, job, offset, ended?}     read a job's log file (ended: its job's end,
+                                                wall clock: did job_log_retention remove it)
     cancel     {ids: [id...], force?: bool}     force: stop them even if they started
     recall     {ids: [id...]}                   queued grants asked back (behind a task
                                                 that turned out long): those not begun are
