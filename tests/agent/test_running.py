@@ -411,3 +411,37 @@ def test_recalled_grants_waiting_here_go_back_and_begun_or_direct_ones_stay():
     run.recall([1, *waiting, 999])
     assert events.returned == waiting and not run.slots[0].waiting
     assert 1 in run.grants, "a running (direct) grant was given back"
+
+
+def test_a_recalled_grant_whose_worker_died_unasked_is_given_back_not_run_again():
+    # Asked of its worker, which died before it answered: the grant never began (its
+    # start log says so), and it was asked back: it goes back now, not to a new worker
+    # (where, held again, a later request would take it for one already asked).
+    run, pool, events = _one_running_and_one_delegated()
+    run.add([grant(3)])
+    events.ack()
+    run.recall([2, 3])
+    assert pool.log.count(("cancel", {"ids": [2]})) == 1
+    (worker,) = pool.by_slot.values()
+    worker.proc.returncode = -9
+    run.reap()  # (1 never began either: it runs again, in a new process)
+    assert sorted(events.returned) == [2, 3] and set(run.grants) == {1}
+    assert not run.slots[0].delegated and not run.settling()
+
+
+def test_a_recalled_grant_its_worker_began_is_asked_back_again_if_it_comes_back():
+    # It began as it was asked (then its worker died: lost, retried here, queued again).
+    # Asked back again, it must be asked of its new worker, not taken for one asked.
+    run, pool, events = _one_running_and_one_delegated()
+    events.ack()
+    run.recall([2])
+    (worker,) = pool.by_slot.values()
+    run.done(worker, {"started": [2], "results": [[1, "ok", 0, {}]]}, [[]])  # type: ignore
+    worker.proc.returncode = -9
+    run.reap()
+    assert events.results[2][1]["type"] == "WorkerLostError"
+    run.add([grant(4, direct=True), grant(2)])  # (the broker's retry, behind another)
+    events.ack()
+    assert 2 in run.slots[0].delegated
+    run.recall([2])
+    assert pool.log.count(("cancel", {"ids": [2]})) == 2, "the new worker was never asked"

@@ -8,7 +8,7 @@ import random
 
 from tests.scheduler.test_scheduler import cap, placed, req
 from zres.scheduler.policy import Scheduler
-from zres.scheduler.records import Grant
+from zres.scheduler.records import Grant, workers
 from zres.scheduler.stragglers import LONG_AFTER
 
 
@@ -389,3 +389,19 @@ def test_grants_queued_behind_a_task_turned_long_stay_where_no_other_slot_could_
     sched.schedule(now=0.0)
     assert sched.overdue(LONG_AFTER) == {} and sched.queued(1) == [2]
     assert not sched.running[1].short, "taken to be long all the same"
+
+
+def test_a_grant_that_may_run_only_on_its_slots_agent_is_not_recalled():
+    # Pinned to agent a (workers=["a"]): slot 2, of agent b, could never run it, so it is
+    # not asked back (it would only wait in the broker for slot 1 instead of in its queue).
+    sched = Scheduler(prefetch=4)
+    sched.finished("f", 0.001)
+    sched.add_slot(1, "a", cap(CPU=1))
+    sched.add_slot(2, "b", cap(CPU=1))
+    assert sched.adopt(100, 2, req(CPU=1), [])
+    sched.enqueue(1, req(CPU=1), kind="f")
+    sched.enqueue(2, req(CPU=1), kind="f", where=workers(["a"]))
+    sched.enqueue(3, req(CPU=1), kind="f", where=workers(["a", "b"]))
+    sched.enqueue(4, req(CPU=1), kind="f", where=workers(["a"], loose=True))
+    assert placed(sched.schedule(now=0.0)) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert sched.overdue(LONG_AFTER) == {1: [3, 4]}

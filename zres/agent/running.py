@@ -338,6 +338,7 @@ class TaskRunner(HandingBack):
             grant = self.grants.get(task_id)
             if grant is not None:
                 grant.begun = True
+                self._giving_back.discard(task_id)  # (asked back as it began: it runs)
                 self._events.started(task_id)
         for item, result in zip(body["results"], results):
             if item[0] in self.grants:
@@ -386,6 +387,8 @@ class TaskRunner(HandingBack):
                 self._undelegate(state, grant.task)
                 cancelled = grant.task in state.cancelling
                 state.cancelling.discard(grant.task)
+                asked = grant.task in self._giving_back  # (by a drain, a restart, a recall)
+                self._giving_back.discard(grant.task)
                 error = solo.lost(unit, grant, cause, grant.begun or grant.run in started)
                 if state.stopping.pop(grant.task, None) is not None:  # the one it stopped
                     self.free(grant.task, start=False)
@@ -400,9 +403,8 @@ class TaskRunner(HandingBack):
                 elif cancelled:
                     self.free(grant.task, start=False)
                     self._report_cancelled(grant.task)
-                elif self.draining:  # it never started, and the agent is leaving
+                elif self.draining or asked:  # it never started, and is asked back
                     self.free(grant.task, start=False)
-                    self._giving_back.discard(grant.task)
                     self._events.give_back(grant.task)
                 else:  # it never started: it runs in a new process, uncharged
                     self._unrun(grant)

@@ -110,6 +110,10 @@ class AgentReports:
             if task is not None:  # it never started there: again, uncharged
                 self.release(task_id)
                 self._requeue(task)
+            elif self._owner(task_id) is agent and task_id not in self._actors.placements:
+                # Its task ended meanwhile (cancelled as it was given back: the agent's
+                # CANCEL found nothing, so this is its only answer): its grant goes.
+                self.release(task_id)
 
     def direct_results(self, agent: AgentRecord, items: list[list[Any]],
                        payloads: list[list[Any]], started: Any, now: float) -> None:

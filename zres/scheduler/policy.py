@@ -335,7 +335,8 @@ class Scheduler(Asking, Reserving, Ganging, Stragglers):
                     room = None  # (built again: the slot it held may take queued grants)
                 grant = Grant(task.id, slot.id, task.units, [], dict(task.units), [], [],
                               started=False, priority=task.priority, seq=task.seq,
-                              short=True, kind=task.kind, owner=task.owner)
+                              short=True, kind=task.kind, owner=task.owner,
+                              where=workers_of(shape))
                 self.table.queue(slot, grant)
                 self._charge(grant)
                 grants.append(grant)

@@ -110,6 +110,9 @@ class Grant:
     # (0: none), whose resources that grant holds.
     bundle: tuple[int, int] | None = None
     within: int = 0
+    # A queued grant's: the agents its task may run on (None: any), for where else it
+    # could go if asked back (``stragglers``).
+    where: Workers | None = None
 
 
 def shape_of(units: Mapping[str, int], where: Hashable | None = None) -> Shape:

@@ -63,8 +63,10 @@ class Stragglers:
 
     def _elsewhere(self, slot: Slot, task_id: int) -> bool:
         """Whether TASK_ID, queued on SLOT, would not be queued there now and another open
-        slot could run it (with none, it is no sooner started given back: it waits here)."""
-        units = self.running[task_id].units
-        if frees_soon(slot, self.running[task_id].taken):
+        slot could run it, of the agents it may run on (with none, it is no sooner started
+        given back: it waits here)."""
+        grant = self.running[task_id]
+        if frees_soon(slot, grant.taken):
             return False
-        return bool(self.table.fitting(shape_of(units), units) - {slot.id})
+        could = self.table.fitting(shape_of(grant.units, grant.where), grant.units)
+        return len(could) > (slot.id in could)  # (not a copy of a set of every slot)
