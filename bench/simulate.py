@@ -189,6 +189,9 @@ def simulate_pipelined(agents: list[dict[str, float]],
         return took
 
     while sched.waiting or finishing:
+        # (short tasks that turned long stop counting as short, as the broker's turns
+        # have them; the grants it would ask back stay queued here: recalls are not played)
+        sched.overdue(now)
         if sched.needs_pass():
             started = time.process_time()
             grants = sched.schedule(now)
