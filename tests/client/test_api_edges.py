@@ -133,3 +133,22 @@ def test_after_close_results_on_agents_and_requests_fail_at_once(cluster):
         big.result()  # not the reconnect window's wait, then "the broker did not answer"
     with pytest.raises(zres.ZresError, match="this client is closed"):
         client.status(timeout=30)
+
+
+def touch(path: Any) -> str:
+    with open(path, "w"):
+        pass
+    return str(path)
+
+
+def test_a_map_with_an_item_that_cannot_be_pickled_submits_none_of_it(client, tmp_path):
+    paths = [tmp_path / "a", tmp_path / "b"]
+    with pytest.raises(TypeError, match=r"map\(\): item 2: the arguments of touch cannot be "
+                                        r"pickled .*_thread.lock.*; no task of the map was "
+                                        "submitted"):
+        client.map(touch, [*paths, threading.Lock()])
+    # Both CPUs of the agent: it runs only once everything queued before it has ended.
+    after = client.submit(touch, tmp_path / "after", resources={"CPU": 2})
+    assert after.result(30) == str(tmp_path / "after")
+    assert not any(path.exists() for path in paths)  # nothing of the map ran
+    assert client.gather(client.map(inc, [1, 2])) == [2, 3]
