@@ -133,6 +133,9 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
             reader.fetch([T.Ref.from_wire(kept._result.ref)])
     finally:
         reader.close()
+    # exception() says what result() would raise (concurrent.futures' contract), not None.
+    assert isinstance(kept.exception(60), zres.ResultLostError), "exception() said it succeeded"
+    assert "agent-a" in str(kept.exception(60))
     with pytest.raises(zres.ResultLostError, match="agent-a"):
         zres.gather([again, remade, waiting, kept], timeout=60)
     with pytest.raises(zres.ResultLostError, match="agent-a"):

@@ -244,9 +244,17 @@ class Future(cf.Future[T], Generic[T]):
         return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The task's exception, as concurrent.futures gives it (None if it succeeded)."""
+        """The task's exception, as concurrent.futures gives it (None if it succeeded): the
+        exception ``result()`` would raise. So a result kept on an agent is fetched, as
+        ``result()`` fetches it (and kept: ``result()`` then costs nothing): lost with its
+        holders, it is the ResultLostError; one that cannot be unpickled here, the
+        RemoteError. (``status`` says ``error`` or ``finished`` without fetching.)"""
         self._check_waitable()
-        return super().exception(timeout)
+        error = super().exception(timeout)
+        if error is None and type(self._result) is Remote:
+            self.client._fetch([self], timeout)
+            error = super().exception(timeout)
+        return error
 
     def why(self, timeout: float = 10.0) -> str:
         """Say why this task is not running yet (or where it runs)."""
