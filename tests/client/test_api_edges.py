@@ -7,6 +7,8 @@ One cluster serves the module; a test that closes a client makes its own.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import stop_process, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -135,6 +137,12 @@ def test_after_close_results_on_agents_and_requests_fail_at_once(cluster):
         client.status(timeout=30)
 
 
+def stopped(pid: int) -> bool:
+    """Whether process PID is stopped (SIGSTOP)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def touch(path: Any) -> str:
     with open(path, "w"):
         pass
@@ -152,3 +160,34 @@ def test_a_map_with_an_item_that_cannot_be_pickled_submits_none_of_it(client, tm
     assert after.result(30) == str(tmp_path / "after")
     assert not any(path.exists() for path in paths)  # nothing of the map ran
     assert client.gather(client.map(inc, [1, 2])) == [2, 3]
+
+
+@pytest.mark.parametrize("back", ["resumed", "restarted"])
+def test_cancel_while_the_broker_is_stopped_returns_and_goes_through_once_it_is_back(
+        make_cluster, make_client, tmp_path, back: str):
+    """BACK: the same broker goes on (SIGCONT), or another starts on its state (the cancel
+    it never read is asked again of it)."""
+    cluster = make_cluster(agents=[{"CPU": 1}])
+    client = make_client(cluster.address)  # (its reconnect window: 300 s)
+    release, ran = tmp_path / "release", tmp_path / "ran"
+    blocker = client.submit(wait_for, str(release))  # holds the only CPU
+    queued = client.submit(touch, ran)
+    wait_until(lambda: blocker.running() and queued.id is not None,
+               message="the blocker to run and the broker to take the other")
+    broker = cluster.broker.pid
+    stop_process(broker)
+    said: list[bool] = []
+    try:
+        threading.Thread(target=lambda: said.append(queued.cancel()), daemon=True).start()
+        wait_until(lambda: said, timeout=30, message="cancel() to return, the broker stopped")
+        assert stopped(broker), "the broker ran meanwhile"
+    finally:
+        if back == "resumed":
+            os.kill(broker, signal.SIGCONT)
+        else:
+            cluster.restart_broker()
+    assert said == [False]  # (it could not know that the task will never run)
+    wait_until(queued.cancelled, message="the cancel to go through once the broker is back")
+    release.touch()
+    assert blocker.result(30) == str(release)
+    assert not ran.exists()

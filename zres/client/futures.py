@@ -188,8 +188,10 @@ class Future(cf.Future[T], Generic[T]):
 
         The broker decides, knowing exactly which tasks an agent may have started, so
         this waits for its answer (one round trip). Called from a done-callback (the
-        client's I/O thread, which cannot wait), it returns False and the future ends
-        cancelled when the answer comes, if the task had not begun.
+        client's I/O thread, which cannot wait), or while the broker is silent (stopped or
+        restarting: no word from it for ten heartbeats, at least 3 s), it returns False
+        and the future ends cancelled when the answer comes (the broker back), if the task
+        had not begun.
         ``client.cancel(future, force=True)`` stops a running task.
         """
         if self._state == _base.PENDING:
