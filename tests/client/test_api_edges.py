@@ -191,3 +191,15 @@ def test_cancel_while_the_broker_is_stopped_returns_and_goes_through_once_it_is_
     release.touch()
     assert blocker.result(30) == str(release)
     assert not ran.exists()
+
+
+def test_gather_keeps_each_containers_type_and_makes_an_iterator_a_list(client):
+    small = client.map(inc, [1, 2, 3])
+    big = client.submit(bytes, 100_000)  # (over 64 KiB: kept on its agent, fetched)
+    assert client.gather(set(small)) == {2, 3, 4}
+    assert client.gather(frozenset([*small, big])) == frozenset({2, 3, 4, bytes(100_000)})
+    assert client.gather(tuple(small)) == (2, 3, 4)
+    assert client.gather(f for f in small) == [2, 3, 4]
+    assert zres.gather(iter(small)) == [2, 3, 4]
+    assert client.gather({"a": small[0], "b": [{small[1]}, (small[2],)]}) == \
+        {"a": 2, "b": [{3}, (4,)]}

@@ -326,7 +326,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         self._fetcher.fetch(futures, timeout)
 
     def gather(self, futures: Any, timeout: float | None = None) -> Any:
-        """Return the results of FUTURES, keeping their list/tuple/dict structure."""
+        """Return the results of FUTURES, keeping their list/tuple/set/dict structure (an
+        iterator of futures: a list); see ``zres.gather``."""
         return gather(futures, timeout)
 
     def why(self, future: Future | PlacementGroup, timeout: float = 10.0) -> str:

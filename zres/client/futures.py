@@ -289,10 +289,14 @@ def gather(futures: list[Future[T]], timeout: float | None = None) -> list[T]: .
 @overload
 def gather(futures: Any, timeout: float | None = None) -> Any: ...
 def gather(futures: Any, timeout: float | None = None) -> Any:
-    """Replace every Future in FUTURES (a future, or lists/tuples/dicts of them) by its result.
+    """Replace every Future in FUTURES (a future, or lists, tuples, sets and dicts of them,
+    nested) by its result, keeping each container's type (as Dask's gather does); a
+    generator or other iterator of them gives a list.
 
     Raises the first task error met, in argument order.
     """
+    if isinstance(futures, Iterator):  # (walked twice below: read once, here)
+        futures = list(futures)
     _fetch_all(futures, timeout)
     return _results(futures, timeout)
 
@@ -307,7 +311,7 @@ def _fetch_all(futures: Any, timeout: float | None) -> None:
         item = work.pop()
         if isinstance(item, Future):
             found.append(item)
-        elif isinstance(item, (list, tuple)):
+        elif isinstance(item, (list, tuple, set, frozenset)):
             work.extend(item)
         elif isinstance(item, Mapping):
             work.extend(item.values())
@@ -342,7 +346,7 @@ def _fetch_all(futures: Any, timeout: float | None) -> None:
 def _results(futures: Any, timeout: float | None) -> Any:
     if isinstance(futures, cf.Future):
         return futures.result(timeout)
-    if isinstance(futures, (list, tuple)):
+    if isinstance(futures, (list, tuple, set, frozenset)):
         return type(futures)(_results(f, timeout) for f in futures)
     if isinstance(futures, Mapping):
         return {k: _results(v, timeout) for k, v in futures.items()}
