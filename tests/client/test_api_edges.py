@@ -203,3 +203,14 @@ def test_gather_keeps_each_containers_type_and_makes_an_iterator_a_list(client):
     assert zres.gather(iter(small)) == [2, 3, 4]
     assert client.gather({"a": small[0], "b": [{small[1]}, (small[2],)]}) == \
         {"a": 2, "b": [{3}, (4,)]}
+
+
+def test_a_done_futures_result_kept_on_an_agent_is_read_with_a_timeout_of_0(client):
+    """concurrent.futures' result(timeout=0) of a done future returns its value: the
+    timeout bounds the wait for the task to end, not the fetch of what it made."""
+    made = client.map(bytes, [100_000, 100_001, 100_002])  # (kept on the agent: fetched)
+    zres.wait(made, timeout=30)
+    assert all(f.done() for f in made)
+    assert len(made[0].result(timeout=0)) == 100_000
+    assert made[1].exception(timeout=0) is None
+    assert [len(v) for v in zres.gather(made[1:], timeout=0)] == [100_001, 100_002]

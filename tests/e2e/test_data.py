@@ -174,9 +174,12 @@ def test_a_task_going_again_while_its_input_is_made_again_waits_for_it(
 def test_result_with_a_timeout_gives_up_in_that_time_on_a_holder_that_does_not_answer(
         make_cluster, make_client, monkeypatch, local: str):
     """A caller's timeout ends a fetch from a holder that does not answer (stopped), read
-    in place or over its data port, however long the holder has to count as gone."""
+    in place or over its data port, however long the holder has to count as gone (the
+    least a fetch is given, 5 s, made 0.5 s here: the timeout's 1 s is what counts)."""
+    from zres.client import fetching
     from zres.core import transfer
     monkeypatch.setattr(transfer.Transfers.__init__, "__defaults__", (3600.0, None, None))
+    monkeypatch.setattr(fetching, "FETCH_FLOOR", 0.5)
     monkeypatch.setenv("ZRES_LOCAL_READS", local)
     cluster = make_cluster(agents=[{"a": 1}], heartbeat_timeout=60.0)
     client = make_client(cluster.address)

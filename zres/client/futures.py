@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from ..core.errors import MemoryLimitError
 from ..core.resources import format_bytes
-from .fetching import Remote
+from .fetching import Remote, fetch_time
 
 T = TypeVar("T")
 R = TypeVar("R")  # what a submitted function returns
@@ -237,11 +237,14 @@ class Future(cf.Future[T], Generic[T]):
 
     def result(self, timeout: float | None = None) -> T:
         """The task's result, as concurrent.futures gives it; one kept on an agent is
-        fetched from there now (see ``fetching``)."""
+        fetched from there now (see ``fetching``). TIMEOUT bounds the wait for the task to
+        end; the fetch gets what is left of it, but at least ``FETCH_FLOOR`` (5 s): a
+        done future's ``result(timeout=0)`` returns its value."""
         self._check_waitable()
+        deadline = None if timeout is None else time.monotonic() + timeout
         value = super().result(timeout)
         if type(value) is Remote:
-            self.client._fetch([self], timeout)
+            self.client._fetch([self], fetch_time(deadline))
             value = super().result(timeout)
         return value
 
@@ -252,9 +255,10 @@ class Future(cf.Future[T], Generic[T]):
         holders, it is the ResultLostError; one that cannot be unpickled here, the
         RemoteError. (``status`` says ``error`` or ``finished`` without fetching.)"""
         self._check_waitable()
+        deadline = None if timeout is None else time.monotonic() + timeout
         error = super().exception(timeout)
         if error is None and type(self._result) is Remote:
-            self.client._fetch([self], timeout)
+            self.client._fetch([self], fetch_time(deadline))
             error = super().exception(timeout)
         return error
 
@@ -339,8 +343,7 @@ def _fetch_all(futures: Any, timeout: float | None) -> None:
             elif type(future._result) is Remote:
                 by_client.setdefault(id(future.client), []).append(future)
         for group in by_client.values():
-            group[0].client._fetch(group, None if deadline is None
-                                   else max(0.0, deadline - time.monotonic()))
+            group[0].client._fetch(group, fetch_time(deadline))
 
 
 def _results(futures: Any, timeout: float | None) -> Any:
