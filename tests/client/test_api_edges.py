@@ -7,6 +7,8 @@ One cluster serves the module; a test that closes a client makes its own.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 import zres
-from tests.conftest import wait_until
+from tests.conftest import stop_process, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,3 +135,82 @@ def test_after_close_results_on_agents_and_requests_fail_at_once(cluster):
         big.result()  # not the reconnect window's wait, then "the broker did not answer"
     with pytest.raises(zres.ZresError, match="this client is closed"):
         client.status(timeout=30)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process PID is stopped (SIGSTOP)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def touch(path: Any) -> str:
+    with open(path, "w"):
+        pass
+    return str(path)
+
+
+def test_a_map_with_an_item_that_cannot_be_pickled_submits_none_of_it(client, tmp_path):
+    paths = [tmp_path / "a", tmp_path / "b"]
+    with pytest.raises(TypeError, match=r"map\(\): item 2: the arguments of touch cannot be "
+                                        r"pickled .*_thread.lock.*; no task of the map was "
+                                        "submitted"):
+        client.map(touch, [*paths, threading.Lock()])
+    # Both CPUs of the agent: it runs only once everything queued before it has ended.
+    after = client.submit(touch, tmp_path / "after", resources={"CPU": 2})
+    assert after.result(30) == str(tmp_path / "after")
+    assert not any(path.exists() for path in paths)  # nothing of the map ran
+    assert client.gather(client.map(inc, [1, 2])) == [2, 3]
+
+
+@pytest.mark.parametrize("back", ["resumed", "restarted"])
+def test_cancel_while_the_broker_is_stopped_returns_and_goes_through_once_it_is_back(
+        make_cluster, make_client, tmp_path, back: str):
+    """BACK: the same broker goes on (SIGCONT), or another starts on its state (the cancel
+    it never read is asked again of it)."""
+    cluster = make_cluster(agents=[{"CPU": 1}])
+    client = make_client(cluster.address)  # (its reconnect window: 300 s)
+    release, ran = tmp_path / "release", tmp_path / "ran"
+    blocker = client.submit(wait_for, str(release))  # holds the only CPU
+    queued = client.submit(touch, ran)
+    wait_until(lambda: blocker.running() and queued.id is not None,
+               message="the blocker to run and the broker to take the other")
+    broker = cluster.broker.pid
+    stop_process(broker)
+    said: list[bool] = []
+    try:
+        threading.Thread(target=lambda: said.append(queued.cancel()), daemon=True).start()
+        wait_until(lambda: said, timeout=30, message="cancel() to return, the broker stopped")
+        assert stopped(broker), "the broker ran meanwhile"
+    finally:
+        if back == "resumed":
+            os.kill(broker, signal.SIGCONT)
+        else:
+            cluster.restart_broker()
+    assert said == [False]  # (it could not know that the task will never run)
+    wait_until(queued.cancelled, message="the cancel to go through once the broker is back")
+    release.touch()
+    assert blocker.result(30) == str(release)
+    assert not ran.exists()
+
+
+def test_gather_keeps_each_containers_type_and_makes_an_iterator_a_list(client):
+    small = client.map(inc, [1, 2, 3])
+    big = client.submit(bytes, 100_000)  # (over 64 KiB: kept on its agent, fetched)
+    assert client.gather(set(small)) == {2, 3, 4}
+    assert client.gather(frozenset([*small, big])) == frozenset({2, 3, 4, bytes(100_000)})
+    assert client.gather(tuple(small)) == (2, 3, 4)
+    assert client.gather(f for f in small) == [2, 3, 4]
+    assert zres.gather(iter(small)) == [2, 3, 4]
+    assert client.gather({"a": small[0], "b": [{small[1]}, (small[2],)]}) == \
+        {"a": 2, "b": [{3}, (4,)]}
+
+
+def test_a_done_futures_result_kept_on_an_agent_is_read_with_a_timeout_of_0(client):
+    """concurrent.futures' result(timeout=0) of a done future returns its value: the
+    timeout bounds the wait for the task to end, not the fetch of what it made."""
+    made = client.map(bytes, [100_000, 100_001, 100_002])  # (kept on the agent: fetched)
+    zres.wait(made, timeout=30)
+    assert all(f.done() for f in made)
+    assert len(made[0].result(timeout=0)) == 100_000
+    assert made[1].exception(timeout=0) is None
+    assert [len(v) for v in zres.gather(made[1:], timeout=0)] == [100_001, 100_002]

@@ -133,6 +133,9 @@ def test_a_result_lost_with_its_agent_runs_again_if_it_may_and_fails_naming_it_i
             reader.fetch([T.Ref.from_wire(kept._result.ref)])
     finally:
         reader.close()
+    # exception() says what result() would raise (concurrent.futures' contract), not None.
+    assert isinstance(kept.exception(60), zres.ResultLostError), "exception() said it succeeded"
+    assert "agent-a" in str(kept.exception(60))
     with pytest.raises(zres.ResultLostError, match="agent-a"):
         zres.gather([again, remade, waiting, kept], timeout=60)
     with pytest.raises(zres.ResultLostError, match="agent-a"):
@@ -171,9 +174,12 @@ def test_a_task_going_again_while_its_input_is_made_again_waits_for_it(
 def test_result_with_a_timeout_gives_up_in_that_time_on_a_holder_that_does_not_answer(
         make_cluster, make_client, monkeypatch, local: str):
     """A caller's timeout ends a fetch from a holder that does not answer (stopped), read
-    in place or over its data port, however long the holder has to count as gone."""
+    in place or over its data port, however long the holder has to count as gone (the
+    least a fetch is given, 5 s, made 0.5 s here: the timeout's 1 s is what counts)."""
+    from zres.client import fetching
     from zres.core import transfer
     monkeypatch.setattr(transfer.Transfers.__init__, "__defaults__", (3600.0, None, None))
+    monkeypatch.setattr(fetching, "FETCH_FLOOR", 0.5)
     monkeypatch.setenv("ZRES_LOCAL_READS", local)
     cluster = make_cluster(agents=[{"a": 1}], heartbeat_timeout=60.0)
     client = make_client(cluster.address)

@@ -4,6 +4,7 @@ its id, and let go of tasks whose results are no longer wanted."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from collections.abc import Iterable
 from concurrent.futures import _base
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 from ..core import protocol as P
 from ..core.errors import ZresError
 from .futures import Future
+from .io import RequestLost
 from .outbox import STOP
+
+# A broker silent this long (its heartbeats come every interval) is taken for stopped or
+# restarting: a cancel waits no longer for its answer.
+SILENT_BEATS, SILENT_MIN = 10, 3.0
 
 
 class CancelMethods:
@@ -61,13 +67,17 @@ class CancelMethods:
     def _cancel(self, futures: list[Future]) -> None:
         """Ask the broker to cancel the tasks of FUTURES that have not begun; those it
         cancels end cancelled once it answers. This waits for the answer (a round trip)
-        unless it runs on the I/O thread, in a done-callback: then they end when it comes."""
+        while the broker is heard from; unless it runs on the I/O thread (a done-callback),
+        or the broker is silent (stopped, restarting: see ``_answered``): then they end
+        when the answer comes, asked again of a broker that restarted before it answered."""
         if not futures or self._closed:
             return
         reply = self._io.ask(P.CANCEL, {"ids": [f._local for f in futures]})
         by_id = {f._local: f for f in futures}
 
         def cancelled(reply: cf.Future) -> None:  # type: ignore[type-arg]
+            if isinstance(reply.exception(), RequestLost):  # (asked again of the new one)
+                self._cancel([f for f in futures if f._state == _base.PENDING])
             if reply.exception() is not None:
                 return  # the broker is gone: they fail as everything pending does
             for task_id in reply.result().get("cancelled", ()):
@@ -79,13 +89,9 @@ class CancelMethods:
                     self._io.ended_unnamed(future)
                     future._end_cancelled(_base.PENDING)
 
-        if self._io.on_thread():
-            reply.add_done_callback(cancelled)
+        if self._io.on_thread() or not _answered(self._io, reply):
+            reply.add_done_callback(cancelled)  # (at once, should it have come meanwhile)
             return
-        try:
-            reply.result(self._io.broker_timeout)
-        except (cf.TimeoutError, ZresError):
-            return  # no answer: nothing is known to be cancelled
         cancelled(reply)
 
     def _forget(self, futures: Iterable[Future[Any]], cancel: bool = False) -> None:
@@ -115,3 +121,20 @@ class CancelMethods:
         if not self._closed:
             self._io.outbox.append((P.RELEASE, task_id, ()))
 
+
+def _answered(io: Any, reply: cf.Future) -> bool:  # type: ignore[type-arg]
+    """Wait for REPLY, from IO's broker, while it is heard from (up to its broker_timeout):
+    whether it came (or failed). A broker silent for SILENT_BEATS heartbeats (at least
+    SILENT_MIN seconds) is stopped or restarting: its answer comes when it is back."""
+    deadline = time.monotonic() + io.broker_timeout
+    while True:
+        silent = max(SILENT_MIN, SILENT_BEATS * io.hb_interval)
+        try:
+            reply.exception(min(0.25, silent / 4))
+            return True
+        except cf.TimeoutError:
+            pass
+        now = time.monotonic()
+        # (its last word, any message: the I/O thread's own record of it)
+        if now > deadline or now - io._last_heard > silent:
+            return False

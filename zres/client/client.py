@@ -209,13 +209,21 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         fn_index: dict[int, int] = {}
         fn_frame = self._pickler.function(fn, fn_deps, fn_index)
         what = getattr(fn, "__name__", repr(fn))
-        futures = []
-        for args in zip(*iterables):
-            deps, index = list(fn_deps), dict(fn_index)
-            frames = self._pickler.call(fn_frame, args, kwargs, deps, index, what)
-            futures.append(self._make_future(fn, key, frames, deps, opts))
-            if len(futures) % 256 == 0:
-                self._io.wake()  # the first tasks start while the rest are pickled
+        # All or nothing: every call is pickled before any is submitted, so an item that
+        # cannot be leaves no task of the map running for nobody.
+        calls = self._pickler.calls(fn_frame, iterables, kwargs, fn_deps, fn_index, what,
+                                    self._own)
+        calls.reverse()  # (popped in order: each call's frames go with its message)
+        futures: list[Future] = []
+        try:
+            while calls:
+                frames, deps = calls.pop()
+                futures.append(self._make_future(fn, key, frames, deps, opts))
+                if len(futures) % 256 == 0:
+                    self._io.wake()  # the first tasks start while the rest are queued
+        except BaseException:  # (a put failed, the client closed): none of them runs
+            self.cancel(futures, force=True)
+            raise
         self._io.wake()
         return futures
 
@@ -264,9 +272,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
     def _make_future(self, fn: Any, name: str | None, frames: list[Any],
                      deps: list[Future], opts: dict[str, Any],
                      extra: dict[str, Any] | None = None) -> Future:
-        for dep in deps:
-            if dep.client is not self:
-                raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
+        self._own(deps)
         if sum(memoryview(f).nbytes for f in frames) > CALL_INLINE:
             # Too big to travel through the broker (nor be kept in its state): put on an
             # agent first, and read from there by its worker as one of its inputs.
@@ -298,6 +304,13 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
             self._io.outbox.append((P.SUBMIT, item, frames))
         return future
 
+    def _own(self, deps: list[Future]) -> list[Future]:
+        """DEPS, refused unless every one is this client's."""
+        for dep in deps:
+            if dep.client is not self:
+                raise ValueError(f"{dep!r} belongs to another client; pass its result instead")
+        return deps
+
     def _check_open(self) -> None:
         if self._closed:
             raise ZresError("this client is closed")
@@ -313,7 +326,8 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         self._fetcher.fetch(futures, timeout)
 
     def gather(self, futures: Any, timeout: float | None = None) -> Any:
-        """Return the results of FUTURES, keeping their list/tuple/dict structure."""
+        """Return the results of FUTURES, keeping their list/tuple/set/dict structure (an
+        iterator of futures: a list); see ``zres.gather``."""
         return gather(futures, timeout)
 
     def why(self, future: Future | PlacementGroup, timeout: float = 10.0) -> str:

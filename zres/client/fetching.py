@@ -24,6 +24,17 @@ from ..core.relaying import Routes
 from ..core.serialize import loads
 
 _LOOK_AGAIN = 0.2  # seconds between looks for a result that is being made again
+# Seconds a finished task's result kept on an agent is given to be fetched at least,
+# whatever the caller's timeout: that bounds the wait for the task to end (a timeout of 0
+# on a done future returns its value, as concurrent.futures' does, not TimeoutError
+# because its bytes were not here yet).
+FETCH_FLOOR = 5.0
+
+
+def fetch_time(deadline: float | None) -> float | None:
+    """Seconds a fetch gets until the caller's DEADLINE (monotonic; None: no limit): what is
+    left, but at least FETCH_FLOOR."""
+    return None if deadline is None else max(FETCH_FLOOR, deadline - time.monotonic())
 
 
 class Remote:
@@ -68,11 +79,11 @@ class Fetcher:
                                          deadline)
             except TimeoutError as exc:
                 raise TimeoutError(f"the result of {todo[0].name} could not be fetched "
-                                   f"within {timeout:g}s: {exc}") from None
+                                   f"within {timeout:.3g}s: {exc}") from None
             except T.TransferError as exc:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"the result of {todo[0].name} could not be fetched "
-                                       f"within {timeout:g}s: {exc}") from None
+                                       f"within {timeout:.3g}s: {exc}") from None
                 self._locate(todo, deadline)
                 todo = [f for f in todo if type(f._result) is Remote and f._exception is None]
                 continue

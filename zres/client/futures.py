@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from ..core.errors import MemoryLimitError
 from ..core.resources import format_bytes
-from .fetching import Remote
+from .fetching import Remote, fetch_time
 
 T = TypeVar("T")
 R = TypeVar("R")  # what a submitted function returns
@@ -188,8 +188,10 @@ class Future(cf.Future[T], Generic[T]):
 
         The broker decides, knowing exactly which tasks an agent may have started, so
         this waits for its answer (one round trip). Called from a done-callback (the
-        client's I/O thread, which cannot wait), it returns False and the future ends
-        cancelled when the answer comes, if the task had not begun.
+        client's I/O thread, which cannot wait), or while the broker is silent (stopped or
+        restarting: no word from it for ten heartbeats, at least 3 s), it returns False
+        and the future ends cancelled when the answer comes (the broker back), if the task
+        had not begun.
         ``client.cancel(future, force=True)`` stops a running task.
         """
         if self._state == _base.PENDING:
@@ -235,18 +237,30 @@ class Future(cf.Future[T], Generic[T]):
 
     def result(self, timeout: float | None = None) -> T:
         """The task's result, as concurrent.futures gives it; one kept on an agent is
-        fetched from there now (see ``fetching``)."""
+        fetched from there now (see ``fetching``). TIMEOUT bounds the wait for the task to
+        end; the fetch gets what is left of it, but at least ``FETCH_FLOOR`` (5 s): a
+        done future's ``result(timeout=0)`` returns its value."""
         self._check_waitable()
+        deadline = None if timeout is None else time.monotonic() + timeout
         value = super().result(timeout)
         if type(value) is Remote:
-            self.client._fetch([self], timeout)
+            self.client._fetch([self], fetch_time(deadline))
             value = super().result(timeout)
         return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The task's exception, as concurrent.futures gives it (None if it succeeded)."""
+        """The task's exception, as concurrent.futures gives it (None if it succeeded): the
+        exception ``result()`` would raise. So a result kept on an agent is fetched, as
+        ``result()`` fetches it (and kept: ``result()`` then costs nothing): lost with its
+        holders, it is the ResultLostError; one that cannot be unpickled here, the
+        RemoteError. (``status`` says ``error`` or ``finished`` without fetching.)"""
         self._check_waitable()
-        return super().exception(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        error = super().exception(timeout)
+        if error is None and type(self._result) is Remote:
+            self.client._fetch([self], fetch_time(deadline))
+            error = super().exception(timeout)
+        return error
 
     def why(self, timeout: float = 10.0) -> str:
         """Say why this task is not running yet (or where it runs)."""
@@ -279,10 +293,14 @@ def gather(futures: list[Future[T]], timeout: float | None = None) -> list[T]: .
 @overload
 def gather(futures: Any, timeout: float | None = None) -> Any: ...
 def gather(futures: Any, timeout: float | None = None) -> Any:
-    """Replace every Future in FUTURES (a future, or lists/tuples/dicts of them) by its result.
+    """Replace every Future in FUTURES (a future, or lists, tuples, sets and dicts of them,
+    nested) by its result, keeping each container's type (as Dask's gather does); a
+    generator or other iterator of them gives a list.
 
     Raises the first task error met, in argument order.
     """
+    if isinstance(futures, Iterator):  # (walked twice below: read once, here)
+        futures = list(futures)
     _fetch_all(futures, timeout)
     return _results(futures, timeout)
 
@@ -297,7 +315,7 @@ def _fetch_all(futures: Any, timeout: float | None) -> None:
         item = work.pop()
         if isinstance(item, Future):
             found.append(item)
-        elif isinstance(item, (list, tuple)):
+        elif isinstance(item, (list, tuple, set, frozenset)):
             work.extend(item)
         elif isinstance(item, Mapping):
             work.extend(item.values())
@@ -325,14 +343,13 @@ def _fetch_all(futures: Any, timeout: float | None) -> None:
             elif type(future._result) is Remote:
                 by_client.setdefault(id(future.client), []).append(future)
         for group in by_client.values():
-            group[0].client._fetch(group, None if deadline is None
-                                   else max(0.0, deadline - time.monotonic()))
+            group[0].client._fetch(group, fetch_time(deadline))
 
 
 def _results(futures: Any, timeout: float | None) -> Any:
     if isinstance(futures, cf.Future):
         return futures.result(timeout)
-    if isinstance(futures, (list, tuple)):
+    if isinstance(futures, (list, tuple, set, frozenset)):
         return type(futures)(_results(f, timeout) for f in futures)
     if isinstance(futures, Mapping):
         return {k: _results(v, timeout) for k, v in futures.items()}

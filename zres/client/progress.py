@@ -36,7 +36,7 @@ def progress(futures: Any, *, desc: str = "tasks", file: IO[str] | None = None,
                     count += 1
                     if future.cancelled():
                         cancelled += 1
-                    elif future.exception() is not None:
+                    elif _failed(future):
                         error += 1
             except queue.Empty:
                 pass
@@ -55,6 +55,13 @@ def _state(future: cf.Future) -> str:  # type: ignore[type-arg]
     if isinstance(status, str):
         return status
     return "running" if future.running() else "queued"
+
+
+def _failed(future: cf.Future) -> bool:  # type: ignore[type-arg]
+    """Whether FUTURE (ended) failed; a zres future's status says so without fetching a
+    result kept on an agent, as its ``exception()`` would."""
+    status = getattr(future, "status", None)
+    return status == "error" if isinstance(status, str) else future.exception() is not None
 
 
 def _futures(value: Any) -> list[cf.Future]:  # type: ignore[type-arg]

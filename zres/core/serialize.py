@@ -20,7 +20,7 @@ import threading
 import traceback
 import types
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -174,6 +174,25 @@ class CallPickler:
         return [fn_frame, buf.getvalue(), *frames, *reversed(pickler.values)]
 
 
+    def calls(self, fn_frame: bytes, iterables: tuple[Iterable[Any], ...],
+              kwargs: dict[str, Any], fn_deps: list[Any], fn_index: dict[int, int],
+              what: str, check: Callable[[list[Any]], Any]) -> list[tuple[list[Frame], list]]:
+        """Every call of a map over zipped ITERABLES pickled, with its inputs (each list
+        passed to CHECK): all of them before any is submitted, and an item that cannot be
+        named by its index, saying none was."""
+        calls = []
+        for i, args in enumerate(zip(*iterables)):
+            deps, index = list(fn_deps), dict(fn_index)
+            try:
+                frames = self.call(fn_frame, args, kwargs, deps, index, what)
+                check(deps)
+            except Exception as exc:
+                raise _unpicklable(exc, f"map(): item {i}", str(exc) + "; no task of the map "
+                                   "was submitted") from (exc.__cause__ or exc)
+            calls.append((frames, deps))
+        return calls
+
+
 class _TaskUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, values: Sequence[Any], buffers: Sequence[Any]) -> None:
         super().__init__(file, buffers=[memoryview(b) for b in buffers])
@@ -292,9 +311,10 @@ def _name_of(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
 
 
-def _unpicklable(exc: Exception, what: str) -> Exception:
-    """The pickler's error EXC, of its own type (what users catch), saying WHAT failed."""
-    why = f"{what}: {type(exc).__name__}: {exc}"
+def _unpicklable(exc: Exception, what: str, words: str | None = None) -> Exception:
+    """The pickler's error EXC, of its own type (what users catch), saying WHAT failed
+    (and WORDS, if given, in place of EXC's type and text)."""
+    why = f"{what}: {type(exc).__name__}: {exc}" if words is None else f"{what}: {words}"
     try:
         return type(exc)(why)
     except Exception:  # an error class that takes other arguments

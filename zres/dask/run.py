@@ -157,7 +157,7 @@ class _Computed:
             if key in self.outputs:
                 self.open.discard(key)
                 # (an output that finished needed only steps that have finished too)
-                if not self.open or future.cancelled() or future.exception() is not None:
+                if not self.open or future.status in ("cancelled", "error"):  # (no fetch)
                     wanted = self._needed()
                     unwanted = [self.futures.pop(k) for k in list(self.futures)
                                 if k not in wanted and k not in self.outputs]
