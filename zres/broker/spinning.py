@@ -2,8 +2,9 @@
 seconds) before it sleeps, while such moments keep catching messages.
 
 A process asleep in a poll is woken by the kernel, and on a virtual machine whose idle
-CPUs halt (most clouds', where the guest does not poll before halting) each wake-up is an
-exit to the host: 100 to 200 us, against a few on bare metal. A short task's round trip
+CPUs halt without polling first (the development VM's do: its kernel turns guest halt
+polling off) each wake-up is an exit to the host: 100 to 200 us, against a few on bare
+metal or where the host polls before it deschedules a halted CPU. A short task's round trip
 wakes the broker twice (its submit, its result), and the broker is the hub every other
 hop goes through. Polling for up to a millisecond after a turn takes those wake-ups off the
 path (bench/history/latency-2026-11-27-session8.txt: 0.80 of the median on two cores).
