@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -59,7 +59,14 @@ def alice_keys(cluster_keys: str, into: Path) -> str:
 
 
 def text(browser: webdriver.Chrome, css: str) -> str:
-    return "\n".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, css))
+    """What the elements at CSS show (read again when the page redrew one as it was read:
+    it redraws as the cluster changes)."""
+    for _ in range(100):
+        try:
+            return "\n".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, css))
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} was redrawn at each of 100 reads")
 
 
 def shows(browser: webdriver.Chrome, css: str, wanted: str, timeout: float = 20) -> str:
