@@ -52,13 +52,17 @@ class Peer:
             self.step()
 
     def sync(self) -> list[P.Message]:
-        """Everything the broker has sent us up to now (a status request's reply comes
-        after it on this connection); returns and clears the inbox."""
-        req = next(self._reqs)
-        self.send(P.STATUS, {"req": req})
-        while not any(m.kind == P.STATUS_REPLY and m.body.get("req") == req
-                      for m in self.inbox):
-            self.step()
+        """Everything the broker has sent us up to now; returns and clears the inbox.
+
+        A status request's reply comes after it on this connection, but is sent as the
+        request is read, and what the same turn decided (results, grants) only at the
+        turn's end: a second request, read in a later turn, is answered after those."""
+        for _ in range(2):
+            req = next(self._reqs)
+            self.send(P.STATUS, {"req": req})
+            while not any(m.kind == P.STATUS_REPLY and m.body.get("req") == req
+                          for m in self.inbox):
+                self.step()
         got = [m for m in self.inbox if m.kind != P.STATUS_REPLY]
         self.inbox = []
         return got
