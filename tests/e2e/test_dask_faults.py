@@ -64,8 +64,11 @@ def test_an_intermediate_lost_with_its_agent_is_made_again_as_dask_does(
     with dask.annotate(resources={"c": 1}):  # (no agent offers c yet: it waits)
         total = dask.delayed(combined)(part, dask.delayed(len)("xy"))
     future = client.compute(total)
-    wait_until(lambda: os.path.exists(ledger), message="the intermediate to be made")
-    wait_until(lambda: "waiting" in repr(future) or future.done(), message="the compute")
+    wait_until(lambda: os.path.exists(ledger), message="the intermediate to begin")
+    # (made, and known to be: killed while it still ran, it would be lost running, which
+    # no recompute covers)
+    wait_until(lambda: (counts := client.status()["counts"]).get("finished", 0) >= 1
+               and not counts.get("running"), message="the intermediate to be made")
     os.kill(cluster.agents["agent-a"].pid, 9)
     wait_until(lambda: "agent-a" not in [a["name"] for a in client.status()["agents"]],
                message="agent-a to be declared lost")
