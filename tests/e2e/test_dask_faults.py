@@ -27,17 +27,35 @@ def exit_on_first_attempt(marker: str, value: int) -> int:
     os._exit(3)
 
 
-def test_the_retries_annotation_lets_a_task_outlive_its_worker(make_cluster, make_client,
-                                                                tmp_path):
+def test_a_task_lost_running_runs_again_as_dask_allowed_failures_says(make_cluster,
+                                                                       make_client, tmp_path):
+    """Dask distributed reschedules a task whose worker died under it, up to its
+    allowed-failures (3), before it fails it with KilledWorker: so does a compute on zres,
+    unless the task's retries annotation says how many times (0: its body begins at most
+    once)."""
     cluster = make_cluster(agents=[{"CPU": 2}])
     client = make_client(cluster.address)
+    unannotated = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "plain"), 5)]
+    assert dask.delayed(sum)(unannotated).compute(scheduler=client.get) == 5
+
     with dask.annotate(retries=1):
         parts = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "once"), 5)]
     assert dask.delayed(sum)(parts).compute(scheduler=client.get) == 5
 
-    unannotated = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "twice"), 5)]
+    with dask.annotate(retries=0):
+        at_most_once = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "never"), 5)]
     with pytest.raises(zres.WorkerLostError):
-        dask.delayed(sum)(unannotated).compute(scheduler=client.get)
+        dask.delayed(sum)(at_most_once).compute(scheduler=client.get)
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        configured = [dask.delayed(exit_on_first_attempt)(str(tmp_path / "configured"), 5)]
+        with pytest.raises(zres.WorkerLostError):
+            dask.delayed(sum)(configured).compute(scheduler=client.get)
+    with dask.config.set({"distributed.scheduler.allowed-failures": -1}):
+        with pytest.raises(ValueError, match="allowed-failures must be a whole number"):
+            dask.delayed(sum)([dask.delayed(noted)(str(tmp_path / "unbegun"), "k", 1)]
+                              ).compute(scheduler=client.get)
+    assert not os.path.exists(tmp_path / "unbegun")  # (refused before anything ran)
 
 
 def big_part(ledger: str) -> bytes:

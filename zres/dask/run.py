@@ -67,6 +67,20 @@ class NodePickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+def allowed_failures() -> int:
+    """How many times a task lost while it runs (its worker process or agent died) runs
+    again when no ``retries`` annotation says: Dask's ``distributed.scheduler.allowed-failures``
+    (3 unless configured), as Dask distributed reschedules it before it fails the task
+    with ``KilledWorker``."""
+    import dask
+
+    value = dask.config.get("distributed.scheduler.allowed-failures", 3)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"dask config distributed.scheduler.allowed-failures must be a whole "
+                         f"number of 0 or more, got {value!r}")
+    return value
+
+
 class Submitter:
     """Submits steps on CLIENT: each a call of ``run_node`` with its inputs' futures; WHERE:
     ``workers=`` and ``allow_other_workers=`` for every step, as ``submit`` takes them."""
@@ -76,6 +90,7 @@ class Submitter:
         self._where = dict(where or {})
         self._function = client._pickler.function(run_node, [], {})
         self._opts: dict[Options, dict[str, Any]] = {}  # (tasks asking alike check once)
+        self._lost_runs_again = allowed_failures()
         self._functions: dict[Any, Any] = {}
 
     def submit(self, step: Step, inputs: list[Future], quiet: bool) -> Future:
@@ -84,9 +99,12 @@ class Submitter:
         if opts is None:
             given = step.options
             # (recompute: Dask's tasks are pure by contract, and Dask distributed makes a
-            # lost intermediate again; its users have no recompute= to pass)
+            # lost intermediate again; its users have no recompute= to pass. Nor retries=:
+            # a task lost running runs again as Dask's allowed-failures says, unless its
+            # annotation says how many times)
+            retries = self._lost_runs_again if given.retries is None else given.retries
             opts = self._opts[given] = client._options(
-                dict(given.resources), given.retries or 0, given.priority or 0, None, None,
+                dict(given.resources), retries, given.priority or 0, None, None,
                 recompute=True, **self._where)
         buf = io.BytesIO()
         NodePickler(buf, self._functions).dump(step.node)
