@@ -101,13 +101,12 @@ class Relay:
         self._front.setsockopt(zmq.LINGER, 0)
         self._gate.secure(self._front)
         try:
-            net.bind(self._front, listen)
+            self.address = net.bind(self._front, listen)
         except zmq.ZMQError as exc:
             self._front.close(0)
             self._gate.close()
             self._ctx.term()
             raise ZresError(f"the broker's relay cannot listen on {listen}: {exc}") from None
-        self.address = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         self.key = self._pair[0].decode() if self._pair is not None else ""
         self._lock = threading.Lock()   # the routes and counts, shared with the loop
         self._routes: OrderedDict[str, tuple[list[str], str]] = OrderedDict()

@@ -84,7 +84,7 @@ def bracketed(text: str) -> str | None:
     host, _, port = text.rpartition(":")
     if port.isdigit() and _v6_literal(host) is not None:
         return f"[{host}]:{port}"
-    return f"[{text}]:PORT" if _v6_literal(text) is not None else "[::1]:7070"
+    return f"[{text}]:PORT" if _v6_literal(text) is not None else None
 
 
 def is_local(address: str) -> bool:

@@ -79,10 +79,12 @@ def connect(sock: zmq.Socket[Any], address: str) -> None:
     sock.connect(address)
 
 
-def bind(sock: zmq.Socket[Any], address: str) -> None:
-    """Bind SOCK to ADDRESS, over IPv6 for an IPv6 address or ``*`` (both families)."""
+def bind(sock: zmq.Socket[Any], address: str) -> str:
+    """Bind SOCK to ADDRESS, over IPv6 for an IPv6 address or ``*`` (both families);
+    return the endpoint bound (a port 0 replaced by the one picked)."""
     sock.setsockopt(zmq.IPV6, int(ipv6(address)))
     sock.bind(address)
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
 def spelled(host: str, port: int | str) -> str:

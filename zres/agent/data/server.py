@@ -56,8 +56,7 @@ class DataServer:
         if key is not None:
             self._sock.curve_server = True
             self._sock.curve_publickey, self._sock.curve_secretkey = key.public, key.secret
-        net.bind(self._sock, listen)
-        self.bound = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bound = net.bind(self._sock, listen)
         self.address = advertise or _advertised(self.bound, broker)
         self.key = key.public.decode() if key is not None else ""
         self.secret: bytes | None = None   # the cluster's data secret (the broker's welcome)
