@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .core import keys
+from .core import keys, net
 from .core import protocol as P
 from .core.address import parse_http_address, wait_for_answer
 from .core.context import task_token
@@ -364,7 +364,7 @@ def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, 
         return sock in ready
 
     try:
-        sock.connect(address)
+        net.connect(sock, address)
         P.send(sock, P.encode(kind, body))
         # A refused connection (or key) is said at once, not after TIMEOUT.
         wait_for_answer(address, answered, timeout)

@@ -273,6 +273,9 @@ def test_where_the_relay_listens_and_reaches_agents():
     assert targets("tcp://127.0.0.1:1", "tcp://127.0.0.1:5555", "127.0.0.1") \
         == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:1"]
     assert targets("tcp://h:1", "tcp://[::]:9", "::1") == ["tcp://[::1]:9", "tcp://h:1"]
+    # (an IPv4 peer of a broker on every address of both families, [::])
+    assert targets("tcp://h:1", "tcp://*:9", "::ffff:10.1.2.3") == ["tcp://10.1.2.3:9",
+                                                                   "tcp://h:1"]
     assert targets("tcp://h:1", None, "") == ["tcp://h:1"]
     assert mode_of(True) == "always" and mode_of("never") == "never"
     with pytest.raises(ValueError, match="sometimes"):

@@ -449,9 +449,9 @@ def test_a_client_or_command_given_an_http_port_says_so(http_port, tmp_path):
     ["broker", "--listen", "tcp://127.0.0.1:99999", "--insecure", "--http", "off"],
     ["status", "127.0.0.1:99999", "--timeout", "0.5"],
     ["agent", "tcp://127.0.0.1:99999", "--resources", "foo=1", "--no-detect"],
-    # (the sockets are IPv4 ones: `No such device`, or an agent retrying for ever)
-    ["broker", "--listen", "tcp://[::1]:7070", "--insecure", "--http", "off"],
-    ["agent", "[::1]:7070", "--resources", "foo=1", "--no-detect"],
+    # (an IPv6 address with no brackets: which colon begins the port?)
+    ["broker", "--listen", "tcp://::1:7070", "--insecure", "--http", "off"],
+    ["agent", "::1:7070", "--resources", "foo=1", "--no-detect"],
 ], ids=["status", "agent", "broker", "broker-port", "status-port", "agent-port",
         "broker-ipv6", "agent-ipv6"])
 def test_malformed_address_fails_with_one_line(args, tmp_path):
@@ -460,7 +460,8 @@ def test_malformed_address_fails_with_one_line(args, tmp_path):
     line = assert_one_line_error(result)
     assert line.startswith(f"zres {args[0]}: ")
     assert any(says in line for says in ("not-an-address", "port 99999 is past 65535",
-                                         "IPv6 addresses are not supported"))
+                                         "an IPv6 address goes in brackets, its port after "
+                                         "them: tcp://[::1]:7070", "them: [::1]:7070"))
 
 
 @pytest.mark.parametrize(("args", "says"), [

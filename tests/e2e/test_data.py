@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import zres
 from tests.conftest import LOSS, stop_process, wait_until
+from tests.tasks import hold
 from zres.cli.status_text import render_status
 from zres.core import transfer as T
 from zres.core.relaying import Routes
@@ -516,3 +517,38 @@ def test_a_local_cluster_whose_agent_was_killed_leaves_no_store_in_memory():
         cluster.agents["agent-0"].kill()
         cluster.agents["agent-0"].wait(10)
     assert not made_here & mine()
+
+
+def test_a_cluster_on_ipv6_runs_and_moves_results_over_it_with_keys(
+        make_cluster, make_client, monkeypatch, tmp_path: Path):
+    """Everything on ::1, keys on: the broker, its relay and dashboard, the agents' data
+    ports and their workers' own connections. A big result kept on agent-a reaches the
+    client and a dependent on agent-b over the data ports, and another client through the
+    relay; a small one goes straight from its worker while its agent is stopped."""
+    monkeypatch.setenv("ZRES_LOCAL_READS", "never")  # (every byte over the data ports)
+    cluster = make_cluster(agents=[{"a": 1}, {"b": 1}], names=["agent-a", "agent-b"],
+                           address="tcp://[::1]:0", http="[::1]:0",
+                           heartbeat_interval=1.0, heartbeat_timeout=20.0)
+    assert cluster.address.startswith("tcp://[::1]:") and cluster.keys is not None
+    client = make_client(cluster.address)
+    result = client.submit(made, BIG, resources={"a": 1})
+    assert result.result(60) == made(BIG)
+    ports = {a["name"]: a["data"] for a in client.status()["agents"]}
+    assert all(p.startswith("tcp://[::1]:") for p in ports.values()), ports
+    assert client.submit(size, result, resources={"b": 1}).result(60) == BIG
+    walled = make_client(cluster.address, relay=True)
+    assert walled.submit(made, BIG, resources={"a": 1}).result(60) == made(BIG)
+    assert relayed(client)[walled.name]["bytes"] > BIG
+    assert cluster.dashboard is not None and cluster.dashboard.startswith("http://[::1]:")
+    with urllib.request.urlopen(cluster.dashboard + "health", timeout=10) as reply:
+        assert reply.status == 200
+    release, marker = str(tmp_path / "release"), str(tmp_path / "started")
+    held = client.submit(hold, release, marker, resources={"b": 1}, retries=0)
+    wait_until(lambda: os.path.exists(marker), message="the task to start")
+    agent = cluster.agents["agent-b"]
+    stop_process(agent.pid)
+    try:
+        Path(release).touch()
+        assert held.result(15) == "released"  # (its agent stopped: the worker's own way)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)

@@ -174,7 +174,7 @@ def test_a_malformed_http_address_is_refused_where_it_was_typed(tmp_path, given)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 2 and out == ""
     assert err.strip() == (f"zres broker: --http {given!r}: give HOST:PORT "
-                           "(e.g. 127.0.0.1:8787) or off")
+                           "(e.g. 127.0.0.1:8787, [::1]:8787) or off")
 
 
 def test_the_http_address_comes_from_the_environment_too(tmp_path):

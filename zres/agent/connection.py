@@ -9,7 +9,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..core import keys
+from ..core import keys, net
 
 RECONNECTED = "reconnected"
 
@@ -34,7 +34,7 @@ class BrokerConnection:
         self._handshakes = keys.Handshakes(address, key)
         self.monitor = self.sock.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | keys.HANDSHAKES)
-        self.sock.connect(address)
+        net.connect(self.sock, address)
 
     def events(self) -> list[str]:
         """What the monitor says: RECONNECTED for each new connection, or why the broker

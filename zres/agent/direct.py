@@ -34,6 +34,7 @@ from typing import Any
 
 import zmq
 
+from ..core import net
 from ..core import protocol as P
 from ..logs import get_logger
 from .data.worker_side import INLINE
@@ -72,7 +73,7 @@ class DirectResults:
             key = spec.get("key")
             if isinstance(key, list) and len(key) == 3:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = key
-            sock.connect(str(spec["address"]))
+            net.connect(sock, str(spec["address"]))
         except (zmq.ZMQError, KeyError, TypeError) as exc:  # (every result the agent's way)
             log.warning("direct_results_off", error=str(exc))
             sock.close(0)

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from ..core import keys
+from ..core import keys, net
 from ..core import protocol as P
 from ..core.errors import ProtocolError
 from ..core.wakeup import Waker
@@ -62,7 +62,7 @@ class HeartbeatThread:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)  # (a beat that cannot go is stale by the next one)
         keys.secure(sock, self._key)
-        sock.connect(self._address)
+        net.connect(sock, self._address)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)

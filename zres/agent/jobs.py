@@ -154,7 +154,8 @@ class JobRunner:
         if job_id != task_id:
             env["ZRES_JOB_GRANT"] = str(task_id)  # (what finds it if left behind: _members)
         if spec.get("master") is True and self._ranks is not None:
-            address, port = master_address(self._ranks[0]), free_port()
+            address = master_address(self._ranks[0])
+            port = free_port(address)
             env.update(master_env(address, port))
             self._ranks[1].master(task_id, address, port)
         try:

@@ -5,30 +5,26 @@ which sends the job's other ranks with them (``zres.broker.gangs.ranks``)."""
 from __future__ import annotations
 
 import socket
-from urllib.parse import urlsplit
+
+from ..core import net
 
 
 def master_address(broker: str) -> str:
     """This host's address as other hosts reach it: the one its route towards BROKER's
-    host leaves from (loopback for a broker on loopback, or over ipc)."""
-    parts = urlsplit(broker)
-    host = parts.hostname or ""
-    if parts.scheme in ("ipc", "inproc") or not host:
-        return "127.0.0.1"
-    try:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            probe.connect((host, 9))  # (no packet is sent: it only picks the route)
-            return str(probe.getsockname()[0])
-        finally:
-            probe.close()
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
+    host leaves from (loopback for a broker on loopback, or over ipc), bare: an IPv6 one
+    without brackets, as torch's MASTER_ADDR takes it."""
+    return net.towards(broker)
 
 
-def free_port() -> int:
-    """A TCP port free on every interface of this host now (the master binds it soon
-    after; as torchrun's own choice, another process could take it meanwhile)."""
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on every interface of this host now, of ADDRESS's IP family (an
+    IPv6 one: of both; the master binds it soon after; as torchrun's own choice, another
+    process could take it meanwhile)."""
+    if ":" in address:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+            return int(sock.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])

@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..core.address import is_loopback
 from ..core.errors import ZresError
+from ..core.net import spelled, v6
 from ..logs import get_logger
 from .metrics import BrokerMetrics, Snapshots
 
@@ -70,19 +71,28 @@ class DashboardServer:
             "snapshots": snapshots, "metrics": metrics, "pages": pages, "stalled": stalled,
             "local_only": is_loopback(host)})
         self._request_timeout = request_timeout
-        self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        # (over IPv6 for an IPv6 address or a name with only those, as zres's zmq sockets
+        # are: ``core.net``; "::" is every address of both families)
+        family = socket.AF_INET6 if v6(host) else socket.AF_INET
+        try:
+            self._listener = socket.socket(family)
+        except OSError as exc:  # (no IPv6 here)
+            raise ZresError(f"cannot serve HTTP on {spelled(host, port)}: "
+                            f"{exc.strerror or exc}") from None
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((host, port))
+            if host == "::":
+                self._listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            where = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+            self._listener.bind(where)
             self._listener.listen(128)
         except OSError as exc:
             self._listener.close()
-            raise ZresError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc} "
-                            "(--http HOST:PORT for another address, --http off for "
-                            "none)") from None
+            raise ZresError(f"cannot serve HTTP on {spelled(host, port)}: "
+                            f"{exc.strerror or exc} (--http HOST:PORT for another address, "
+                            "--http off for none)") from None
         self._listener.setblocking(False)
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self._listener.getsockname()[1]}/"
+        self.url = f"http://{spelled(host, self._listener.getsockname()[1])}/"
         self._room = threading.BoundedSemaphore(_HANDLERS)
         self._pending: dict[socket.socket, _Pending] = {}  # oldest first
         self._selector = selectors.DefaultSelector()

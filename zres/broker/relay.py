@@ -33,7 +33,6 @@ gives), for status and ``/metrics`` (``status``: a small copy made under a lock)
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import threading
 import time
@@ -45,6 +44,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from ..core import keys as K
+from ..core import net
 from ..core import protocol as P
 from ..core import transfer as T
 from ..core.errors import ProtocolError, ZresError
@@ -101,13 +101,12 @@ class Relay:
         self._front.setsockopt(zmq.LINGER, 0)
         self._gate.secure(self._front)
         try:
-            self._front.bind(listen)
+            self.address = net.bind(self._front, listen)
         except zmq.ZMQError as exc:
             self._front.close(0)
             self._gate.close()
             self._ctx.term()
             raise ZresError(f"the broker's relay cannot listen on {listen}: {exc}") from None
-        self.address = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         self.key = self._pair[0].decode() if self._pair is not None else ""
         self._lock = threading.Lock()   # the routes and counts, shared with the loop
         self._routes: OrderedDict[str, tuple[list[str], str]] = OrderedDict()
@@ -312,7 +311,7 @@ class Relay:
             public, secret = self._pair if self._pair is not None else zmq.curve_keypair()
             sock.curve_serverkey = key.encode()
             sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.connect(address)
+        net.connect(sock, address)
         return sock
 
     def _answer(self, back: _Back, frames: list[Any], now: float) -> None:
@@ -397,13 +396,9 @@ def targets(advertised: Any, bound: Any, peer: str) -> list[str]:
         if parts.hostname not in _WILDCARDS:
             found.append(bound)
         elif peer and parts.port:
-            try:
-                host = ipaddress.ip_address(peer)
-            except ValueError:
-                host = None
+            host = net.literal(net.unmapped(peer))  # (an IPv4 peer of a socket on [::])
             if host is not None:
-                found.append(f"tcp://[{host}]:{parts.port}" if host.version == 6
-                             else f"tcp://{host}:{parts.port}")
+                found.append(f"tcp://{net.spelled(str(host), parts.port)}")
     if isinstance(advertised, str) and advertised.startswith(("tcp://", "ipc://")) \
             and len(advertised) < 256 and advertised not in found:
         found.append(advertised)

@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..core import net
 from ..core import protocol as P
 from ..core.limits import Limits
 from ..core.report import in_user_units
@@ -85,8 +86,7 @@ class Broker(Intake):
         # Closed connections, as soon as the transport knows: an agent whose connection
         # closed gets no new work until it is heard from again.
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.sock.bind(listen)
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = net.bind(self.sock, listen)
         self.epoch = random.getrandbits(48)   # this life of the broker
         # STORE keeps the state a restart must not lose (None: nothing is kept). The
         # cluster's identity outlives the broker's lives with it: job logs are kept apart

@@ -22,7 +22,7 @@ from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
 from ..core import relaying
-from ..core.address import is_local, is_loopback, parse_http_address
+from ..core.address import bracketed, is_local, is_loopback, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.report import in_user_units
@@ -214,8 +214,10 @@ def _data_address(value: Any, what: str) -> None:
     match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d{1,5})|ipc://\S+",
                          value) if isinstance(value, str) else None
     if value is not None and (match is None or int(match[2] or 0) > 65535):
-        raise ValueError(f"{what} {value!r} is not a data port's address: give "
-                         "tcp://HOST:PORT or ipc://PATH")
+        example = bracketed(value.removeprefix("tcp://")) if isinstance(value, str) else None
+        raise ValueError(f"{what} {value!r} is not a data port's address: " + (
+            f"an IPv6 address goes in brackets, its port after them: tcp://{example}"
+            if example else "give tcp://HOST:PORT (an IPv6 HOST in brackets) or ipc://PATH"))
 
 
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:

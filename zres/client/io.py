@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..core import errors, keys, versions
+from ..core import errors, keys, net, versions
 from ..core import protocol as P
 from ..core.errors import BrokerLostError, ZresError
 from ..core.limits import Limits
@@ -66,7 +66,7 @@ class IOThread(OutboxSender):
         keys.secure(self.sock, key)  # (KEY: this client's, and its broker's public key)
         self._handshakes = keys.Handshakes(address, key)
         self._monitor = self.sock.get_monitor_socket(keys.HANDSHAKES | zmq.EVENT_DISCONNECTED)
-        self.sock.connect(address)
+        net.connect(self.sock, address)
         self.outbox: deque[tuple[str, Any, Any]] = deque()
         self.pending: dict[int, Future] = {}
         # Ended tasks whose results the broker keeps for us (their futures not let go of):

@@ -1,9 +1,11 @@
 """Broker addresses: what a user may type, and whether anything listens there.
 
 ZeroMQ connects in the background and retries for ever, so a wrong address looks like a
-slow broker. Looking for ourselves (a plain TCP or Unix-socket connect) turns "connection
-refused" or "unknown host" into an error that names the address at once, and an HTTP server
-(the dashboard's port given for the broker's) into one that says so.
+slow broker. Looking for ourselves (a plain TCP or Unix-socket connect, over the IP family
+the zmq socket dials: ``net``) turns "connection refused" or "unknown host" into an error
+that names the address at once, and an HTTP server (the dashboard's port given for the
+broker's) into one that says so. An IPv6 host is written in brackets, as in a URL
+(``tcp://[::1]:7070``): one without them is refused, saying how to write it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import time
 from collections.abc import Callable
 
 from .errors import ZresError
+from .net import host_port, literal, unmapped, v6
 
-_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d+)")
 _TRANSPORTS = ("tcp", "ipc", "inproc")
 _HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
+_EXAMPLES = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:7070, tcp://[::1]:7070)"
+_BRACKETS = "an IPv6 address goes in brackets, its port after them"
 
 
 class Unreachable(ZresError):
@@ -31,37 +35,56 @@ class Unanswered(ZresError):
 
 
 def normalize(address: str) -> str:
-    """Return ADDRESS as ZeroMQ takes it: ``host:port`` means ``tcp://host:port``.
+    """Return ADDRESS as ZeroMQ takes it: ``host:port`` means ``tcp://host:port``; an IPv6
+    host is in brackets (``tcp://[::1]:7070``).
 
     Raises ValueError, naming the address and the forms accepted, for anything else.
     """
     if not isinstance(address, str) or not address.strip():
-        raise ValueError(f"{address!r} is not a broker address: use tcp://HOST:PORT "
-                         "(e.g. tcp://127.0.0.1:7070) or ipc://PATH")
+        raise ValueError(f"{address!r} is not a broker address: use {_EXAMPLES} "
+                         "or ipc://PATH")
     address = address.strip()
     scheme, sep, rest = address.partition("://")
     if not sep:
-        if _HOST_PORT.fullmatch(address):
+        if host_port(f"tcp://{address}") is not None:
             return normalize(f"tcp://{address}")
-        raise ValueError(f"{address!r} is not a broker address: use tcp://HOST:PORT "
-                         "(e.g. tcp://127.0.0.1:7070), HOST:PORT or ipc://PATH")
+        if (example := bracketed(address)) is not None:
+            raise ValueError(f"{address!r}: {_BRACKETS}: {example}")
+        raise ValueError(f"{address!r} is not a broker address: use {_EXAMPLES}, HOST:PORT "
+                         "or ipc://PATH")
     if scheme not in _TRANSPORTS:
         raise ValueError(f"{address!r}: unknown transport {scheme!r} (use tcp, ipc or inproc)")
-    match = _HOST_PORT.fullmatch(rest.rpartition(";")[2]) if scheme == "tcp" else None
-    if scheme == "tcp" and match is None:
-        raise ValueError(f"{address!r}: a tcp address needs a host and a port, "
-                         "e.g. tcp://127.0.0.1:7070")
-    if match is not None and int(match.group(2)) > 65535:
+    found = host_port(address) if scheme == "tcp" else None
+    if scheme == "tcp" and (example := bracketed(rest.rpartition(";")[2])) is not None:
+        raise ValueError(f"{address!r}: {_BRACKETS}: tcp://{example}")
+    if scheme == "tcp" and found is None:
+        raise ValueError(f"{address!r}: a tcp address needs a host and a port, e.g. "
+                         "tcp://127.0.0.1:7070 or tcp://[::1]:7070")
+    if found is not None and found[1] > 65535:
         # (libzmq would take the port modulo 65536: 99999 binds or dials 34463)
-        raise ValueError(f"{address!r}: port {match.group(2)} is past 65535")
-    if match is not None and match.group(1).startswith("["):
-        # (zres's sockets are IPv4 ones: libzmq's bind says `No such device`, its connect
-        # retries for ever)
-        raise ValueError(f"{address!r}: IPv6 addresses are not supported; give an IPv4 "
-                         "address or a host name")
+        raise ValueError(f"{address!r}: port {found[1]} is past 65535")
+    if found is not None and f"[{found[0]}]" in rest and _v6_literal(found[0]) is None:
+        raise ValueError(f"{address!r}: [{found[0]}] is not an IPv6 address (brackets are "
+                         "for those only: tcp://[::1]:7070, tcp://127.0.0.1:7070)")
     if not rest:
         raise ValueError(f"{address!r}: the address after {scheme}:// is empty")
     return address
+
+
+def _v6_literal(host: str) -> ipaddress.IPv6Address | None:
+    ip = literal(host)
+    return ip if isinstance(ip, ipaddress.IPv6Address) else None
+
+
+def bracketed(text: str) -> str | None:
+    """TEXT (HOST:PORT) as it is written when it is an IPv6 address with no brackets
+    (``::1:7070``: ``[::1]:7070``); None when it is not one."""
+    if "[" in text or text.count(":") < 2:
+        return None
+    host, _, port = text.rpartition(":")
+    if port.isdigit() and _v6_literal(host) is not None:
+        return f"[{host}]:{port}"
+    return f"[{text}]:PORT" if _v6_literal(text) is not None else None
 
 
 def is_local(address: str) -> bool:
@@ -70,49 +93,67 @@ def is_local(address: str) -> bool:
     scheme, _, rest = address.partition("://")
     if scheme != "tcp":
         return True
-    match = _HOST_PORT.fullmatch(rest.rpartition(";")[2])
-    return is_loopback(match.group(1).strip("[]") if match else "")
+    found = host_port(address)
+    return is_loopback(found[0] if found else "")
 
 
 def is_loopback(host: str) -> bool:
     """Whether HOST is reachable from this machine only."""
     if host == "localhost":
         return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host or interface name: it may face a network
-        return False
+    ip = literal(unmapped(host))
+    return ip is not None and ip.is_loopback  # (a name: it may face a network)
 
 
 def parse_http_address(text: str) -> tuple[str, int] | None:
-    """Return ``--http``'s HOST and PORT (None for ``off``); ValueError naming TEXT if it
-    is neither ``HOST:PORT`` nor ``off``."""
+    """Return ``--http``'s HOST (an IPv6 one without brackets) and PORT (None for ``off``);
+    ValueError naming TEXT if it is neither ``HOST:PORT`` nor ``off``."""
     if text.strip().lower() in ("off", "none", "no", "false", ""):
         return None
     match = _HTTP.fullmatch(text.strip())
     if match is None or int(match.group(2)) > 65535:
-        raise ValueError(f"--http {text!r}: give HOST:PORT (e.g. 127.0.0.1:8787) or off")
+        example = bracketed(text.strip().removeprefix("http://").rstrip("/"))
+        raise ValueError(f"--http {text!r}: " + (f"{_BRACKETS}: {example}" if example else
+                         "give HOST:PORT (e.g. 127.0.0.1:8787, [::1]:8787) or off"))
     return match.group(1).strip("[]") or "0.0.0.0", int(match.group(2))
+
+
+def _dial(host: str, port: int, timeout: float) -> socket.socket:
+    """A plain TCP connection to HOST:PORT over the family a zmq socket dials it over
+    (``net``), each address of HOST's in that family tried in turn; OSError if none
+    takes it (gaierror: no such host)."""
+    family = socket.AF_INET6 if v6(host) else socket.AF_INET
+    flags = socket.AI_V4MAPPED if family == socket.AF_INET6 else 0
+    error: OSError = OSError(errno.EADDRNOTAVAIL, "no address")
+    for *_, where in socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, flags):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(where)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error
 
 
 def unreachable(address: str, timeout: float = 0.5) -> str | None:
     """Say why nothing accepts connections at ADDRESS ("connection refused"), or None
     when something does or it cannot be told (no answer yet, another transport)."""
     scheme, _, rest = address.partition("://")
+    found = host_port(address)
     try:
         if scheme == "tcp":
-            match = _HOST_PORT.fullmatch(rest.rpartition(";")[2])
-            if match is None:
+            if found is None:
                 return None
-            host = match.group(1).strip("[]")
-            socket.create_connection((host, int(match.group(2))), timeout).close()
+            _dial(*found, timeout).close()
         elif scheme == "ipc":
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(timeout)
                 sock.connect(rest)
         return None
     except socket.gaierror:
-        return f"unknown host {rest.rpartition(':')[0].rpartition(';')[2]!r}"
+        return f"unknown host {found[0] if found else rest!r}"
     except TimeoutError:
         return None  # a slow or filtered network: it may yet answer
     except FileNotFoundError:
@@ -132,13 +173,11 @@ def foreign(address: str, timeout: float = 0.5) -> str | None:
     asked: only a silent one is sent a request (so no broker is ever sent HTTP unless it is
     stopped, and then it drops the connection when it wakes, as it drops any bad greeting).
     """
-    scheme, _, rest = address.partition("://")
-    match = _HOST_PORT.fullmatch(rest.rpartition(";")[2]) if scheme == "tcp" else None
-    if match is None:
+    found = host_port(address)
+    if found is None:
         return None
     try:
-        with socket.create_connection((match.group(1).strip("[]"), int(match.group(2))),
-                                      timeout) as sock:
+        with _dial(*found, timeout) as sock:
             try:
                 greeting = sock.recv(16)
             except TimeoutError:

@@ -14,6 +14,8 @@ from typing import Any
 
 import zmq
 
+from . import net
+
 Port = tuple[str, str]  # a data port: its address and CURVE key
 
 
@@ -42,7 +44,7 @@ class Ports:
                 sock.curve_serverkey = key.encode()
                 if not (relay and self._routes and self._routes.secure(sock)):
                     sock.curve_publickey, sock.curve_secretkey = self._public, self._secret
-            sock.connect(address)
+            net.connect(sock, address)
             self._socks[at] = sock
         return sock
 

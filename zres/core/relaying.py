@@ -31,6 +31,7 @@ import zmq
 
 from .address import unreachable
 from .keys import PeerKey
+from .net import host_port, spelled
 from .transfer import Holder, Ref
 
 ENV = "ZRES_RELAY"    # auto (the default), always, never
@@ -57,9 +58,8 @@ def resolve(endpoint: str, broker: str) -> str:
     parts = urlsplit(endpoint)
     if parts.scheme != "tcp" or parts.hostname not in _WILDCARDS:
         return endpoint
-    host = urlsplit(broker).hostname or "127.0.0.1"
-    host = f"[{host}]" if ":" in host else host
-    return f"tcp://{host}:{parts.port}"
+    found = host_port(broker)
+    return f"tcp://{spelled(found[0] if found else '127.0.0.1', str(parts.port))}"
 
 
 class Routes:

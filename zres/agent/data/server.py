@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +21,7 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from ...core import keys
+from ...core import keys, net
 from ...core import objects as O
 from ...core import protocol as P
 from ...core import transfer as T
@@ -57,8 +56,7 @@ class DataServer:
         if key is not None:
             self._sock.curve_server = True
             self._sock.curve_publickey, self._sock.curve_secretkey = key.public, key.secret
-        self._sock.bind(listen)
-        self.bound = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bound = net.bind(self._sock, listen)
         self.address = advertise or _advertised(self.bound, broker)
         self.key = key.public.decode() if key is not None else ""
         self.secret: bytes | None = None   # the cluster's data secret (the broker's welcome)
@@ -220,23 +218,17 @@ def _advertised(bound: str, broker: str) -> str:
     parts = urlsplit(bound)
     if parts.hostname not in ("0.0.0.0", "::", "*"):
         return bound
-    host = urlsplit(broker).hostname or "127.0.0.1"
-    try:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            probe.connect((host, 9))  # (no packet is sent: it only picks the route)
-            mine = probe.getsockname()[0]
-        finally:
-            probe.close()
-    except OSError:
-        mine = socket.gethostbyname(socket.gethostname())
-    return f"tcp://{mine}:{parts.port}"
+    return f"tcp://{net.spelled(net.towards(broker), str(parts.port))}"
 
 
 def default_listen(broker: str) -> str:
     """Where an agent's data port listens by default: loopback when its broker is on
-    loopback, else every interface."""
-    host = urlsplit(broker).hostname or ""
-    loopback = host in ("localhost", "::1") or host.startswith("127.") \
-        or urlsplit(broker).scheme in ("ipc", "inproc")
-    return "tcp://127.0.0.1:0" if loopback else "tcp://0.0.0.0:0"
+    loopback (``::1`` for a broker there), else every interface (of both IP families for a
+    broker reached over IPv6)."""
+    found = net.host_port(broker)  # (None: ipc or inproc, this host)
+    host = found[0] if found is not None else "127.0.0.1"
+    if host == "::1":
+        return "tcp://[::1]:0"
+    if host == "localhost" or host.startswith("127."):
+        return "tcp://127.0.0.1:0"
+    return "tcp://*:0" if net.ipv6(broker) else "tcp://0.0.0.0:0"
