@@ -429,6 +429,44 @@ def test_cancel_sigkills_what_ignores_sigterm_after_the_grace_and_only_then_free
     assert job_table(run)[job][2] == "cancelled"
 
 
+# A daemon (started under `setsid`: out of its job's group and session) that writes its pid
+# to $PIDS; on SIGTERM it writes $PIDS.term and leaves only once $RELEASE exists.
+DAEMON = ('trap \'touch "$PIDS.term"; while [ ! -e "$RELEASE" ]; do sleep 0.02; done; '
+          'exit 0\' TERM; echo $$ > "$PIDS.part"; mv "$PIDS.part" "$PIDS"; '
+          'while :; do sleep 1; done')
+
+
+def test_a_job_ends_only_once_what_left_its_process_group_is_gone(cli, tmp_path):
+    """A job that starts a daemon and exits is not reported finished, nor its foo granted
+    to the next job, while the daemon runs: the agent finds the daemon (no cgroup here: by
+    the tag in its environment), stops it, and only then does the job end."""
+    cluster, run = cli([{"foo": 1}], nthreads=2, env={
+        "ZRES_AGENT__JOB_GRACE": "60", "ZRES_AGENT__MEMORY_LIMITS": "off"})
+    pids, release = tmp_path / "daemon", tmp_path / "release"
+    try:
+        # (the leader waits for the daemon to be up: stopped before its setsid, it would
+        # have gone with the job's group)
+        job = int(run("submit", "-r", "foo=1", "--env", f"PIDS={pids}", "--env",
+                      f"RELEASE={release}", "--env", f"DAEMON={DAEMON}", "--", "sh", "-c",
+                      'setsid sh -c "$DAEMON" & while [ ! -e "$PIDS" ]; do sleep 0.02; done'
+                      ).stdout)
+        wait_until(pids.exists, message="the daemon")
+        daemon = int(pids.read_text())
+        after = int(run("submit", "-r", "foo=1", "--env", f"PIDS={daemon}", "--", "sh",
+                        "-c", CHECK_GONE).stdout)
+        wait_until(Path(f"{pids}.term").exists, message="SIGTERM to the daemon")
+        table = job_table(run)  # (the daemon leaves only once released)
+        assert (table[job][2], table[after][2]) == ("running", "queued"), table
+        assert not process_gone(daemon)
+        release.touch()
+        assert run("wait", str(job), str(after)).returncode == 0
+        assert process_gone(daemon)
+        assert run("logs", str(after)).stdout == "checked\n", "foo was freed before it went"
+    finally:
+        if pids.exists() and not process_gone(int(pids.read_text())):
+            os.kill(int(pids.read_text()), signal.SIGKILL)  # (the agent failed to)
+
+
 def test_exit_codes_reach_the_caller(make_cluster, make_client, tmp_path):
     cluster = make_cluster(agents=[{"foo": 1}], nthreads=2)
     client = make_client(cluster.address)

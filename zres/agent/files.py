@@ -252,12 +252,12 @@ class JobLogs:
         return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
     # -- the record of running jobs ------------------------------------------------------
-    def note_running(self, job_id: int, pgid: int) -> None:
-        """Record that job JOB_ID runs as process group PGID: its own file (0600, made
-        anew, never through a link), nobody else's read or written. OSError if it cannot
-        be."""
+    def note_running(self, job_id: int, pgid: int, tag: str = "") -> None:
+        """Record that job JOB_ID runs as process group PGID, its processes marked with TAG
+        (``jobprocs``): its own file (0600, made anew, never through a link), nobody else's
+        read or written. OSError if it cannot be."""
         name = str(int(job_id))
-        data = json.dumps({"pgid": int(pgid)}).encode()
+        data = json.dumps({"pgid": int(pgid), "tag": str(tag)}).encode()
         try:
             fd = open_new(name, self._running)
         except FileExistsError:  # an earlier attempt's, whose end was not recorded
@@ -275,15 +275,15 @@ class JobLogs:
         except FileNotFoundError:
             pass
 
-    def running_left(self) -> dict[str, int]:
+    def running_left(self) -> dict[str, tuple[int, str]]:
         """The jobs a previous agent of this name left recorded as running: job id ->
-        process group (an unreadable record is dropped; an older version's file of all of
-        them is read, then removed)."""
-        left: dict[str, int] = {}
+        (process group, tag: "" if none was recorded) (an unreadable record is dropped; an
+        older version's file of all of them is read, then removed)."""
+        left: dict[str, tuple[int, str]] = {}
         try:
             with os.fdopen(open_existing(self._legacy, self.fd), "rb") as fh:
                 old = json.load(fh)
-            left.update({str(k): v for k, v in old.items() if type(v) is int and v > 1}
+            left.update({str(k): (v, "") for k, v in old.items() if type(v) is int and v > 1}
                         if isinstance(old, dict) else {})
         except (OSError, ValueError):
             pass
@@ -294,11 +294,12 @@ class JobLogs:
         for name in os.listdir(self._running):
             try:
                 with os.fdopen(open_existing(name, self._running), "rb") as fh:
-                    pgid = json.load(fh)["pgid"]
-                if name.isdigit() and type(pgid) is int and pgid > 1:
-                    left[name] = pgid
+                    record = json.load(fh)
+                pgid, tag = record["pgid"], record.get("tag", "")
+                if name.isdigit() and type(pgid) is int and pgid > 1 and type(tag) is str:
+                    left[name] = (pgid, tag if len(tag) <= 100 else "")  # (ours: 30 bytes)
                     continue
-            except (OSError, ValueError, TypeError, KeyError):
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
                 pass
             try:
                 os.unlink(name, dir_fd=self._running)  # not one to act on: only dropped

@@ -6,9 +6,10 @@ CUDA_VISIBLE_DEVICES set to the granted devices and its output in a log file on 
 through a link: see ``files``; kept after the job ends, for ``log_retention`` to remove
 when its time comes), follows it, stops it on cancel
 (SIGTERM to the group, SIGKILL once the grace has passed), and reports the job ended only
-when no process of its group is left, whatever else died meanwhile: a job's resources
-are never granted to another while any of its processes runs. Processes the job leaves
-behind in its group when its leader exits are stopped the same way.
+when no process of it is left, whatever else died meanwhile: a job's resources are never
+granted to another while any of its processes runs. Its processes are its group's, and those
+that left the group (a daemon's ``setsid``: found as ``jobprocs`` says); what the job leaves
+behind when its leader exits is stopped the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
 from .cpus import CoreBinder, born_on
 from .files import JobLogs
+from .jobprocs import TAG, Escapes, alive, group_alive, members, scan, send, signal_group
 from .log_retention import RETENTION, LogRetention
 from .memory.monitor import Monitor, memory_error
 from .ranks import free_port, master_address, master_env
@@ -104,6 +106,7 @@ class JobRunner:
         # the agent's loop wakes at once; elsewhere the loop looks every tenth of a second.
         self._watch, self._unwatch = watch, unwatch
         self._pidfds: dict[int, int] = {}    # job -> pidfd
+        self.escapes = Escapes(self.memory)  # (what left a job's group: see jobprocs)
         # The running jobs' process groups are kept on disk (``logs``' record, a file per
         # job, written as it starts and removed as it ends: O(1) in the jobs running): an
         # agent killed outright leaves its jobs running; the next agent of this name stops
@@ -112,22 +115,29 @@ class JobRunner:
     def stop_leftovers(self) -> int:
         """Stop the jobs a previous agent of this name left running; return how many. The
         logs earlier runs left are found, to be removed when their time comes."""
-        stopped = 0
+        stopped, killed = 0, {}
         left = self.logs.running_left()
-        for job_id, pgid in left.items():
-            members = _members(pgid, job_id)
-            for pid in members:
-                _signal(pid, signal.SIGKILL)
-            stopped += bool(members)
+        escaped = scan({tag for _, tag in left.values() if tag})  # (one walk for them all)
+        for job_id, (pgid, tag) in left.items():
+            found = {pid: -1 for pid in members(pgid, job_id)} | escaped.get(tag, {})
+            send(found, signal.SIGKILL)
+            killed.update(found)
+            stopped += bool(found)
+        # They go before anything is offered: a GPU's memory is freed as its process ends
+        # (one that outlives SIGKILL that long is beyond the agent: said, not waited for)
+        deadline = time.monotonic() + self.grace
+        while (killed := alive(killed)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for job_id in left:
             self.logs.forget_running(job_id)
         if stopped:
-            log.warning("jobs_left_behind_stopped", count=stopped)
+            log.warning("jobs_left_behind_stopped", count=stopped, still_running=len(killed))
         self.retention.found(left)
         return stopped
 
     def _note(self, job: Job) -> None:
         try:
-            self.logs.note_running(job.task, job.proc.pid)
+            self.logs.note_running(job.task, job.proc.pid, self.escapes.tag(job.task))
         except OSError as exc:
             log.warning("jobs_record_failed", job=job.task, error=str(exc))
 
@@ -150,9 +160,10 @@ class JobRunner:
         job_id = spec.get("job_id", task_id)
         env = {**os.environ, **spec.get("env", {}), "ZRES_JOB_ID": str(job_id),
                "ZRES_AGENT": self.agent, "ZRES_GPU_IDS": ",".join(gpus),
-               "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+               "CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+               TAG: self.escapes.tag(task_id)}  # (what finds it if it leaves its group)
         if job_id != task_id:
-            env["ZRES_JOB_GRANT"] = str(task_id)  # (what finds it if left behind: _members)
+            env["ZRES_JOB_GRANT"] = str(task_id)  # (what finds it if left behind: members)
         if spec.get("master") is True and self._ranks is not None:
             address = master_address(self._ranks[0])
             port = free_port(address)
@@ -168,12 +179,14 @@ class JobRunner:
             return
         # (its cores, if bound: `nproc` there says how many)
         cores = self.cpus.take(place[0], task_id, place[2].get(CPU, 0)) if self.cpus else []
+        self.escapes.started(task_id)  # (what it makes has ids handed out from now)
         try:
             with born_on(cores):
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env, cwd=spec.get("cwd"),
                                         start_new_session=True)  # its own process group
         except Exception as exc:  # no such program or directory, a bad env
+            self.escapes.forget(task_id)
             if self.cpus is not None:
                 self.cpus.give(task_id)
             # Popen names the missing thing: the program, or the working directory.
@@ -228,35 +241,42 @@ class JobRunner:
             os.close(fd)
 
     def cancel(self, task_id: int) -> None:
-        """SIGTERM the job's group; SIGKILL what is left after the grace."""
+        """SIGTERM the job's processes; SIGKILL what is left after the grace."""
         job = self.jobs.get(task_id)
         if job is not None and not job.cancelled:
             job.cancelled = True
             self._stop_group(job)
 
-    def _stop_group(self, job: Job) -> None:
+    def _stop_group(self, job: Job, look: bool = True) -> None:
+        """SIGTERM the job's group and what left it (LOOK: found anew; else those known)."""
         if job.kill_at is None:
             job.kill_at = time.monotonic() + self.grace
-            _signal_group(job.proc.pid, signal.SIGTERM)
+            signal_group(job.proc.pid, signal.SIGTERM)
+            self.escapes.signal([job.task], signal.SIGTERM, look)
 
     def reap(self) -> None:
-        """Report every job whose whole process group is gone."""
+        """Report every job none of whose processes is left: of its group, or escaped."""
         now = time.monotonic()
+        if self.jobs:
+            self.escapes.tick()  # (once per turn: the ids never wrap round in one)
         for job in list(self.jobs.values()):
             leader_done = job.proc.poll() is not None  # also reaps the leader
             if not leader_done and job.kill_at is None:
                 continue
-            if _group_alive(job.proc.pid):
-                if leader_done:
-                    self._stop_group(job)  # what it left behind must not hold the job's GPU
+            if leader_done:  # (its pidfd, readable from now on, would wake every turn)
+                self._forget(job.task)
+            # (what escaped is looked for once the group has gone: ``jobprocs`` says when)
+            group = group_alive(job.proc.pid)
+            if group or not leader_done or self.escapes.running(job.task):
+                if leader_done:  # what it left behind must not hold the job's GPU
+                    self._stop_group(job, look=group)
                 if job.kill_at is not None and now >= job.kill_at:
-                    _signal_group(job.proc.pid, signal.SIGKILL)
-                continue
-            if not leader_done:
-                continue  # the leader is being killed: wait for it
+                    signal_group(job.proc.pid, signal.SIGKILL)
+                    self.escapes.signal([job.task], signal.SIGKILL, look=False)
+                continue  # (a leader being killed is waited for)
             del self.jobs[job.task]
-            self._forget(job.task)
             self._unnote(job.task)
+            self.escapes.forget(job.task)
             self._finished(job)
         self.retention.poll()  # (O(1) unless a log's time has come)
 
@@ -313,9 +333,11 @@ class JobRunner:
         return body
 
     def stop_all(self) -> None:
-        """SIGKILL every job's group and forget them (the broker no longer counts them)."""
+        """SIGKILL every job's processes and forget them (the broker no longer counts
+        them)."""
+        self.escapes.signal(list(self.jobs), signal.SIGKILL)  # (one walk for them all)
         for job in self.jobs.values():
-            _signal_group(job.proc.pid, signal.SIGKILL)
+            signal_group(job.proc.pid, signal.SIGKILL)
             try:
                 job.proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -325,6 +347,7 @@ class JobRunner:
                 self.cpus.give(job.task)
             self._forget(job.task)
             self._unnote(job.task)
+            self.escapes.forget(job.task)
             self.retention.ended(job.cluster, job.task)  # (for the next start's walk)
         self.jobs.clear()
         self.recent.clear()  # (a broker that gets these is not the one they ran for)
@@ -332,45 +355,3 @@ class JobRunner:
     def holding(self) -> list[int]:
         return list(self.jobs)
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, though not ours to signal
-    return True
-
-
-def _members(pgid: int, job_id: str) -> list[int]:
-    """The processes of group PGID that belong to job JOB_ID (their environment says so:
-    a reused group number is never taken for the job's)."""
-    markers = {f"ZRES_JOB_ID={job_id}".encode(), f"ZRES_JOB_GRANT={job_id}".encode()}
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry)) != pgid:
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if markers & set(fh.read().split(b"\0")):
-                    found.append(int(entry))
-        except (OSError, ProcessLookupError):
-            continue
-    return found
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
