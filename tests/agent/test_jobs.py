@@ -329,6 +329,64 @@ def test_an_id_reused_while_a_job_stops_is_never_signalled(tmp_path, reused):
             other.wait()
 
 
+# A job that counts the SIGTERMs it gets in argv[1], and runs on; with argv[2] "escaped",
+# in a child out of its group. The counting process starts two threads, then writes its id
+# and theirs to argv[1].ready.
+COUNTS = """import os, signal, sys, threading, time
+if sys.argv[2] == "escaped" and os.fork():
+    while True:
+        time.sleep(0.01)
+if sys.argv[2] == "escaped":
+    os.setsid()
+signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], "a").write("TERM\\n"))
+ids = []
+for _ in range(2):
+    threading.Thread(target=lambda: ids.append(threading.get_native_id()) or time.sleep(60),
+                     daemon=True).start()
+while len(ids) < 2:
+    time.sleep(0.01)
+with open(sys.argv[1] + ".part", "w") as fh:
+    fh.write(" ".join(map(str, [os.getpid(), *sorted(ids)])))
+os.rename(sys.argv[1] + ".part", sys.argv[1] + ".ready")
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("where", ["in-group", "escaped"])
+def test_a_cancelled_jobs_process_gets_one_sigterm(tmp_path, monkeypatch, where):
+    """IN-GROUP: the group's SIGTERM reaches it; the walk for what left the group, which
+    finds it too (it carries the job's tag), does not tell it again. ESCAPED: the walk, which
+    tries its threads' ids too, tells it once. To some programs a second SIGTERM means "stop
+    now, skip the clean-up"."""
+    monkeypatch.setattr(jobprocs, "_FEW", 1 << 30)  # (every id tried, threads' included)
+    ended: list[Any] = []
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
+                     lambda *report: ended.append(report), grace=0.5)
+    jobs.cluster = "c0ffee"
+    counted = tmp_path / "terms"
+    try:
+        jobs.start(1, {"argv": [sys.executable, "-c", COUNTS, str(counted), where],
+                       "env": {}, "cwd": None}, [])
+        ready = Path(f"{counted}.ready")
+        ids = [int(n) for n in wait_until(lambda: ready.exists() and ready.read_text(),
+                                          message="the job to start").split()]
+        # (the walk reads it, or its thread, once it has heard the first: none is merged)
+        read_late = jobs.jobs[1].proc.pid if where == "in-group" else ids[1]
+        on_open[f"{procs.PROC}/{read_late}/environ"] = lambda: wait_until(
+            counted.exists, message="the first SIGTERM")
+        jobs.cancel(1)
+        assert not on_open, "the walk did not read it"
+        wait_until(lambda: (jobs.reap(), ended)[1], message="the job to end (SIGKILL)")
+        assert counted.read_text() == "TERM\n"
+    finally:
+        on_open.clear()
+        jobs.stop_all()
+        jobs.logs.close()
+        if where == "escaped" and not process_gone(ids[0]):
+            os.kill(ids[0], signal.SIGKILL)
+
+
 # A job whose child leaves its group and waits for SIGUSR1 (its pid in argv[1]); told, it
 # starts DAEMON (pid file argv[2]) and exits: a daemon's double fork, at the instant chosen.
 FORKS_LATER = """import os, signal, sys

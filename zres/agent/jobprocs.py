@@ -45,10 +45,13 @@ What is found after the job was told to stop is told then (SIGTERM, and SIGKILL 
 rest once the grace is over). Without /proc (not Linux) nothing that left the group is
 found: a job ends when its group has, as before.
 
-A signal goes only to the process found: each is told through a descriptor of its own (a
-pidfd) once its start time is seen to be the one found, so an id reused meanwhile (by any
-process of the user's) is never signalled. And a job's group, once gone, is never signalled
-or looked at again (``jobs``): its number may be another's by then.
+A signal goes only to the process found, and once: each is told through a descriptor of
+its own (a pidfd) once its start time is seen to be the one found, so an id reused meanwhile
+(by any process of the user's) is never signalled; a thread's id found reads as its
+process; the members of the job's group, which carry its tag too, are told by the group's
+signal alone (to some programs a second SIGTERM means "stop now, skip the clean-up"). A
+job's group, once gone, is never signalled or looked at again (``jobs``): its number may be
+another's by then.
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ class Escapes:
         self.nonce = secrets.token_hex(8)
         self.found: dict[int, dict[int, int]] = {}  # job -> {pid: start}, being followed
         self.stopping: set[int] = set()  # jobs told to stop: what is found later is told too
+        # Each job's process group while it is there (``jobs`` says): its members are told
+        # by the group's signal, never once more as escaped (a second SIGTERM may mean "stop
+        # now, skip the clean-up" to some programs).
+        self.groups: dict[int, int] = {}
         # The process ids handed out since a job started are the job's candidates: the last
         # one handed out (``procs.last_pid``) as each job starts, and how often the ids have
         # wrapped round since the agent started (seen at every turn: no turn is that long).
@@ -142,13 +149,18 @@ class Escapes:
         tags = {}
         for task_id in task_ids:
             path = self._cgroup(task_id)
+            group = self.groups.get(task_id)
             if path and self.memory.cgroups is not None:
-                found[task_id] = alive({pid: -1 for pid in self.memory.cgroups.pids(path)})
+                found[task_id] = {pid: stat[0] for pid in self.memory.cgroups.pids(path)
+                                  if (stat := _stat(pid)) is not None and stat[1] != group}
                 if sig is not None:
                     send(found[task_id], sig)
             else:
                 tags[self.tag(task_id)] = task_id
-        walked = scan(tags, self.made_since(list(tags.values())) if tags else None, sig)
+        groups = {tag: self.groups[task_id] for tag, task_id in tags.items()
+                  if task_id in self.groups}
+        walked = scan(tags, self.made_since(list(tags.values())) if tags else None, sig,
+                      groups)
         for tag, task_id in tags.items():
             found[task_id] = walked.get(tag, {})
         return found
@@ -170,6 +182,7 @@ class Escapes:
         self.found.pop(task_id, None)
         self.stopping.discard(task_id)
         self.born.pop(task_id, None)
+        self.groups.pop(task_id, None)
 
     def _cgroup(self, task_id: int) -> str:
         unit = self.memory.get(task_id)
@@ -177,20 +190,22 @@ class Escapes:
 
 
 def scan(tags: Collection[str], made: tuple[int, int] | None = None,
-         sig: int | None = None) -> dict[str, dict[int, int]]:
+         sig: int | None = None, groups: Mapping[str, int] | None = None
+         ) -> dict[str, dict[int, int]]:
     """The running processes whose environment carries one of TAGS (``ZRES_JOB_TAG=tag``),
-    among those this process may read (its user's; all, as root): tag -> {pid: start}.
-    MADE (first, last): only those with the ids handed out after first up to last (last:
-    the last one handed out just now). SIG: sent to each as it is found. Then those made
-    while the walk went, round after round until none is made during one (the module's
-    docstring says why)."""
+    among those this process may read (its user's; all, as root): tag -> {pid: start}, a
+    thread's process by its own id. MADE (first, last): only those with the ids handed out
+    after first up to last (last: the last one handed out just now). SIG: sent to each as
+    it is found. GROUPS: tag -> a process group whose members are left out (its signal
+    reaches them). Then those made while the walk went, round after round until none is
+    made during one (the module's docstring says why)."""
     wanted = {tag.encode(): tag for tag in tags}
     found: dict[str, dict[int, int]] = {}
     if not wanted or not procs.usable():
         return found
     mark = made[1] if made is not None else procs.last_pid()
     for _ in range(_ROUNDS):
-        _read(_candidates(made), wanted, found, sig)
+        _read(_candidates(made), wanted, found, sig, groups or {})
         now = procs.last_pid()
         if mark is None or now is None or now == mark:
             break
@@ -199,8 +214,9 @@ def scan(tags: Collection[str], made: tuple[int, int] | None = None,
 
 
 def _read(pids: Iterable[int], wanted: Mapping[bytes, str], found: dict[str, dict[int, int]],
-          sig: int | None) -> None:
-    """Put in FOUND those of PIDS whose tag is WANTED's (and send them SIG)."""
+          sig: int | None, groups: Mapping[str, int]) -> None:
+    """Put in FOUND those of PIDS whose tag is WANTED's, out of its GROUPS' group, each
+    process once (and send them SIG)."""
     me = os.getpid()
     for pid in pids:
         if pid == me:
@@ -214,10 +230,14 @@ def _read(pids: Iterable[int], wanted: Mapping[bytes, str], found: dict[str, dic
         if at < 0:
             continue
         value = data[at + len(_MARK):].partition(b"\0")[0]
-        if value in wanted and (start := started(pid)) is not None:
-            found.setdefault(wanted[value], {})[pid] = start
-            if sig is not None:
-                send({pid: start}, sig)
+        tag = wanted.get(value)
+        # (a thread's id, tried one by one, reads as its process: told once, by its own id)
+        if tag is None or (pid := _process(pid)) in found.get(tag, ()) \
+                or (stat := _stat(pid)) is None or stat[1] == groups.get(tag):
+            continue
+        found.setdefault(tag, {})[pid] = stat[0]
+        if sig is not None:
+            send({pid: stat[0]}, sig)
 
 
 _FEW = 32  # ids: fewer are tried one by one (5 us each), more found in the listing
@@ -226,8 +246,7 @@ _FEW = 32  # ids: fewer are tried one by one (5 us each), more found in the list
 def _candidates(made: tuple[int, int] | None) -> Iterable[int]:
     """The processes with ids handed out after MADE[0] up to MADE[1] (None: all of them)."""
     if made is not None and made[0] <= made[1] and made[1] - made[0] <= _FEW:
-        # (a thread's id, tried so, reads as its process: one more id of it to follow)
-        return range(made[0] + 1, made[1] + 1)
+        return range(made[0] + 1, made[1] + 1)  # (threads' ids too: see _read)
     pids = (int(entry) for entry in os.listdir(procs.PROC) if entry.isdigit())
     if made is None:
         return pids
@@ -239,14 +258,32 @@ def _candidates(made: tuple[int, int] | None) -> Iterable[int]:
 def started(pid: int) -> int | None:
     """When PID started (clock ticks after boot), or None if it has ended (a zombie
     counts as ended once no thread of it is left)."""
+    stat = _stat(pid)
+    return None if stat is None else stat[0]
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """When PID started and its process group, or None if it has ended (as ``started``)."""
     try:
         with open(f"{procs.PROC}/{pid}/stat", "rb") as fh:
             fields = fh.read().rpartition(b")")[2].split()  # (comm may hold anything)
         if fields[0] in (b"Z", b"X") and os.listdir(f"{procs.PROC}/{pid}/task") == [str(pid)]:
             return None
-        return int(fields[19])
+        return int(fields[19]), int(fields[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _process(pid: int) -> int:
+    """The process whose thread PID is (PID if it is one's first, or unknown)."""
+    try:
+        with open(f"{procs.PROC}/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return pid
 
 
 def alive(pids: dict[int, int]) -> dict[int, int]:

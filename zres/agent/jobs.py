@@ -206,6 +206,7 @@ class JobRunner:
             return
         finally:
             os.close(out)
+        self.escapes.groups[task_id] = proc.pid  # (its members: told as the group is)
         job = self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
                                        positions=list(place[1]), taken=dict(place[2]),
                                        cluster=self.cluster, priority=priority,
@@ -279,7 +280,9 @@ class JobRunner:
             # (what escaped is looked for once the group has gone: ``jobprocs`` says when;
             # gone once its leader was reaped, it is gone for good: never looked at again)
             group = not job.group_gone and group_alive(job.proc.pid)
-            job.group_gone = leader_done and not group
+            if leader_done and not group:
+                job.group_gone = True
+                self.escapes.groups.pop(job.task, None)
             if group or not leader_done or self.escapes.running(job.task):
                 if leader_done:  # what it left behind must not hold the job's GPU
                     self._stop_group(job, look=group)
