@@ -211,8 +211,8 @@ def _open_files_to_hard_limit() -> None:
 def _data_address(value: Any, what: str) -> None:
     """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port listens or is
     reached at: tcp://HOST:PORT (a port up to 65535) or ipc://PATH (None: not given)."""
-    match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d{1,5})|ipc://\S+",
-                         value) if isinstance(value, str) else None
+    match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[^\s/:\[\]]+):(\d{1,5})"
+                         r"|ipc://\S+", value) if isinstance(value, str) else None
     if value is not None and (match is None or int(match[2] or 0) > 65535):
         example = bracketed(value.removeprefix("tcp://")) if isinstance(value, str) else None
         raise ValueError(f"{what} {value!r} is not a data port's address: " + (

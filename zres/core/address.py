@@ -21,7 +21,8 @@ from .errors import ZresError
 from .net import host_port, literal, unmapped, v6
 
 _TRANSPORTS = ("tcp", "ipc", "inproc")
-_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
+# (an IPv6 one in brackets may name its zone: [fe80::1%eth0])
+_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[^\s/:\[\]]*):(\d{1,5})/?")
 _EXAMPLES = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:7070, tcp://[::1]:7070)"
 _BRACKETS = "an IPv6 address goes in brackets, its port after them"
 
