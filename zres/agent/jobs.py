@@ -351,9 +351,11 @@ class JobRunner:
     def stop_all(self) -> None:
         """SIGKILL every job's processes and forget them (the broker no longer counts
         them)."""
-        self.escapes.signal(list(self.jobs), signal.SIGKILL)  # (one walk for them all)
+        # The groups first: what leaves one after (setsid) is found by the walk then.
         for job in self.jobs.values():
             self._signal_group(job, signal.SIGKILL)
+        self.escapes.signal(list(self.jobs), signal.SIGKILL)  # (one walk for them all)
+        for job in self.jobs.values():
             try:
                 job.proc.wait(5)
             except subprocess.TimeoutExpired:
