@@ -256,6 +256,8 @@ def test_a_data_ports_address_may_be_any_ipv6_one_in_brackets():
         _data_address(address, "data_listen")  # (a link-local one names its zone)
     with pytest.raises(ValueError, match=r"in brackets, its port after them: tcp://\[::1\]:0"):
         _data_address("tcp://::1:0", "data_listen")
+    with pytest.raises(ValueError, match=r"data_listen 'tcp://\[fe80::1\]:0': a link-local"):
+        _data_address("tcp://[fe80::1]:0", "data_listen")
 
 
 def test_demo_refuses_a_count_of_inputs_below_one(tmp_path):

@@ -40,6 +40,16 @@ def test_an_ipv6_address_without_brackets_is_refused_saying_how_to_write_it(give
                                   f"after them: {says}")
 
 
+def test_a_link_local_address_without_its_zone_is_refused_saying_so():
+    """(fe80::/10 is on every link: libzmq's bind says `Invalid argument`, its connect
+    retries for ever.)"""
+    with pytest.raises(ValueError) as refused:
+        normalize("[fe80::1]:7070")
+    assert str(refused.value) == ("'tcp://[fe80::1]:7070': a link-local IPv6 address needs "
+                                  "its zone, the interface it is on: e.g. "
+                                  "tcp://[fe80::1%eth0]:7070")
+
+
 def test_brackets_hold_an_ipv6_address_or_nothing():
     for given in ("tcp://[127.0.0.1]:7070", "tcp://[broker]:7070"):
         with pytest.raises(ValueError, match=r"is not an IPv6 address \(brackets are"):

@@ -22,7 +22,7 @@ from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
 from ..core import relaying
-from ..core.address import bracketed, is_local, is_loopback, parse_http_address
+from ..core.address import bracketed, is_local, is_loopback, normalize, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.report import in_user_units
@@ -218,6 +218,11 @@ def _data_address(value: Any, what: str) -> None:
         raise ValueError(f"{what} {value!r} is not a data port's address: " + (
             f"an IPv6 address goes in brackets, its port after them: tcp://{example}"
             if example else "give tcp://HOST:PORT (an IPv6 HOST in brackets) or ipc://PATH"))
+    if match is not None and match[1] is not None:
+        try:
+            normalize(value)  # (what else it says: a link-local address with no zone)
+        except ValueError as exc:
+            raise ValueError(f"{what} {exc}") from None
 
 
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
