@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import process_gone, wait_until
+from zres.agent import jobprocs
 from zres.agent.cpus import CoreBinder
 from zres.agent.files import JobLogs
-from zres.agent.jobprocs import Escapes
+from zres.agent.jobprocs import Escapes, send, started
 from zres.agent.jobs import JobRunner
 from zres.agent.memory import cgroups, procs
 from zres.agent.memory.cgroups import Cgroups
@@ -30,12 +34,17 @@ pytestmark = pytest.mark.timeout(60)
 # cannot be removed, so one is added for the whole module and records only when asked.
 _FILE_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir"}
 watching: list[list[tuple[str, str]]] = []
+# What to do as this process opens a path (once): the agent stopped at that instant.
+on_open: dict[str, Callable[[], None]] = {}
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if watching and event in _FILE_EVENTS and args:
         watching[-1].append((event, os.fsdecode(args[0]) if isinstance(args[0], (str, bytes))
                              else str(args[0])))
+    if on_open and event == "open" and args and isinstance(args[0], str) \
+            and (action := on_open.pop(args[0], None)) is not None:
+        action()
 
 
 sys.addaudithook(_hook)
@@ -240,6 +249,194 @@ def test_the_ids_made_since_a_job_started_are_followed_as_they_wrap_round(monkey
     escapes.tick()  # 40: wrapped round
     assert escapes.made_since([1]) == (150, 60)
     assert escapes.made_since([1]) is None  # 160: past where it started, once round
+    # A look seconds after the last (the agent stopped): how often the ids wrapped round
+    # meanwhile is not known (150, 100 could be two wraps): every process is read.
+    handed = iter([100, 150, 100])
+    escapes = Escapes(Monitor(None, False, 0))
+    escapes.started(1)
+    monkeypatch.setattr(jobprocs.time, "monotonic", lambda: time.time() + 60)
+    assert escapes.made_since([1]) is None
+
+
+def test_a_signal_goes_only_to_the_process_found():
+    """Its id taken by another process since it was found (another start time): that
+    one is never signalled."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        begun = started(other.pid)
+        assert begun is not None
+        send({other.pid: begun + 1}, signal.SIGKILL)  # (the one found started earlier)
+        send({other.pid: begun}, signal.SIGTERM)  # (what it dies of says which came)
+        assert other.wait(10) == -signal.SIGTERM, "another process was killed"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def take_id(pid: int) -> subprocess.Popen[bytes]:
+    """A process of this user's, in a session of its own, given id PID (free now): where the
+    kernel lets this process say which id it hands out next (as root)."""
+    for _ in range(20):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+                fh.write(str(pid - 1))
+        except OSError as exc:
+            pytest.skip(f"no process id can be chosen here: {exc.strerror}")
+        other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if other.pid == pid:
+            return other
+        other.kill()  # (another process forked meanwhile: again)
+        other.wait()
+    pytest.fail(f"id {pid} could not be taken")
+
+
+@pytest.mark.parametrize("reused", ["escaped", "group"])
+def test_an_id_reused_while_a_job_stops_is_never_signalled(tmp_path, reused):
+    """ESCAPED: a cancelled job's process that left its group ends on SIGTERM, its id taken
+    by another process before the grace is over. GROUP: a job's leader exits, its group goes,
+    and its daemon ignores SIGTERM; the group's number is taken by another session. The
+    other process outlives the SIGKILL that ends the job."""
+    ended: list[Any] = []
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
+                     lambda *report: ended.append(report), grace=0.5)
+    jobs.cluster = "c0ffee"
+    pid_file, other = tmp_path / "daemon", None
+    # (ESCAPED: it starts a daemon that ends on SIGTERM, then ignores SIGTERM itself)
+    spec = escaping(pid_file) if reused == "group" else {"argv": ["sh", "-c", (
+        f"setsid sleep 60 & echo $! > {pid_file}.part; mv {pid_file}.part {pid_file}; "
+        "trap '' TERM; while :; do sleep 0.1; done")], "env": {}, "cwd": None}
+    try:
+        jobs.start(1, spec, [])
+        escaped = int(wait_until(lambda: escaped_pid(pid_file), message="the daemon"))
+        if reused == "escaped":
+            jobs.cancel(1)
+            wait_until(lambda: process_gone(escaped), message="the daemon to end on SIGTERM")
+            other = take_id(escaped)
+        else:
+            wait_until(lambda: jobs.jobs[1].proc.poll() is not None, message="the leader")
+            jobs.reap()  # (its group has gone: its daemon is told SIGTERM)
+            wait_until(Path(f"{pid_file}.term").exists, message="SIGTERM to the daemon")
+            other = take_id(jobs.jobs[1].proc.pid)
+        wait_until(lambda: (jobs.reap(), ended)[1], message="the job to end")
+        assert other.poll() is None, f"another process was killed ({other.returncode})"
+        assert reused == "escaped" or process_gone(escaped)  # (ESCAPED: its id is other's)
+    finally:
+        jobs.stop_all()
+        jobs.logs.close()
+        kill_escaped(pid_file)
+        if other is not None:
+            other.kill()
+            other.wait()
+
+
+# A job that counts the SIGTERMs it gets in argv[1], and runs on; with argv[2] "escaped",
+# in a child out of its group. The counting process starts two threads, then writes its id
+# and theirs to argv[1].ready.
+COUNTS = """import os, signal, sys, threading, time
+if sys.argv[2] == "escaped" and os.fork():
+    while True:
+        time.sleep(0.01)
+if sys.argv[2] == "escaped":
+    os.setsid()
+signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], "a").write("TERM\\n"))
+ids = []
+for _ in range(2):
+    threading.Thread(target=lambda: ids.append(threading.get_native_id()) or time.sleep(60),
+                     daemon=True).start()
+while len(ids) < 2:
+    time.sleep(0.01)
+with open(sys.argv[1] + ".part", "w") as fh:
+    fh.write(" ".join(map(str, [os.getpid(), *sorted(ids)])))
+os.rename(sys.argv[1] + ".part", sys.argv[1] + ".ready")
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("where", ["in-group", "escaped"])
+def test_a_cancelled_jobs_process_gets_one_sigterm(tmp_path, monkeypatch, where):
+    """IN-GROUP: the group's SIGTERM reaches it; the walk for what left the group, which
+    finds it too (it carries the job's tag), does not tell it again. ESCAPED: the walk, which
+    tries its threads' ids too, tells it once. To some programs a second SIGTERM means "stop
+    now, skip the clean-up"."""
+    monkeypatch.setattr(jobprocs, "_FEW", 1 << 30)  # (every id tried, threads' included)
+    ended: list[Any] = []
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
+                     lambda *report: ended.append(report), grace=0.5)
+    jobs.cluster = "c0ffee"
+    counted = tmp_path / "terms"
+    try:
+        jobs.start(1, {"argv": [sys.executable, "-c", COUNTS, str(counted), where],
+                       "env": {}, "cwd": None}, [])
+        ready = Path(f"{counted}.ready")
+        ids = [int(n) for n in wait_until(lambda: ready.exists() and ready.read_text(),
+                                          message="the job to start").split()]
+        # (the walk reads it, or its thread, once it has heard the first: none is merged)
+        read_late = jobs.jobs[1].proc.pid if where == "in-group" else ids[1]
+        on_open[f"{procs.PROC}/{read_late}/environ"] = lambda: wait_until(
+            counted.exists, message="the first SIGTERM")
+        jobs.cancel(1)
+        assert not on_open, "the walk did not read it"
+        wait_until(lambda: (jobs.reap(), ended)[1], message="the job to end (SIGKILL)")
+        assert counted.read_text() == "TERM\n"
+    finally:
+        on_open.clear()
+        jobs.stop_all()
+        jobs.logs.close()
+        if where == "escaped" and not process_gone(ids[0]):
+            os.kill(ids[0], signal.SIGKILL)
+
+
+# A job whose child leaves its group and waits for SIGUSR1 (its pid in argv[1]); told, it
+# starts DAEMON (pid file argv[2]) and exits: a daemon's double fork, at the instant chosen.
+FORKS_LATER = """import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+if os.fork() == 0:
+    os.setsid()
+    with open(sys.argv[1] + ".part", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".part", sys.argv[1])
+    signal.sigwait({signal.SIGUSR1})
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[3], sys.argv[2]])
+    os._exit(0)
+while not os.path.exists(sys.argv[1]):
+    signal.sigtimedwait(set(), 0.01)
+"""
+
+
+def test_a_process_made_as_the_walk_passes_is_found(tmp_path):
+    """A job's leader exits; its child, out of its group, forks the daemon and exits just
+    as the agent's walk comes to read it (the agent stopped there): the daemon's id is
+    newer than any the walk was to read. The ids handed out during the walk are read
+    after it: the job is not reported ended while the daemon runs."""
+    ended: list[Any] = []
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
+                     lambda *report: ended.append(report), grace=0.5)
+    jobs.cluster = "c0ffee"
+    child_file, pid_file = tmp_path / "child", tmp_path / "daemon"
+    try:
+        jobs.start(1, {"argv": [sys.executable, "-c", FORKS_LATER, str(child_file),
+                                str(pid_file), DAEMON], "env": {}, "cwd": None}, [])
+        child = int(wait_until(lambda: escaped_pid(child_file), message="the child"))
+        wait_until(lambda: jobs.jobs[1].proc.poll() is not None, message="the leader")
+
+        def fork_now() -> None:
+            os.kill(child, signal.SIGUSR1)
+            wait_until(lambda: escaped_pid(pid_file), message="the daemon")
+            wait_until(lambda: process_gone(child), message="the child to exit")
+        on_open[f"{procs.PROC}/{child}/environ"] = fork_now
+        jobs.reap()
+        assert not on_open, "the walk did not read the child"
+        escaped = int(pid_file.read_text())
+        assert ended == [] and not process_gone(escaped), "ended while its daemon ran"
+        wait_until(lambda: (jobs.reap(), ended)[1], message="the job to end")
+        assert process_gone(escaped)
+    finally:
+        on_open.clear()
+        jobs.stop_all()
+        jobs.logs.close()
+        kill_escaped(pid_file)
 
 
 @pytest.mark.parametrize("how", ["cancel", "stop_all"])

@@ -57,6 +57,20 @@ def test_a_snapshot_is_made_when_asked_and_a_stuck_loop_is_reported():
         broker.close()
 
 
+def test_the_dashboard_on_every_address_as_zres_writes_it():
+    """``--http *:PORT``: every address, as ``tcp://*`` (of both families where the kernel
+    allows), never what a resolver makes of the name "*"."""
+    broker = Broker("tcp://127.0.0.1:0")
+    server = DashboardServer("*", 0, broker.snapshots, broker.metrics)
+    try:
+        assert server.url.startswith(("http://[::]:", "http://0.0.0.0:")), server.url
+        port = int(server.url.rsplit(":", 1)[1].strip("/"))
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        server.close()
+        broker.close()
+
+
 def test_a_trickling_request_is_closed_when_its_time_is_up():
     """A request that never ends (one header line now and then, as slowloris sends) is
     closed once it has had the request timeout, however often it sends."""

@@ -21,6 +21,7 @@ import pytest
 import zres
 from tests.conftest import wait_until
 from tests.tasks import hold
+from zres.cli.cluster import _data_address
 from zres.cli.main import _parser
 from zres.core import keys as K
 
@@ -248,6 +249,15 @@ def test_agent_with_a_bad_data_port_address_is_a_usage_error(address, tmp_path):
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert f"data_listen {address!r} is not a data port's address" in \
         assert_one_line_error(result)
+
+
+def test_a_data_ports_address_may_be_any_ipv6_one_in_brackets():
+    for address in ("tcp://[::1]:0", "tcp://[fe80::1%eth0]:0", "tcp://*:0"):
+        _data_address(address, "data_listen")  # (a link-local one names its zone)
+    with pytest.raises(ValueError, match=r"in brackets, its port after them: tcp://\[::1\]:0"):
+        _data_address("tcp://::1:0", "data_listen")
+    with pytest.raises(ValueError, match=r"data_listen 'tcp://\[fe80::1\]:0': a link-local"):
+        _data_address("tcp://[fe80::1]:0", "data_listen")
 
 
 def test_demo_refuses_a_count_of_inputs_below_one(tmp_path):

@@ -3,6 +3,7 @@ URL), which family a socket reaches it over, and this host's address towards it.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 import pytest
@@ -39,6 +40,16 @@ def test_an_ipv6_address_without_brackets_is_refused_saying_how_to_write_it(give
                                   f"after them: {says}")
 
 
+def test_a_link_local_address_without_its_zone_is_refused_saying_so():
+    """(fe80::/10 is on every link: libzmq's bind says `Invalid argument`, its connect
+    retries for ever.)"""
+    with pytest.raises(ValueError) as refused:
+        normalize("[fe80::1]:7070")
+    assert str(refused.value) == ("'tcp://[fe80::1]:7070': a link-local IPv6 address needs "
+                                  "its zone, the interface it is on: e.g. "
+                                  "tcp://[fe80::1%eth0]:7070")
+
+
 def test_brackets_hold_an_ipv6_address_or_nothing():
     for given in ("tcp://[127.0.0.1]:7070", "tcp://[broker]:7070"):
         with pytest.raises(ValueError, match=r"is not an IPv6 address \(brackets are"):
@@ -52,6 +63,7 @@ def test_brackets_hold_an_ipv6_address_or_nothing():
 def test_the_dashboards_address_may_be_ipv6_in_brackets():
     assert parse_http_address("[::1]:8787") == ("::1", 8787)
     assert parse_http_address("http://[::]:8787/") == ("::", 8787)
+    assert parse_http_address("[fe80::1%eth0]:8787") == ("fe80::1%eth0", 8787)  # (its zone)
     with pytest.raises(ValueError, match=r"in brackets, its port after them: \[::1\]:8787"):
         parse_http_address("::1:8787")
 
@@ -98,8 +110,28 @@ def test_this_host_is_advertised_towards_an_ipv6_broker_by_its_ipv6_address():
     assert default_listen("tcp://[2001:db8::5]:7070") == "tcp://*:0"
     assert default_listen("tcp://192.0.2.5:7070") == "tcp://0.0.0.0:0"
     assert default_listen("tcp://127.0.0.1:7070") == "tcp://127.0.0.1:0"
+    # (loopback however written: never every interface for a broker on loopback)
+    assert default_listen("tcp://[::ffff:127.0.0.1]:7070") == "tcp://127.0.0.1:0"
+    assert default_listen("tcp://[0:0::1]:7070") == "tcp://[::1]:0"
     with socket.socket(socket.AF_INET6) as taken:
         taken.bind(("::1", free_port("::1")))  # (free over IPv6)
+
+
+def test_a_link_local_address_advertised_names_its_zone():
+    """(fe80::/10 is on every link: without its interface, zmq cannot dial it.)"""
+    try:
+        with open("/proc/net/if_inet6") as fh:  # address, index, prefix, scope, flags, name
+            local = [(line.split()[0], line.split()[5]) for line in fh
+                     if line.split()[3] == "20"]
+    except OSError:
+        local = []
+    if not local:
+        pytest.skip("no link-local IPv6 address here")
+    digits, name = local[0]
+    mine = str(ipaddress.IPv6Address(int(digits, 16)))
+    assert net.towards(f"tcp://[{mine}%{name}]:7070") == f"{mine}%{name}"
+    assert _advertised("tcp://[::]:5555", f"tcp://[{mine}%{name}]:7070") == \
+        f"tcp://[{mine}%{name}]:5555"
 
 
 def test_nothing_listening_at_an_ipv6_address_is_said_at_once():

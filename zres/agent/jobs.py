@@ -61,6 +61,7 @@ class Job:
     log: str
     cancelled: bool = False
     kill_at: float | None = None     # SIGKILL what is left of the group then
+    group_gone: bool = False         # (its number is then free for another's: never used)
     slot: int = 0                    # where it was granted, on which GPU positions,
     positions: list[int] = field(default_factory=list)  # taking what: told to a
     taken: dict[str, int] = field(default_factory=dict)  # restarted broker
@@ -117,10 +118,12 @@ class JobRunner:
         logs earlier runs left are found, to be removed when their time comes."""
         stopped, killed = 0, {}
         left = self.logs.running_left()
-        escaped = scan({tag for _, tag in left.values() if tag})  # (one walk for them all)
+        # (one walk for them all, each killed as it is found: it starts nothing unseen)
+        escaped = scan({tag for _, tag in left.values() if tag}, sig=signal.SIGKILL)
         for job_id, (pgid, tag) in left.items():
-            found = {pid: -1 for pid in members(pgid, job_id)} | escaped.get(tag, {})
-            send(found, signal.SIGKILL)
+            grouped = {pid: -1 for pid in members(pgid, job_id)}
+            send(grouped, signal.SIGKILL)
+            found = grouped | escaped.get(tag, {})
             killed.update(found)
             stopped += bool(found)
         # They go before anything is offered: a GPU's memory is freed as its process ends
@@ -203,6 +206,7 @@ class JobRunner:
             return
         finally:
             os.close(out)
+        self.escapes.groups[task_id] = proc.pid  # (its members: told as the group is)
         job = self.jobs[task_id] = Job(task_id, argv, proc, path, slot=place[0],
                                        positions=list(place[1]), taken=dict(place[2]),
                                        cluster=self.cluster, priority=priority,
@@ -251,8 +255,16 @@ class JobRunner:
         """SIGTERM the job's group and what left it (LOOK: found anew; else those known)."""
         if job.kill_at is None:
             job.kill_at = time.monotonic() + self.grace
-            signal_group(job.proc.pid, signal.SIGTERM)
+            self._signal_group(job, signal.SIGTERM)
             self.escapes.signal([job.task], signal.SIGTERM, look)
+
+    @staticmethod
+    def _signal_group(job: Job, sig: int) -> None:
+        """Send SIG to JOB's process group, unless it has gone (its number may be another
+        group's by now: a process of this user's that made a group or session of its own,
+        another job's)."""
+        if not job.group_gone:
+            signal_group(job.proc.pid, sig)
 
     def reap(self) -> None:
         """Report every job none of whose processes is left: of its group, or escaped."""
@@ -265,13 +277,17 @@ class JobRunner:
                 continue
             if leader_done:  # (its pidfd, readable from now on, would wake every turn)
                 self._forget(job.task)
-            # (what escaped is looked for once the group has gone: ``jobprocs`` says when)
-            group = group_alive(job.proc.pid)
+            # (what escaped is looked for once the group has gone: ``jobprocs`` says when;
+            # gone once its leader was reaped, it is gone for good: never looked at again)
+            group = not job.group_gone and group_alive(job.proc.pid)
+            if leader_done and not group:
+                job.group_gone = True
+                self.escapes.groups.pop(job.task, None)
             if group or not leader_done or self.escapes.running(job.task):
                 if leader_done:  # what it left behind must not hold the job's GPU
                     self._stop_group(job, look=group)
                 if job.kill_at is not None and now >= job.kill_at:
-                    signal_group(job.proc.pid, signal.SIGKILL)
+                    self._signal_group(job, signal.SIGKILL)
                     self.escapes.signal([job.task], signal.SIGKILL, look=False)
                 continue  # (a leader being killed is waited for)
             del self.jobs[job.task]
@@ -335,9 +351,11 @@ class JobRunner:
     def stop_all(self) -> None:
         """SIGKILL every job's processes and forget them (the broker no longer counts
         them)."""
+        # The groups first: what leaves one after (setsid) is found by the walk then.
+        for job in self.jobs.values():
+            self._signal_group(job, signal.SIGKILL)
         self.escapes.signal(list(self.jobs), signal.SIGKILL)  # (one walk for them all)
         for job in self.jobs.values():
-            signal_group(job.proc.pid, signal.SIGKILL)
             try:
                 job.proc.wait(5)
             except subprocess.TimeoutExpired:

@@ -56,6 +56,14 @@ def _local_host(header: str) -> bool:
     return is_loopback(host.lower())
 
 
+def _has_ipv6() -> bool:
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
 class DashboardServer:
     """Serve the dashboard, metrics and health of one broker on HOST:PORT."""
 
@@ -72,7 +80,10 @@ class DashboardServer:
             "local_only": is_loopback(host)})
         self._request_timeout = request_timeout
         # (over IPv6 for an IPv6 address or a name with only those, as zres's zmq sockets
-        # are: ``core.net``; "::" is every address of both families)
+        # are: ``core.net``; "::" is every address of both families, and "*" too, as in
+        # ``tcp://*``: IPv4's alone where the kernel has no IPv6)
+        if host == "*":
+            host = "::" if _has_ipv6() else "0.0.0.0"
         family = socket.AF_INET6 if v6(host) else socket.AF_INET
         try:
             self._listener = socket.socket(family)

@@ -22,7 +22,7 @@ from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
 from ..core import relaying
-from ..core.address import bracketed, is_local, is_loopback, parse_http_address
+from ..core.address import bracketed, is_local, is_loopback, normalize, parse_http_address
 from ..core.errors import ZresError
 from ..core.limits import Limits
 from ..core.report import in_user_units
@@ -211,13 +211,18 @@ def _open_files_to_hard_limit() -> None:
 def _data_address(value: Any, what: str) -> None:
     """Refuse VALUE (a setting, WHAT) unless it is a zmq address a data port listens or is
     reached at: tcp://HOST:PORT (a port up to 65535) or ipc://PATH (None: not given)."""
-    match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):(\d{1,5})|ipc://\S+",
-                         value) if isinstance(value, str) else None
+    match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[^\s/:\[\]]+):(\d{1,5})"
+                         r"|ipc://\S+", value) if isinstance(value, str) else None
     if value is not None and (match is None or int(match[2] or 0) > 65535):
         example = bracketed(value.removeprefix("tcp://")) if isinstance(value, str) else None
         raise ValueError(f"{what} {value!r} is not a data port's address: " + (
             f"an IPv6 address goes in brackets, its port after them: tcp://{example}"
             if example else "give tcp://HOST:PORT (an IPv6 HOST in brackets) or ipc://PATH"))
+    if match is not None and match[1] is not None:
+        try:
+            normalize(value)  # (what else it says: a link-local address with no zone)
+        except ValueError as exc:
+            raise ValueError(f"{what} {exc}") from None
 
 
 def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:

@@ -21,7 +21,8 @@ from .errors import ZresError
 from .net import host_port, literal, unmapped, v6
 
 _TRANSPORTS = ("tcp", "ipc", "inproc")
-_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]*):(\d{1,5})/?")
+# (an IPv6 one in brackets may name its zone: [fe80::1%eth0])
+_HTTP = re.compile(r"(?:http://)?(\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[^\s/:\[\]]*):(\d{1,5})/?")
 _EXAMPLES = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:7070, tcp://[::1]:7070)"
 _BRACKETS = "an IPv6 address goes in brackets, its port after them"
 
@@ -66,6 +67,12 @@ def normalize(address: str) -> str:
     if found is not None and f"[{found[0]}]" in rest and _v6_literal(found[0]) is None:
         raise ValueError(f"{address!r}: [{found[0]}] is not an IPv6 address (brackets are "
                          "for those only: tcp://[::1]:7070, tcp://127.0.0.1:7070)")
+    if found is not None and (ip := _v6_literal(found[0])) is not None \
+            and ip.is_link_local and not ip.scope_id:
+        # (on every link at once: libzmq's bind says `Invalid argument`, its connect and
+        # the probe here fail as quietly)
+        raise ValueError(f"{address!r}: a link-local IPv6 address needs its zone, the "
+                         f"interface it is on: e.g. tcp://[{found[0]}%eth0]:{found[1]}")
     if not rest:
         raise ValueError(f"{address!r}: the address after {scheme}:// is empty")
     return address

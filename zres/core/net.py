@@ -103,7 +103,8 @@ def unmapped(host: str) -> str:
 def towards(address: str) -> str:
     """This host's address (bare: no brackets) as the host of ADDRESS (a zmq address)
     reaches it: the one the route there leaves from, of the family a socket dials ADDRESS
-    over (loopback for a host on loopback; 127.0.0.1 for ipc or a wildcard)."""
+    over (loopback for a host on loopback; 127.0.0.1 for ipc or a wildcard). A link-local
+    IPv6 one names its zone (``fe80::5%eth0``): without it, it cannot be dialled."""
     found = host_port(address)
     if found is None or found[0] in _WILDCARDS:
         return "127.0.0.1"
@@ -115,7 +116,8 @@ def towards(address: str) -> str:
             target = socket.getaddrinfo(host, 9, family, socket.SOCK_DGRAM)[0][4]
             with socket.socket(family, socket.SOCK_DGRAM) as probe:
                 probe.connect(target)  # (no packet is sent: it only picks the route)
-                return str(probe.getsockname()[0])
+                mine = probe.getsockname()
+            return _zoned(str(mine[0]), mine[3] if len(mine) > 3 else 0)
         except (OSError, ValueError, IndexError):
             continue
     try:  # (no route there: the address this host's name has)
@@ -123,3 +125,13 @@ def towards(address: str) -> str:
         return str(named[0][4][0])
     except (OSError, ValueError, IndexError):
         return "127.0.0.1"
+
+
+def _zoned(host: str, scope: int) -> str:
+    """HOST with its zone (the interface SCOPE names; 0: none), as zmq and Python take it."""
+    if not scope or "%" in host:
+        return host
+    try:
+        return f"{host}%{socket.if_indextoname(scope)}"
+    except OSError:
+        return f"{host}%{scope}"

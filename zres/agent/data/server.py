@@ -25,6 +25,7 @@ from ...core import keys, net
 from ...core import objects as O
 from ...core import protocol as P
 from ...core import transfer as T
+from ...core.address import is_loopback
 from ...core.errors import ProtocolError
 from ...core.wakeup import Waker
 from ...logs import get_logger
@@ -224,11 +225,10 @@ def _advertised(bound: str, broker: str) -> str:
 def default_listen(broker: str) -> str:
     """Where an agent's data port listens by default: loopback when its broker is on
     loopback (``::1`` for a broker there), else every interface (of both IP families for a
-    broker reached over IPv6)."""
+    broker reached over IPv6). (Loopback however written: ``[::ffff:127.0.0.1]``, the
+    IPv4 one mapped, is 127.0.0.1's.)"""
     found = net.host_port(broker)  # (None: ipc or inproc, this host)
-    host = found[0] if found is not None else "127.0.0.1"
-    if host == "::1":
-        return "tcp://[::1]:0"
-    if host == "localhost" or host.startswith("127."):
-        return "tcp://127.0.0.1:0"
+    host = net.unmapped(found[0]) if found is not None else "127.0.0.1"
+    if is_loopback(host):
+        return "tcp://[::1]:0" if net.v6(host) else "tcp://127.0.0.1:0"
     return "tcp://*:0" if net.ipv6(broker) else "tcp://0.0.0.0:0"
