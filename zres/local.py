@@ -23,6 +23,7 @@ from .core import protocol as P
 from .core.address import Unanswered, parse_http_address, wait_for_answer
 from .core.context import task_token
 from .core.errors import ZresError
+from .core.exits import wait_ended
 from .core.report import in_user_units
 from .core.resources import UNIT, mapping_to_units
 
@@ -125,8 +126,7 @@ class LocalCluster:
             self.add_agent(resources, name=name, wait=False)
 
     def _stop_agents(self) -> None:
-        for proc in self.agents.values():
-            _stop(proc)
+        _stop(*self.agents.values())
         self.agents.clear()
 
     def _spawn_broker(self, address: str) -> subprocess.Popen[bytes]:
@@ -159,7 +159,7 @@ class LocalCluster:
         address and state directory: the same cluster carries on."""
         if self.broker is not None:
             self.broker.kill()
-            self.broker.wait(10)
+            wait_ended(self.broker, 10)
             if self.broker.stdout:
                 self.broker.stdout.close()
         self._start_broker(self.address, timeout)
@@ -211,8 +211,7 @@ class LocalCluster:
     def close(self) -> None:
         """Stop the agents, then the broker."""
         atexit.unregister(self.close)
-        for proc in self.agents.values():
-            _stop(proc)
+        _stop(*self.agents.values())
         if self.broker is not None:
             _stop(self.broker)
             if self.broker.stdout:
@@ -279,12 +278,14 @@ def _log_sink() -> Any:
     return None if os.environ.get("ZRES_LOCAL_LOGS") else subprocess.DEVNULL
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    """Stop PROCS: SIGTERM to all at once (each takes a moment to leave), then SIGKILL to
+    any still there 10 s later."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        if not wait_ended(proc, 10):
             proc.kill()
             proc.wait()
 
