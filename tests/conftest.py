@@ -19,6 +19,7 @@ import zmq
 import tests
 import zres
 from zres.core import keys
+from zres.core.exits import wait_ended
 
 # Worker processes cannot import this test package (their working directory and sys.path
 # differ), so functions defined in tests travel by value, as a user's script's would.
@@ -161,9 +162,7 @@ def spawn() -> Iterator[Any]:
     for proc in reversed(procs):
         if proc.poll() is None:
             proc.terminate()  # an agent stops its worker processes on SIGTERM
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
+            if not wait_ended(proc, 10):
                 proc.kill()
         proc.wait(10)
         for stream in (proc.stdin, proc.stdout, proc.stderr):

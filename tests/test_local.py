@@ -8,12 +8,19 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+
+import pytest
+import zmq
 
 import zres
 from tests.cli.test_cli import clean_env, zres_cli
 from tests.conftest import process_gone, wait_until
 from zres import local
+from zres.core import keys
+from zres.core import protocol as P
+from zres.core.address import Unanswered
 
 # A user's program: a local cluster, one task run on it, then the pids of everything the
 # cluster started (broker, agent, the agent's worker process) on one line.
@@ -165,3 +172,39 @@ def test_a_local_cluster_listens_on_a_unix_socket_only_its_user_reaches(monkeypa
     with zres.LocalCluster(agents=[{"foo": 1}]) as cluster:
         assert cluster.address.startswith("tcp://127.0.0.1:")
         assert cluster.status()["agents"][0]["name"] == "agent-0"
+
+
+def test_a_request_whose_broker_goes_before_answering_is_unanswered_then_not_at_its_timeout(
+        tmp_path):
+    """A broker killed (or restarted) with a request unanswered never answers it, nor does
+    one started again at its address at once, which never had it: the request says so as
+    the connection closes, not after its timeout (``zres wait`` then asks the new one)."""
+    address = f"ipc://{tmp_path}/broker"
+    keys.remember(address, None)  # (no keys: a broker played by hand)
+    ctx = zmq.Context.instance()
+    bound, asked, done = threading.Event(), threading.Event(), threading.Event()
+
+    def broker_restarted() -> None:
+        first = ctx.socket(zmq.ROUTER)
+        first.bind(address)
+        bound.set()
+        if first.poll(30_000):
+            first.recv_multipart()
+            asked.set()
+        first.close(0)
+        again = ctx.socket(zmq.ROUTER)  # (at once: no moment with nothing there)
+        again.bind(address)
+        done.wait(60)
+        again.close(0)
+
+    broker = threading.Thread(target=broker_restarted)
+    broker.start()
+    try:
+        bound.wait(10)
+        with pytest.raises(Unanswered, match="closed the connection before it answered"):
+            local.request(address, P.STATUS, {}, timeout=10)
+        assert asked.is_set()
+    finally:
+        done.set()
+        broker.join(10)
+        keys.forget(address)

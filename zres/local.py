@@ -20,9 +20,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .core import keys, net
 from .core import protocol as P
-from .core.address import parse_http_address, wait_for_answer
+from .core.address import Unanswered, parse_http_address, wait_for_answer
 from .core.context import task_token
 from .core.errors import ZresError
+from .core.exits import wait_ended
 from .core.report import in_user_units
 from .core.resources import UNIT, mapping_to_units
 
@@ -125,8 +126,7 @@ class LocalCluster:
             self.add_agent(resources, name=name, wait=False)
 
     def _stop_agents(self) -> None:
-        for proc in self.agents.values():
-            _stop(proc)
+        _stop(*self.agents.values())
         self.agents.clear()
 
     def _spawn_broker(self, address: str) -> subprocess.Popen[bytes]:
@@ -159,7 +159,7 @@ class LocalCluster:
         address and state directory: the same cluster carries on."""
         if self.broker is not None:
             self.broker.kill()
-            self.broker.wait(10)
+            wait_ended(self.broker, 10)
             if self.broker.stdout:
                 self.broker.stdout.close()
         self._start_broker(self.address, timeout)
@@ -211,8 +211,7 @@ class LocalCluster:
     def close(self) -> None:
         """Stop the agents, then the broker."""
         atexit.unregister(self.close)
-        for proc in self.agents.values():
-            _stop(proc)
+        _stop(*self.agents.values())
         if self.broker is not None:
             _stop(self.broker)
             if self.broker.stdout:
@@ -279,12 +278,14 @@ def _log_sink() -> Any:
     return None if os.environ.get("ZRES_LOCAL_LOGS") else subprocess.DEVNULL
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    """Stop PROCS: SIGTERM to all at once (each takes a moment to leave), then SIGKILL to
+    any still there 10 s later."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        if not wait_ended(proc, 10):
             proc.kill()
             proc.wait()
 
@@ -324,7 +325,8 @@ def request(address: str, kind: str, body: dict[str, Any], timeout: float = 10.0
             keys_dir: str | None = None, who: str = "command") -> dict[str, Any]:
     """Send one request (status, resources) to a broker over a short-lived socket, with
     the key found for a command (``keys.find``, KEYS_DIR first): KeysError if the broker
-    refuses it, naming WHO asked."""
+    refuses it, naming WHO asked; Unanswered if no answer comes within TIMEOUT, or the
+    broker closes the connection before answering (it went, or restarted: gone with it)."""
     from . import config
     key = config.find_key(keys_dir, ("admin", "client"), address)
     token = task_token()  # (a command run inside a task acts for the task's owner)
@@ -349,18 +351,28 @@ def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, 
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     keys.secure(sock, key)
-    monitor = sock.get_monitor_socket(keys.HANDSHAKES)
+    monitor = sock.get_monitor_socket(keys.HANDSHAKES | zmq.EVENT_DISCONNECTED)
     handshakes = keys.Handshakes(address, key)
+    spoke = False  # (a connection to the broker was made: the request went over it)
 
     def answered(seconds: float) -> bool:
+        nonlocal spoke
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         ready = dict(poller.poll(int(seconds * 1000)))
         while monitor.poll(0):
-            why = handshakes.refused(recv_monitor_message(monitor)["event"])
+            event = recv_monitor_message(monitor)["event"]
+            why = handshakes.refused(event)
             if why is not None:
                 raise keys.KeysError(f"the broker at {address} refused this {who}: {why}")
+            spoke = spoke or event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            if event == zmq.EVENT_DISCONNECTED and spoke and not sock.poll(0):
+                # Its broker went (killed, restarted) before answering: nor will one
+                # started again there, which never had it. Said now, not at TIMEOUT (a
+                # command that waits for its broker asks the new one at once).
+                raise Unanswered(f"the broker at {address} closed the connection before "
+                                 "it answered")
         return sock in ready
 
     try:

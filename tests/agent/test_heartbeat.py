@@ -63,6 +63,14 @@ def stepped(tmp_path: Path) -> Iterator[Stepped]:
     pair.close()
 
 
+@pytest.fixture
+def short_lease(tmp_path: Path) -> Iterator[Stepped]:
+    """A pair whose timeout is 1 s: its lease, 0.6 s, lapses sooner than at 3 s (2.6 s)."""
+    pair = Stepped(tmp_path, timeout=1.0)
+    yield pair
+    pair.close()
+
+
 def test_an_agent_whose_loop_is_busy_is_not_lost_and_one_stuck_for_good_is(tmp_path):
     pair = Stepped(tmp_path, timeout=1.0)
     try:
@@ -83,8 +91,8 @@ def test_an_agent_whose_loop_is_busy_is_not_lost_and_one_stuck_for_good_is(tmp_p
         pair.close()
 
 
-def test_an_ack_that_comes_after_the_lease_lapsed_starts_nothing(stepped, tmp_path):
-    pair = stepped
+def test_an_ack_that_comes_after_the_lease_lapsed_starts_nothing(short_lease, tmp_path):
+    pair = short_lease
     pair.until(lambda: pair.agent.session.registered, "registration")
     marks = tmp_path / "started"
     marks.mkdir()

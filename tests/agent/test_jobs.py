@@ -21,7 +21,7 @@ from tests.conftest import process_gone, wait_until
 from zres.agent import jobprocs
 from zres.agent.cpus import CoreBinder
 from zres.agent.files import JobLogs
-from zres.agent.jobprocs import Escapes, send, started
+from zres.agent.jobprocs import Escapes, group_alive, send, started
 from zres.agent.jobs import JobRunner
 from zres.agent.memory import cgroups, procs
 from zres.agent.memory.cgroups import Cgroups
@@ -546,3 +546,26 @@ def test_what_a_job_started_before_its_cgroup_was_made_is_moved_into_it(tmp_path
         jobs.logs.close()
         memory.close()
         made.close()
+
+
+def test_a_group_whose_processes_have_all_ended_is_gone_though_one_is_not_reaped():
+    """A process that has ended is a zombie until its parent reaps it: an orphan's parent
+    is init, which may take seconds, or an agent that is its container's PID 1, which
+    never does. It holds nothing: its group, all ended, is gone (its job ends)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a group of its own, left once the pipe closes; reaped by nobody yet
+        os.close(write)
+        os.setpgid(0, 0)
+        os.read(read, 1)
+        os._exit(0)
+    os.close(read)
+    try:
+        wait_until(lambda: os.getpgid(pid) == pid, message="the group to be made")
+        assert group_alive(pid)
+        os.close(write)
+        wait_until(lambda: process_gone(pid), message="the process to end")
+        assert not group_alive(pid), "a group of one zombie taken for alive"
+    finally:
+        os.kill(pid, signal.SIGKILL)  # (were it still reading)
+        os.waitpid(pid, 0)

@@ -483,7 +483,7 @@ def test_a_client_that_reaches_no_agent_fetches_and_puts_through_the_brokers_rel
 
 
 def test_an_agent_nobody_reaches_has_its_results_fetched_through_the_brokers_relay(
-        make_cluster, make_client):
+        make_cluster, make_client, monkeypatch):
     """An agent behind NAT advertises an address nobody reaches (here a closed port): the
     client and a dependent on another agent get its big result through the broker's relay
     (which reaches that agent where its connection comes from), with keys on."""
@@ -498,6 +498,11 @@ def test_an_agent_nobody_reaches_has_its_results_fetched_through_the_brokers_rel
     assert by[client.name]["bytes"] > BIG and by["agent agent-b"]["bytes"] > BIG
     never = make_client(cluster.address, relay=False)  # (the relay is what reached it)
     again = never.submit(made, BIG, resources={"a": 1})
+    zres.wait([again], timeout=60)  # (made: what is left is its fetch)
+    # Given a second to fetch it (not the least a fetch gets, 5 s, all waited out here): a
+    # fetch that reached agent-a would take milliseconds.
+    from zres.client import fetching
+    monkeypatch.setattr(fetching, "FETCH_FLOOR", 1.0)
     with pytest.raises(TimeoutError, match="agent-a at tcp://127.0.0.1:1 did not answer"):
         again.result(1)
 

@@ -228,16 +228,19 @@ def test_a_stopped_agent_never_runs_a_task_twice(make_cluster, make_client, tmp_
                message="work under way")
     paused(cluster.agents["stopped"], 3.0)  # twice the heartbeat timeout
     outcomes = [f.exception(60) for f in futures]
-    twice = {k: n for k, n in starts(ledger).items() if n > 1}
-    assert not twice, f"retries=0 bodies ran more than once: {twice}"
     for key, error in zip(keys, outcomes):
         if error is not None:
             assert isinstance(error, zres.AgentLostError), f"{key}: {error!r}"
             assert "stopped" in str(error)
-        else:
-            assert starts(ledger).get(key) == 1
     wait_until(lambda: agent_names(cluster) == {"stopped", "steady"}, timeout=30,
                message="the stopped agent to join again, with a new session")
+    # The ledger read once, after all that (reading it again for each of the 2,000 keys
+    # took seconds): a start made late, by the agent come back, is in it too.
+    counts = starts(ledger)
+    twice = {k: n for k, n in counts.items() if n > 1}
+    assert not twice, f"retries=0 bodies ran more than once: {twice}"
+    unsure = [k for k, error in zip(keys, outcomes) if error is None and counts.get(k) != 1]
+    assert not unsure, f"tasks that succeeded but did not begin exactly once: {unsure[:10]}"
     assert {f.result(30) for f in client.map(where, range(40), resources={"slot": 1})} \
         <= {"stopped", "steady"}
 

@@ -181,6 +181,7 @@ def test_a_job_that_ends_while_the_broker_is_down_keeps_its_outcome(spawn, tmp_p
     assert "exit code 3" in said, said
     _, told = waiting.communicate(timeout=60)
     assert waiting.returncode == 1 and "exit code 3" in told, told
+    assert "waiting up to 300s for it to come back" in told, told
     assert cluster.run("logs", str(job)).stdout == "finished\n"
     # Its foo=1 is free again: the next job runs.
     assert cluster.run("wait", str(cluster.submit("true"))).returncode == 0

@@ -13,17 +13,24 @@ import pytest
 
 import zres
 from tests.conftest import LOSS, wait_until
-from tests.tasks import announce_and_wait
+from tests.tasks import announce_and_wait, wait_for_file
 
 STREAM_SECONDS = float(os.environ.get("ZRES_TEST_STREAM_SECONDS", 40))
 FAKE_GPUS = json.dumps([{"name": "Fake A100", "memory": 40e9},
                         {"name": "Fake A100", "memory": 40e9}])
 
 
-def interval(seconds: float) -> tuple[float, float, str, list[str]]:
-    """Run for SECONDS; return (start, end, CUDA_VISIBLE_DEVICES, granted gpu ids)."""
+def interval(seconds: float, begun: str = "", until: str = ""
+             ) -> tuple[float, float, str, list[str]]:
+    """Run for SECONDS (creating the file BEGUN first, if given; then, if UNTIL is given,
+    on until that file exists, 30 s at most); return (start, end, CUDA_VISIBLE_DEVICES,
+    granted gpu ids)."""
     start = time.time()
+    if begun:
+        Path(begun).touch()
     time.sleep(seconds)
+    if until:
+        wait_for_file(until, timeout=30)
     ctx = zres.get_task_context()
     return start, time.time(), os.environ["CUDA_VISIBLE_DEVICES"], ctx.gpu_ids
 
@@ -39,13 +46,16 @@ def overlaps(a: tuple[float, float, str, list[str]],
     return a[0] < b[1] and b[0] < a[1]
 
 
-def test_guild_example_backfills_ddd_beside_aaa(make_cluster, make_client):
+def test_guild_example_backfills_ddd_beside_aaa(make_cluster, make_client, tmp_path):
     cluster = make_cluster(agents=[{"gpu0": 1, "gpu1": 1}], nthreads=4)
     client = make_client(cluster.address)
-    aaa = client.submit(interval, 1.0, resources={"gpu0": 1})
-    bbb = client.submit(interval, 1.0, resources={"gpu0": 1})
-    ccc = client.submit(interval, 1.0, resources={"gpu0": 1, "gpu1": 1})
-    ddd = client.submit(interval, 1.0, resources={"gpu1": 1})
+    # aaa runs until ddd has begun (30 s at most): ddd, were it held behind ccc, which waits
+    # for aaa's gpu0, would begin only after aaa ended.
+    ddd_began = str(tmp_path / "ddd-began")
+    aaa = client.submit(interval, 0.1, "", ddd_began, resources={"gpu0": 1})
+    bbb = client.submit(interval, 0.2, resources={"gpu0": 1})
+    ccc = client.submit(interval, 0.2, resources={"gpu0": 1, "gpu1": 1})
+    ddd = client.submit(interval, 0.2, ddd_began, resources={"gpu1": 1})
     a, b, c, d = (f.result(30) for f in (aaa, bbb, ccc, ddd))
     assert overlaps(a, d), "ddd must run beside aaa, not wait behind ccc"
     for x, y in [(a, b), (a, c), (b, c), (c, d)]:

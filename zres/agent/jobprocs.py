@@ -321,14 +321,26 @@ def send(pids: Mapping[int, int], sig: int) -> None:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of group PGID is left."""
+    """Whether any process of group PGID is left that has not ended. One that has is a
+    zombie until its parent reaps it: an orphan's parent is init, which may take seconds
+    (every 2 s on some machines), or an agent that is its container's PID 1, which reaps
+    no orphan: the job would never end. It holds nothing (``started`` says so too)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # alive, though not ours to signal
-    return True
+        return True  # alive, though not ours to signal
+    if not os.path.isdir(procs.PROC):
+        return True  # (as the signal says)
+    for entry in os.listdir(procs.PROC):  # (the group's own: ``Escapes`` follows the rest)
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid and started(int(entry)) is not None:
+                    return True
+            except OSError:
+                continue  # (gone meanwhile)
+    return False
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..core import protocol as P
 from ..core.errors import CommandFailed
+from ..core.exits import wait_ended
 from ..core.resources import CPU, MEMORY, UNIT
 from ..core.serialize import dumps, dumps_exception
 from ..logs import get_logger
@@ -356,10 +357,7 @@ class JobRunner:
             self._signal_group(job, signal.SIGKILL)
         self.escapes.signal(list(self.jobs), signal.SIGKILL)  # (one walk for them all)
         for job in self.jobs.values():
-            try:
-                job.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
+            wait_ended(job.proc, 5)
             self.memory.forget(job.task)
             if self.cpus is not None:
                 self.cpus.give(job.task)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as P
 from ..core.context import TOKEN_ENV
+from ..core.exits import wait_ended
 from ..logs import get_logger
 from .data.worker_side import ENV as OBJECTS_ENV
 from .files import AgentFiles
@@ -252,11 +253,6 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     """Stop a worker process: SIGTERM (it takes its command jobs along), then SIGKILL."""
     if proc.poll() is None:
         proc.terminate()
-        try:
-            proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
+        if not wait_ended(proc, 1):
             proc.kill()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            wait_ended(proc, 5)
