@@ -161,8 +161,10 @@ while True:
 """
 # A job that starts DAEMON as daemons start: a double fork, the first child calling setsid()
 # (argv: DAEMON, its pid file; "scrub": the daemon's environment is empty; "leave": then the
-# job's leader exits, else it waits).
+# job's leader exits, else it waits; a sixth: a file it waits for before it forks).
 LEADER = """import os, sys, time
+while len(sys.argv) > 5 and not os.path.exists(sys.argv[5]):
+    time.sleep(0.01)
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
@@ -175,10 +177,13 @@ while sys.argv[4] != "leave":
 """
 
 
-def escaping(pid_file: Path, leave: bool = True, scrub: bool = False) -> dict[str, Any]:
-    """A job's spec: LEADER starting DAEMON, which writes its pid to PID_FILE."""
+def escaping(pid_file: Path, leave: bool = True, scrub: bool = False,
+             go: Path | None = None) -> dict[str, Any]:
+    """A job's spec: LEADER starting DAEMON, which writes its pid to PID_FILE (once GO
+    exists, if given)."""
     return {"argv": [sys.executable, "-c", LEADER, DAEMON, str(pid_file),
-                     "scrub" if scrub else "keep", "leave" if leave else "stay"],
+                     "scrub" if scrub else "keep", "leave" if leave else "stay",
+                     *([str(go)] if go is not None else [])],
             "env": {}, "cwd": None}
 
 
@@ -215,7 +220,12 @@ def test_a_job_ends_only_once_what_left_its_group_has_been_stopped(tmp_path, mon
     jobs.cluster = "c0ffee"
     pid_file = tmp_path / "daemon"
     try:
-        jobs.start(1, escaping(pid_file, scrub=made is not None), [])
+        # (With its environment scrubbed, a daemon is found by the cgroup alone, so it must
+        # be made once the job is in its cgroup: one made before the agent has moved the
+        # job there, in its first milliseconds, is outside it, and is not found: README.)
+        go = tmp_path / "go"
+        jobs.start(1, escaping(pid_file, scrub=made is not None, go=go), [])
+        go.touch()
         escaped = int(wait_until(lambda: escaped_pid(pid_file), message="the daemon"))
         wait_until(lambda: jobs.jobs[1].proc.poll() is not None, message="the leader to exit")
         jobs.reap()  # (SIGKILL comes from a reap only: the daemon outlives this one)
