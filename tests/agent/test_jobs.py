@@ -187,6 +187,16 @@ def escaping(pid_file: Path, leave: bool = True, scrub: bool = False,
             "env": {}, "cwd": None}
 
 
+def job_runner(tmp_path: Path, **kwargs: Any) -> tuple[JobRunner, list[Any]]:
+    """A job runner of node "node" (cluster "c0ffee", a grace of 0.5 s), and the list its
+    reports of ended jobs go to."""
+    ended: list[Any] = []
+    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
+                     lambda *report: ended.append(report), grace=0.5, **kwargs)
+    jobs.cluster = "c0ffee"
+    return jobs, ended
+
+
 def escaped_pid(pid_file: Path) -> int | None:
     return int(pid_file.read_text()) if pid_file.exists() else None
 
@@ -213,11 +223,8 @@ def test_a_job_ends_only_once_what_left_its_group_has_been_stopped(tmp_path, mon
         made, why = cgroups.detect(f"test-{uuid.uuid4().hex[:8]}", move=False)
         if made is None:
             pytest.skip(f"no cgroup can be made here: {why}")
-    ended: list[Any] = []
     memory = Monitor(made, made is not None, 0)
-    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
-                     lambda *report: ended.append(report), grace=0.5, memory=memory)
-    jobs.cluster = "c0ffee"
+    jobs, ended = job_runner(tmp_path, memory=memory)
     pid_file = tmp_path / "daemon"
     try:
         # (With its environment scrubbed, a daemon is found by the cgroup alone, so it must
@@ -306,10 +313,7 @@ def test_an_id_reused_while_a_job_stops_is_never_signalled(tmp_path, reused):
     by another process before the grace is over. GROUP: a job's leader exits, its group goes,
     and its daemon ignores SIGTERM; the group's number is taken by another session. The
     other process outlives the SIGKILL that ends the job."""
-    ended: list[Any] = []
-    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
-                     lambda *report: ended.append(report), grace=0.5)
-    jobs.cluster = "c0ffee"
+    jobs, ended = job_runner(tmp_path)
     pid_file, other = tmp_path / "daemon", None
     # (ESCAPED: it starts a daemon that ends on SIGTERM, then ignores SIGTERM itself)
     spec = escaping(pid_file) if reused == "group" else {"argv": ["sh", "-c", (
@@ -370,10 +374,7 @@ def test_a_cancelled_jobs_process_gets_one_sigterm(tmp_path, monkeypatch, where)
     tries its threads' ids too, tells it once. To some programs a second SIGTERM means "stop
     now, skip the clean-up"."""
     monkeypatch.setattr(jobprocs, "_FEW", 1 << 30)  # (every id tried, threads' included)
-    ended: list[Any] = []
-    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
-                     lambda *report: ended.append(report), grace=0.5)
-    jobs.cluster = "c0ffee"
+    jobs, ended = job_runner(tmp_path)
     counted = tmp_path / "terms"
     try:
         jobs.start(1, {"argv": [sys.executable, "-c", COUNTS, str(counted), where],
@@ -420,10 +421,7 @@ def test_a_process_made_as_the_walk_passes_is_found(tmp_path):
     as the agent's walk comes to read it (the agent stopped there): the daemon's id is
     newer than any the walk was to read. The ids handed out during the walk are read
     after it: the job is not reported ended while the daemon runs."""
-    ended: list[Any] = []
-    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
-                     lambda *report: ended.append(report), grace=0.5)
-    jobs.cluster = "c0ffee"
+    jobs, ended = job_runner(tmp_path)
     child_file, pid_file = tmp_path / "child", tmp_path / "daemon"
     try:
         jobs.start(1, {"argv": [sys.executable, "-c", FORKS_LATER, str(child_file),
@@ -453,10 +451,7 @@ def test_a_process_made_as_the_walk_passes_is_found(tmp_path):
 def test_what_left_a_jobs_group_is_stopped_with_the_job(tmp_path, how):
     """Cancelled (SIGTERM, SIGKILL after the grace), or its agent stopping (SIGKILL): the
     daemon a running job started goes with it."""
-    ended: list[Any] = []
-    jobs = JobRunner(JobLogs(str(tmp_path / "logs"), "node"), "node",
-                     lambda *report: ended.append(report), grace=0.5)
-    jobs.cluster = "c0ffee"
+    jobs, ended = job_runner(tmp_path)
     pid_file = tmp_path / "daemon"
     try:
         jobs.start(1, escaping(pid_file, leave=False), [])
