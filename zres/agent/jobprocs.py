@@ -265,8 +265,9 @@ def started(pid: int) -> int | None:
 def _stat(pid: int) -> tuple[int, int] | None:
     """When PID started and its process group, or None if it has ended (as ``started``)."""
     try:
-        with open(f"{procs.PROC}/{pid}/stat", "rb") as fh:
-            fields = fh.read().rpartition(b")")[2].split()  # (comm may hold anything)
+        fields = procs.stat(pid)
+        if fields is None:
+            return None
         if fields[0] in (b"Z", b"X") and os.listdir(f"{procs.PROC}/{pid}/task") == [str(pid)]:
             return None
         return int(fields[19]), int(fields[2])

@@ -65,16 +65,23 @@ def since(last: int, now: int) -> dict[int, tuple[int, int]]:
     return found
 
 
-def _stat(pid: int, found: dict[int, tuple[int, int]]) -> None:
-    """Put PID's (parent pid, session id) in FOUND, if it is there."""
+def stat(pid: int) -> list[bytes] | None:
+    """The fields of PID's /proc/PID/stat after its command's name: state, parent pid,
+    process group, session, ... (``proc(5)``'s from the third); None if it ended meanwhile,
+    or never was."""
     try:
         with open(f"{PROC}/{pid}/stat", "rb") as fh:
             data = fh.read()
     except OSError:
-        return  # it ended meanwhile, or never was
+        return None
     # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-    fields = data.rpartition(b")")[2].split()
-    if len(fields) > 3:
+    return data.rpartition(b")")[2].split()
+
+
+def _stat(pid: int, found: dict[int, tuple[int, int]]) -> None:
+    """Put PID's (parent pid, session id) in FOUND, if it is there."""
+    fields = stat(pid)
+    if fields is not None and len(fields) > 3:
         found[pid] = (int(fields[1]), int(fields[3]))
 
 
