@@ -6,14 +6,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sqlite3
 import stat
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.broker.test_agent_link import Peer
+from tests.conftest import wait_until
+from zres.broker import state_lock
 from zres.broker.graph import TaskGraph
 from zres.broker.job_envs import JobEnvs
 from zres.broker.jobs import JobRecord
@@ -80,6 +84,65 @@ def test_a_commit_that_cannot_be_written_is_kept_for_later_and_said(tmp_path):
     assert store.dirty(), "what could not be written was dropped"
 
 
+# A broker's store in another process (argv[1]: its directory), with a job kept; it says
+# "open" and holds the store until killed.
+_HOLD = """import sys
+from zres.broker.store import Store
+store = Store(sys.argv[1])
+store.put_job({"id": 7, "state": "queued", "argv": ["true"]})
+assert store.commit()
+print("open", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_broker_at_a_time_keeps_its_state_in_a_directory(tmp_path, monkeypatch, caplog):
+    """Two brokers on one state directory would hand out the same task ids and overwrite
+    each other's state: a second is refused, naming the first's pid, and discards nothing
+    (--fresh included); a broker killed a moment ago is waited for, and once it has gone
+    its successor opens the state at once, with no stale lock to clear."""
+    state = tmp_path / "state"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(state)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        monkeypatch.setattr(state_lock, "WAIT", 0.2)
+        for fresh in (False, True):
+            with pytest.raises(state_lock.StateInUse) as refused:
+                Store(str(state), fresh=fresh)
+            assert str(refused.value) == (
+                f"the state directory {state} is in use by another broker (pid {holder.pid})"
+                ": one broker per state directory (stop that one first, or give this one "
+                "--state of its own)")
+
+        # Started while the holder is still there (as a supervisor may, racing a kill): it
+        # waits, and takes the directory as soon as the holder has gone.
+        monkeypatch.setattr(state_lock, "WAIT", 60.0)
+        opened: list[Store] = []
+        with caplog.at_level(logging.DEBUG, logger="zres.broker"):
+            waiter = threading.Thread(target=lambda: opened.append(Store(str(state))))
+            waiter.start()
+            wait_until(lambda: any("state_dir_busy" in r.getMessage() for r in caplog.records),
+                       message="the second store to wait for the first")
+            holder.kill()
+            waiter.join(30)
+        assert opened, "the store did not open once its holder had gone"
+        assert opened[0].jobs() == [{"id": 7, "state": "queued", "argv": ["true"]}]
+        opened[0].close()
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+# A process that writes to the database at argv[1] in WAL mode and dies with it open.
+_LEAVE_WAL = """import os, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("INSERT INTO meta (key, value) VALUES ('x', x'00')")
+os._exit(0)
+"""
+
+
 def modes(directory: Path) -> dict[str, int]:
     """The permission bits of the database's files in DIRECTORY, by name."""
     return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()
@@ -101,23 +164,24 @@ def test_the_database_is_private_whatever_its_directory(tmp_path, caplog):
         assert store.commit()
         assert modes(directory) == {"state.sqlite3": 0o600, "state.sqlite3-wal": 0o600,
                                     "state.sqlite3-shm": 0o600}
+        assert stat.S_IMODE((directory / "broker.lock").stat().st_mode) == 0o600
         store.close()
         (warned,) = [r for r in caplog.records if "state_dir_not_private" in r.getMessage()]
         assert warned.zres_event["dir"] == str(directory)  # type: ignore[attr-defined]
         assert warned.zres_event["mode"] == "0755"  # type: ignore[attr-defined]
 
-        # Files an older broker left readable by all are made private when opened.
+        # Files an older version left readable by all (a process that died holding them:
+        # its -wal and -shm stay) are made private when opened.
         os.chmod(directory / "state.sqlite3", 0o644)
-        left = sqlite3.connect(directory / "state.sqlite3")  # (its -wal and -shm: 0644)
-        left.execute("PRAGMA journal_mode=WAL")
-        left.execute("INSERT INTO meta (key, value) VALUES ('x', x'00')")
-        assert set(modes(directory).values()) == {0o644}
+        subprocess.run([sys.executable, "-c", _LEAVE_WAL, str(directory / "state.sqlite3")],
+                       check=True, timeout=30)
+        assert modes(directory) == {"state.sqlite3": 0o644, "state.sqlite3-wal": 0o644,
+                                    "state.sqlite3-shm": 0o644}
         again = Store(str(directory))
-        assert modes(directory) == {"state.sqlite3": 0o600, "state.sqlite3-wal": 0o600,
-                                    "state.sqlite3-shm": 0o600}
+        assert set(modes(directory).values()) == {0o600}
         assert again.jobs()[0]["argv"] == ["echo", "a secret"]
+        assert again.meta("x") == 0  # (what it wrote, from the log it left: msgpack's 0)
         again.close()
-        left.close()
     finally:
         os.umask(mask)
     caplog.clear()

@@ -323,11 +323,34 @@ def test_broker_on_an_address_in_use_fails_with_one_line(spawn, tmp_path):
                    f"tcp://127.0.0.1:{port}"], stdout=subprocess.PIPE,
                   stderr=subprocess.DEVNULL, cwd=tmp_path)
     assert first.stdout.readline().startswith("zres broker serving")
-    result = zres_cli("broker", "--listen", f"tcp://127.0.0.1:{port}", cwd=tmp_path,
-                      timeout=30)
+    # (a state directory of its own: the first's, its port's default, is refused first)
+    result = zres_cli("broker", "--listen", f"tcp://127.0.0.1:{port}", "--state",
+                      str(tmp_path / "own"), cwd=tmp_path, timeout=30)
     assert result.returncode != 0
     line = assert_one_line_error(result)
     assert line.startswith(f"zres broker: cannot listen on tcp://127.0.0.1:{port}: ")
+
+
+def test_a_second_broker_on_a_state_directory_in_use_is_refused_naming_the_first(spawn, tmp_path):
+    """(It used to start: two brokers handing out the same task ids, each overwriting the
+    other's state.) The first keeps serving, with what it keeps left alone."""
+    state = tmp_path / "state"
+    first = spawn([sys.executable, "-m", "zres", "broker", "--listen", "tcp://127.0.0.1:0",
+                   "--state", str(state), "--http", "off"], stdout=subprocess.PIPE,
+                  stderr=subprocess.DEVNULL, cwd=tmp_path)
+    address = first.stdout.readline().split()[-1]
+    env = {**clean_env(), "ZRES_BROKER": address}
+    job = zres_cli("submit", "-r", "CPU=1", "--", "true", env=env, cwd=tmp_path, timeout=60)
+    assert job.returncode == 0, job.stderr
+    result = zres_cli("broker", "--listen", "tcp://127.0.0.1:0", "--state", str(state),
+                      "--fresh", "--http", "off", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1
+    line = assert_one_line_error(result)
+    assert line == (f"zres broker: the state directory {state} is in use by another broker "
+                    f"(pid {first.pid}): one broker per state directory (stop that one "
+                    "first, or give this one --state of its own)")
+    listed = zres_cli("jobs", "--all", env=env, cwd=tmp_path, timeout=60)
+    assert job.stdout.strip() in listed.stdout.split(), listed.stdout
 
 
 def test_broker_on_an_address_not_of_this_host_says_what_to_bind(tmp_path):

@@ -30,6 +30,9 @@ reported in ``error``: the broker then refuses new jobs, naming why, and serves 
 The database holds task pickles and job commands and environments: it and its ``-wal`` and
 ``-shm`` files are 0600 whatever the directory's mode (a directory made by ``mkdir`` or
 systemd is 0755), and a directory others may read or write is warned about at start.
+
+One broker at a time keeps its state in a directory (``state_lock``). Other programs (the
+``sqlite3`` shell) may read the database while it runs.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 import msgpack
 
 from ..logs import get_logger
+from . import state_lock
 
 log = get_logger("zres.broker")
 
@@ -65,6 +69,36 @@ class Store:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         _warn_if_open(self.directory)
         self.path = os.path.join(self.directory, FILENAME)
+        # (before anything is read or discarded: another broker's state is left alone)
+        self._lock = state_lock.hold(self.directory)
+        try:
+            self._open(fresh, max_pages)
+        except BaseException:
+            os.close(self._lock)
+            raise
+        self._meta: dict[str, Any] = {}
+        self._jobs: dict[int, dict[str, Any]] = {}
+        self._forget: set[int] = set()
+        self._envs: dict[str, dict[str, str]] = {}
+        self._dropped_envs: set[str] = set()
+        # Tasks new this turn (record, payload, state, result) and older ones changed
+        # (state, result): a task written and dropped within one turn never reaches the
+        # disk.
+        self._new_tasks: dict[int, list[Any]] = {}
+        self._new_blobs: dict[bytes, Any] = {}
+        self._blob_keys: set[bytes] = set()  # blobs written, or to be at the next commit
+        self._changed_tasks: dict[int, tuple[bytes, bytes | None]] = {}
+        self._dropped_tasks: set[int] = set()
+        self._actors: dict[str, tuple[bytes, bytes]] = {}   # actor id -> record, spawn
+        self._dropped_actors: set[str] = set()
+        # Wall-clock time of the last commit (at start: of the files' last change).
+        self.last_commit: float | None = max(
+            (os.path.getmtime(p) for p in (self.path, self.path + "-wal")
+             if os.path.exists(p)), default=None)
+        self.error: str | None = None           # why the last commit failed, if it did
+
+    def _open(self, fresh: bool, max_pages: int) -> None:
+        """Open (FRESH: first discard) the database, making what is missing."""
         self.discarded: dict[str, int] = {}
         if fresh:
             self.discarded = _discard(self.path)
@@ -102,26 +136,6 @@ class Store:
             self._db.execute("ALTER TABLE tasks ADD COLUMN blob BLOB")  # (an older store)
         if max_pages:  # (after the tables: a full disk cannot stop a start here)
             self._db.execute(f"PRAGMA max_page_count={int(max_pages)}")
-        self._meta: dict[str, Any] = {}
-        self._jobs: dict[int, dict[str, Any]] = {}
-        self._forget: set[int] = set()
-        self._envs: dict[str, dict[str, str]] = {}
-        self._dropped_envs: set[str] = set()
-        # Tasks new this turn (record, payload, state, result) and older ones changed
-        # (state, result): a task written and dropped within one turn never reaches the
-        # disk.
-        self._new_tasks: dict[int, list[Any]] = {}
-        self._new_blobs: dict[bytes, Any] = {}
-        self._blob_keys: set[bytes] = set()  # blobs written, or to be at the next commit
-        self._changed_tasks: dict[int, tuple[bytes, bytes | None]] = {}
-        self._dropped_tasks: set[int] = set()
-        self._actors: dict[str, tuple[bytes, bytes]] = {}   # actor id -> record, spawn
-        self._dropped_actors: set[str] = set()
-        # Wall-clock time of the last commit (at start: of the files' last change).
-        self.last_commit: float | None = max(
-            (os.path.getmtime(p) for p in (self.path, self.path + "-wal")
-             if os.path.exists(p)), default=None)
-        self.error: str | None = None           # why the last commit failed, if it did
 
     # -- reading, at start-up -----------------------------------------------------------
     def meta(self, key: str, default: Any = None) -> Any:
@@ -331,6 +345,7 @@ class Store:
     def close(self) -> None:
         self.commit()
         self._db.close()
+        os.close(self._lock)  # (another broker may start on the directory now)
 
 
 def _warn_if_open(directory: str) -> None:
