@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from zres.client.outbox import RELEASE_EVERY, OutboxSender
+from zres.client.outbox import RELEASE_EVERY, WINDOW, OutboxSender
 from zres.core import protocol as P
 from zres.core.limits import Limits
 
@@ -33,6 +33,8 @@ class Sender(OutboxSender):
         self.released_at = 0.0
         self._request_ids = itertools.count(1)
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.dead = self._stop = False
+        self._welcomed = True
 
     def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ()) -> None:  # type: ignore[assignment]
         self.sent.append((kind, body))
@@ -67,3 +69,48 @@ def test_a_request_finds_the_releases_before_it_heard():
     sender._send_outbox()
     assert [kind for kind, _ in sender.sent] == [P.RELEASE, P.RELEASE, P.STATUS]
     assert sender.sent[1] == (P.RELEASE, {"ids": [2]})
+
+
+def submit_item(local: int) -> list[Any]:
+    return [local, {"CPU": 1}, 0, 0, [], 1, "f", False]
+
+
+def test_a_lone_submit_goes_from_the_user_thread_and_anything_else_waits_its_turn():
+    """A user thread sends its submit itself only when it is all that is queued and it may
+    go now (the same bookkeeping as the I/O thread's); otherwise it stays queued, in order,
+    for the I/O thread (which batches, waits for the window, or refuses it saying why)."""
+    sender = Sender()
+    sender.keeps = True
+    sender.outbox.append((P.SUBMIT, submit_item(1), [b"call"]))
+    assert sender._send_lone_submit()
+    assert sender.sent == [(P.SUBMIT, {"tasks": [submit_item(1)]})]
+    assert not sender.outbox and sender.flying == 1 and list(sender.in_flight) == [(1, 1)]
+    assert [item for _, item, _ in sender.unacked] == [submit_item(1)]  # (sent again if lost)
+    # Releases queued before it (a loop's futures let go of) go the releases' way: gathered,
+    # and sent with it when due (as they are now: none went for long).
+    sender.outbox.extend([(P.RELEASE, 5, ()), (P.SUBMIT, submit_item(2), [b"call"])])
+    assert sender._send_lone_submit()
+    assert sender.sent[1:] == [(P.SUBMIT, {"tasks": [submit_item(2)]}),
+                               (P.RELEASE, {"ids": [5]})]
+    sender.outbox.extend([(P.RELEASE, 6, ()), (P.SUBMIT, submit_item(3), [b"call"])])
+    assert sender._send_lone_submit()  # (one within RELEASE_EVERY: kept for later)
+    assert sender.sent[3:] == [(P.SUBMIT, {"tasks": [submit_item(3)]})]
+    assert not sender.outbox and sender.releases == [6]
+
+    waits = [
+        ("two queued", lambda s: s.outbox.append((P.SUBMIT, submit_item(3), [b"c"]))),
+        ("a cancel first", lambda s: s.outbox.appendleft(("stop", 9, ()))),
+        ("not welcomed", lambda s: setattr(s, "_welcomed", False)),
+        ("stopping", lambda s: setattr(s, "_stop", True)),
+        ("the window full", lambda s: setattr(s, "flying", WINDOW)),
+        ("a long queue", lambda s: s.outbox.extendleft((P.RELEASE, i, ()) for i in range(99))),
+        ("over the header limit", lambda s: setattr(s, "limits", Limits(header_bytes=10))),
+        ("over the payload limit", lambda s: setattr(s, "limits", Limits(payload_bytes=1))),
+    ]
+    for why, make in waits:
+        sender = Sender()
+        sender.outbox.append((P.SUBMIT, submit_item(2), [b"call"]))
+        make(sender)
+        queued = list(sender.outbox)
+        assert not sender._send_lone_submit(), why
+        assert sender.sent == [] and list(sender.outbox) == queued, why

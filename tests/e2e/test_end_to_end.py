@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,33 @@ def test_readme_example_places_gpu_work_on_gpu_agents_and_aggregate_on_bigmem(
     assert ran.returncode == 0, ran.stderr
     said = re.search(r"print\(final.result\(\)\) +# (\d+)", block)
     assert said is not None and ran.stdout == said[1] + "\n", "it prints what README says"
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_user_threads_submitting_one_at_a_time_beside_a_map_lose_nothing(make_cluster,
+                                                                         make_client):
+    """A user thread sends a lone submit itself while the client's I/O thread waits (see
+    outbox.send_submit_now), and results stream in meanwhile: a message that comes while a
+    user thread sends must still be read (a hang here), and no submit may be lost, sent
+    twice or crossed with another thread's."""
+    cluster = make_cluster(agents=[{"slot": 4}], nthreads=4)
+    client = make_client(cluster.address)
+    got: dict[int, list[int]] = {}
+
+    def loop(thread: int) -> None:
+        got[thread] = [client.submit(square, thread * 1000 + i).result(60) for i in range(60)]
+
+    streamed = client.map(square, range(400))  # (its results arrive all through the loops)
+    threads = [threading.Thread(target=loop, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert client.gather(streamed, timeout=60) == [i * i for i in range(400)]
+    assert got == {t: [(t * 1000 + i) ** 2 for i in range(60)] for t in range(6)}
 
 
 # -- 2. capacity limits concurrency -------------------------------------------------------

@@ -140,5 +140,5 @@ class ActorMethods:
         label = key or f"{actor._zres_cls}.{method}"
         future = self._make_future(label, key, frames, deps, opts, {"call": actor._zres_id})
         future.actor_call = True
-        self._io.wake()
+        self._io.send_submit_now()
         return future

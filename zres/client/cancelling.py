@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ..core import protocol as P
 from ..core.errors import ZresError
 from .futures import Future
-from .io import RequestLost
 from .outbox import STOP
+from .session import RequestLost
 
 # A broker silent this long (its heartbeats come every interval) is taken for stopped or
 # restarting: a cancel waits no longer for its answer.

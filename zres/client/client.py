@@ -174,7 +174,7 @@ class Client(Shipping, ActorMethods, DaskMethods, JobMethods, CancelMethods, Gro
         frames = self._pickler.call(fn_frame, args, kwargs, deps, index,
                                     getattr(fn, "__name__", repr(fn)))
         future = self._make_future(fn, key, frames, deps, opts)
-        self._io.wake()
+        self._io.send_submit_now()
         return future
 
     def map(self, fn: Callable[..., R], *iterables: Iterable[Any],

@@ -1,14 +1,17 @@
-"""The client's I/O thread: the one thread that owns its DEALER socket.
+"""The client's I/O thread: the thread that keeps the client's DEALER socket.
 
-User threads never touch the socket: they append a message to ``outbox`` and wake this
-thread through a pipe (only when it is not already awake). It sends everything queued as
-one batch per kind, heartbeats, and resolves futures as results arrive.
+User threads append a message to ``outbox`` and wake this thread through a pipe (only
+when it is not already awake). It sends everything queued as one batch per kind,
+heartbeats, and resolves futures as results arrive. One exception: a user thread sends a
+lone submit itself while this thread waits (``outbox.send_submit_now``). Whichever thread
+uses the socket holds ``sock_lock`` (a lock's hand-over is the memory barrier ZeroMQ asks
+of a socket that changes threads); this one waits on the socket's descriptor, not on the
+socket, so that it never uses the socket while it waits.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import itertools
 import os
 import threading
@@ -17,6 +20,7 @@ import uuid
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -31,21 +35,16 @@ from .futures import Future
 from .outbox import OutboxSender
 from .outcomes import resolve, settle
 from .output import Printer
+from .session import BrokerSession
 
 log = get_logger("zres.client")
-_RESUME_IDS = 10_000  # task ids per resume message (within the broker's header limit)
 
 
 class InfeasibleWarning(UserWarning):
     """A task asks for resources that no connected agent could ever provide."""
 
 
-class RequestLost(BrokerLostError):
-    """A request the broker restarted before answering (it is back): the asker may ask
-    again (a put does: ``putting``)."""
-
-
-class IOThread(OutboxSender):
+class IOThread(OutboxSender, BrokerSession):
     """Owns the DEALER socket: sends batches, heartbeats, resolves futures."""
 
     def __init__(self, client_name: str, address: str, broker_timeout: float | None,
@@ -107,6 +106,10 @@ class IOThread(OutboxSender):
         self._awake = self._stop = False
         self.dead = False  # the thread has ended: nothing more is sent or received
         self.lock = threading.Lock()  # guards swapping `pending` against inserts
+        # Held by whichever thread uses the socket (and what is sent's bookkeeping): this
+        # one, but for its waits; a user thread sending its submit itself (outbox).
+        self.sock_lock = threading.Lock()
+        self._settle: deque[Callable[[], None]] = deque()  # results of this turn, in order
         self._last_heard = time.monotonic()
         self._welcomed, self._hello_at = False, 0.0
         self._thread = threading.Thread(target=self._run, name="zres-client-io", daemon=True)
@@ -148,58 +151,80 @@ class IOThread(OutboxSender):
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        # The socket's own descriptor, not the socket: a user thread may use the socket
+        # while this thread waits (see outbox.send_submit_now), never while it polls it.
+        poller.register(self.sock.get(zmq.FD), zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
-        self._hello()
-        last_beat = time.monotonic()
+        with self.sock_lock:
+            self._hello()
+        last_beat, more = time.monotonic(), False
         try:
             while not self._stop:
                 # (the pipe and the monitor are looked at only when the poll says so: a
                 # turn woken by a message, as most are, makes no call for them)
-                events = dict(poller.poll(int(self.hb_interval * 500)))
-                if self._wake_r in events:
-                    try:
-                        while os.read(self._wake_r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
-                    # Only once the pipe is empty: a wake() after this writes a new byte
-                    # (cleared before, a wake() between the two would be swallowed until
-                    # the next beat).
-                    self._awake = False
-                if self._monitor in events:
-                    self._check_handshakes()
+                events = dict(poller.poll(0 if more else int(self.hb_interval * 500)))
+                with self.sock_lock:
+                    more = self._turn(events, last_beat)
+                    last_beat = self._beat(last_beat)
+                # Results are settled with the socket free: the user thread woken by one
+                # may send its next submit at once (a thread's wake-up, the kernel's IPI
+                # included, is tens of microseconds of the waker's time).
+                while self._settle:  # (each after the output that came before it)
+                    self.printer.after_output(self._settle.popleft())
+            with self.sock_lock:
                 if self._welcomed:
-                    self._send_outbox()
-                if self.sock in events:  # (level-triggered: what is left is polled again)
-                    self._receive()
-                now = time.monotonic()
-                if now - last_beat >= self.hb_interval:
-                    last_beat = now
-                    P.send_now(self.sock, P.encode(P.HEARTBEAT))
-                    if not self._welcomed and now - self._hello_at > 2 * self.hb_interval:
-                        self._hello()  # (it may have been lost with a connection)
-                    if now - self._last_heard > self.broker_timeout and self.pending:
-                        lost = self.lose_all(
-                            f"no word from the broker for {self.broker_timeout:g}s (the "
-                            "client's reconnect window, broker_timeout)")
-                        # Should the same broker come back, it must not run them for nobody.
-                        if lost:  # nobody waits for the answer
-                            self.ask(P.CANCEL, {"ids": lost})
-                        for task_id in lost:
-                            self.outbox.append((P.RELEASE, task_id, ()))
-            if self._welcomed:
-                self._send_releases(now=True)  # (those gathered go before the goodbye)
-            P.send_now(self.sock, P.encode(P.BYE))
+                    self._send_releases(now=True)  # (those gathered go before the goodbye)
+                P.send_now(self.sock, P.encode(P.BYE))
+                self.dead = True
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
         finally:
-            self.dead = True
-            self.sock.disable_monitor()
-            self._monitor.close(0)
-            self.sock.close(linger=200)
+            with self.sock_lock:
+                self.dead = True
+                self.sock.disable_monitor()
+                self._monitor.close(0)
+                self.sock.close(linger=200)
+
+    def _turn(self, events: dict[Any, int], last_beat: float) -> bool:
+        """One turn of the thread, after its poll returned EVENTS (under ``sock_lock``):
+        return whether a message waits still (the socket's descriptor says only that its
+        state changed, and another thread's send may have taken that news)."""
+        if self._wake_r in events:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            # Only once the pipe is empty: a wake() after this writes a new byte (cleared
+            # before, a wake() between the two would be swallowed until the next beat).
+            self._awake = False
+        if self._monitor in events:
+            self._check_handshakes()
+        if self._welcomed:
+            self._send_outbox()
+        if P.waiting(self.sock):
+            self._receive()
+        return P.waiting(self.sock)
+
+    def _beat(self, last_beat: float) -> float:
+        """Send a heartbeat if one is due; fail what waits on a broker silent too long."""
+        now = time.monotonic()
+        if now - last_beat < self.hb_interval:
+            return last_beat
+        P.send_now(self.sock, P.encode(P.HEARTBEAT))
+        if not self._welcomed and now - self._hello_at > 2 * self.hb_interval:
+            self._hello()  # (it may have been lost with a connection)
+        if now - self._last_heard > self.broker_timeout and self.pending:
+            lost = self.lose_all(f"no word from the broker for {self.broker_timeout:g}s (the "
+                                 "client's reconnect window, broker_timeout)")
+            # Should the same broker come back, it must not run them for nobody.
+            if lost:  # nobody waits for the answer
+                self.ask(P.CANCEL, {"ids": lost})
+            for task_id in lost:
+                self.outbox.append((P.RELEASE, task_id, ()))
+        return now
 
     def _check_handshakes(self) -> None:
         """A refused key: say so at once, failing what waits; lost connection: await a welcome."""
@@ -328,64 +353,6 @@ class IOThread(OutboxSender):
         if not ids and reply is None:
             log.warning("message_refused", kind=kind, why=why)
 
-    def _on_welcome(self, msg: P.Message) -> None:
-        epoch = msg.body.get("epoch")
-        self.hb_interval = float(msg.body.get("heartbeat", 0.5))
-        cluster, keeps = msg.body.get("cluster"), msg.body.get("keeps") is True
-        if self.epoch is not None and epoch != self.epoch:
-            if keeps and cluster == self.cluster:
-                self._resume(msg.body.get("resumed") is True)
-            else:
-                self.lose_all("the broker restarted without its state (a new cluster), "
-                              "and so without the task")
-        elif self.epoch is not None and msg.body.get("new"):
-            self.lose_all("the broker had taken this client for gone (its connection "
-                          "closed, or it was silent, too long) and stopped its tasks",
-                          detached="the broker had taken this client for gone; the task "
-                          "is detached and runs on (zres status lists it)")
-        self.epoch, self.cluster, self.keeps = epoch, cluster, keeps
-        relay = msg.body.get("relay")  # (the broker's relay: its endpoint, key)
-        self.relay = (str(relay[0]), str(relay[1])) if isinstance(relay, list) \
-            and len(relay) == 2 else None
-        self._welcomed = True
-        self._sent_again()
-        self.wake()  # send what waited for this welcome
-        if not keeps:
-            self.unacked.clear()
-        given = msg.body.get("limits")
-        if isinstance(given, dict):
-            known = {f: v for f, v in given.items()
-                     if f in ("header_bytes", "payload_bytes", "tasks") and type(v) is int}
-            self.limits = dataclasses.replace(self.limits, **known)
-        self.connected.set()
-
-    def _resume(self, restored: bool) -> None:
-        """The broker restarted on its state: say which kept tasks we still wait for (it
-        tells again how those that ended ended), then send again what it had not kept."""
-        unkept = {item[0] for _, item, _ in self.unacked}
-        with self.lock:  # (against submits queued meanwhile: never sent, so never kept)
-            queued = {item[0] for kind, item, _ in list(self.outbox) if kind == P.SUBMIT}
-            waiting = [i for i in self.pending if i not in unkept and i not in queued]
-            # (copied in one call: a future dropped on another thread may let go meanwhile)
-            holds = [*self.pending, *self.held.copy()]
-        if waiting and not restored:
-            log.warning("broker_restarted_without_client", tasks=len(waiting))
-        for start in range(0, len(waiting), _RESUME_IDS):
-            self._send(P.RESUME, {"ids": waiting[start:start + _RESUME_IDS]})
-        # Then all we hold: the broker lets go of the rest it restored as ours.
-        for start in range(0, len(holds) or 1, _RESUME_IDS):  # (one message if none)
-            self._send(P.RESUME, {"ids": [], "holds": holds[start:start + _RESUME_IDS],
-                                  "last": start + _RESUME_IDS >= len(holds)})
-        self.outbox.extendleft(reversed(self.unacked))
-        # Those let go of meanwhile: let go again, after they are sent again (the broker
-        # that heard the release had not kept them).
-        self.outbox.extend((P.RELEASE, i, ()) for i in unkept if i not in self.pending)
-        self.unacked.clear()
-        requests, self.requests = self.requests, {}
-        for reply in requests.values():  # the broker that had them is gone
-            reply.set_exception(RequestLost("the broker restarted before it answered"))
-        log.info("client_resumed", waiting=len(waiting), sent_again=len(unkept))
-
     def lose_all(self, why: str, error: type[ZresError] = BrokerLostError,
                  detached: str | None = None) -> list[int]:
         """Fail every pending future and request with ERROR(WHY) (a detached task's with
@@ -424,7 +391,7 @@ class IOThread(OutboxSender):
             for future, (_, outcome, _, info), frames in batch:
                 if future is not None:
                     resolve(future, outcome, frames, info)
-        self.printer.after_output(settle_all)  # (after the output that came before them)
+        self._settle.append(settle_all)  # (once the turn lets go of the socket: see _run)
 
     def _on_warn(self, msg: P.Message) -> None:
         future = self.pending.get(msg.body.get("id", -1))

@@ -17,6 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+import zmq
 
 from ..core import protocol as P
 from ..core.errors import ZresError
@@ -29,12 +30,20 @@ _RELEASES = 2_000   # task ids per release message
 RELEASE_EVERY = 0.1  # seconds releases are gathered for, at most (see _send_releases)
 WINDOW = 20_000     # tasks sent and not yet acknowledged, at most (a few seconds of a
 #                     broker's work: it never waits for the next, nor holds a flood)
+_LONE = 64          # queued entries at most, a submit and releases, a user thread sends
 
 
 class OutboxSender:
     """Mixed into the client's I/O thread, which alone sends (see ``io``)."""
 
     if TYPE_CHECKING:  # (the I/O thread's own, used here)
+        import threading
+        sock: Any
+        sock_lock: threading.Lock
+        dead: bool
+        _stop: bool
+        _awake: bool
+        _welcomed: bool
         outbox: deque[tuple[str, Any, Any]]
         unacked: deque[tuple[str, Any, Any]]
         pending: dict[int, Any]
@@ -50,6 +59,56 @@ class OutboxSender:
         def _send(self, kind: str, body: dict[str, Any], frames: list[Any] = ...) -> None: ...
 
         def wake(self) -> None: ...
+
+    def send_submit_now(self) -> None:
+        """Send the submit a user thread has just queued, from that thread, or wake the
+        I/O thread to send it.
+
+        Woken for every submit, the I/O thread costs a task's round trip a thread's
+        wake-up, which the writer of the wake-up waits through too: 100-200 us in all on a
+        VM whose idle CPUs halt. So the user thread sends it itself when the I/O thread is
+        waiting (the socket's lock is free) and the submit is all that is queued, within
+        the window and the broker's limits. Anything else (a map's batch, a cancel, a
+        request, a submit over a limit) goes the I/O thread's way, in order."""
+        if self._awake or not self.sock_lock.acquire(blocking=False):
+            self.wake()
+            return
+        try:
+            sent = self._send_lone_submit()
+            # (a message that came meanwhile: our send may have taken the socket's news
+            # of it, which the I/O thread's poll waits for: see io._turn)
+            left = not sent or P.waiting(self.sock)
+        finally:
+            self.sock_lock.release()
+        if left:
+            self.wake()
+
+    def _send_lone_submit(self) -> bool:
+        """Send the one submit queued, if that is all there is and it may go now (under
+        ``sock_lock``); return whether it went."""
+        outbox = self.outbox
+        if self.dead or self._stop or not self._welcomed or not 0 < len(outbox) <= _LONE:
+            return False
+        # (user threads only append: what is here stays, in order; a loop's futures let go
+        # of are queued as releases ahead of its next submit)
+        *before, (kind, item, frames) = list(outbox)  # (one C call: atomic under the GIL)
+        if kind != P.SUBMIT or any(k != P.RELEASE for k, _, _ in before) \
+                or self.flying >= WINDOW or _header_bytes(item) > self.limits.header_bytes \
+                or sum(len(P.buffer(f)) for f in frames) > self.limits.payload_bytes:
+            return False  # (the I/O thread waits, or refuses it saying why)
+        try:
+            self._send(P.SUBMIT, {"tasks": [item]}, list(frames))
+        except zmq.ZMQError:
+            return False  # (left queued: the I/O thread meets the error, and says so)
+        for _ in before:
+            self.releases.append(outbox.popleft()[1])  # (gathered: see _send_releases)
+        outbox.popleft()
+        self.in_flight.append((item[0], 1))
+        self.flying += 1
+        if self.keeps:
+            self.unacked.append((kind, item, frames))
+        self._send_releases()  # (if due: as the I/O thread's turn would have)
+        return True
 
     def _send_outbox(self) -> None:
         """Send everything queued: submits in batches, then stops and releases."""

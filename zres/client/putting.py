@@ -15,7 +15,7 @@ from ..core import transfer as T
 from ..core.errors import ZresError
 from ..core.serialize import dumps
 from .futures import Future, Owner
-from .io import RequestLost
+from .session import RequestLost
 
 
 class PutMethods:
