@@ -4,6 +4,7 @@ repeat, and a store that cannot write refuses new jobs instead of pretending to 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import stat
@@ -129,6 +130,14 @@ def test_one_broker_at_a_time_keeps_its_state_in_a_directory(tmp_path, monkeypat
         assert opened, "the store did not open once its holder had gone"
         assert opened[0].jobs() == [{"id": 7, "state": "queued", "argv": ["true"]}]
         opened[0].close()
+        opened[0].close()  # (twice: harmless, and closes nobody else's descriptor)
+        # A store dropped unclosed (a broker that failed to start, in this process) lets go
+        # of the directory as it is collected.
+        monkeypatch.setattr(state_lock, "WAIT", 0.2)
+        dropped = Store(str(state))
+        del dropped, opened[:]
+        gc.collect()
+        Store(str(state)).close()
     finally:
         holder.kill()
         holder.wait(10)

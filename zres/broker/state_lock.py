@@ -14,6 +14,7 @@ successor waits for the lock a few seconds before it refuses.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -40,6 +41,22 @@ def hold(directory: str) -> int:
     process holds it all that time."""
     path = os.path.join(directory, FILENAME)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _take(fd, directory)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:  # (what it says is for the refusal's message only: a full disk is no reason to stop)
+        mine = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, mine, 0)
+        os.ftruncate(fd, len(mine))
+    except OSError:
+        pass
+    return fd
+
+
+def _take(fd: int, directory: str) -> None:
+    """Lock FD, waiting up to WAIT seconds for another holder to let go."""
     deadline = None
     while True:
         try:
@@ -52,22 +69,23 @@ def hold(directory: str) -> int:
                 log.debug("state_dir_busy", dir=directory, holder=holder, waiting=WAIT)
             if time.monotonic() >= deadline:
                 holder = _holder(fd)
-                os.close(fd)
                 raise StateInUse(
                     f"the state directory {directory} is in use by another broker"
                     f"{f' (pid {holder})' if holder else ''}: one broker per state "
                     "directory (stop that one first, or give this one --state of its "
                     "own)") from None
             time.sleep(0.05)
-        except BaseException:
-            os.close(fd)
-            raise
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            # (a file system without locks, as some network ones: run, unguarded, as before)
+            log.warning("state_dir_not_locked", dir=directory, error=exc.strerror,
+                        why="its file system has no locks: a second broker on it is not "
+                        "refused")
+            return
     if deadline is not None:  # (why this start took a moment)
         log.info("state_dir_taken_after_wait", dir=directory, holder=holder,
                  waited=round(time.monotonic() - deadline + WAIT, 3))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _holder(fd: int) -> str:

@@ -42,6 +42,7 @@ import random
 import sqlite3
 import stat
 import time
+import weakref
 from typing import Any
 
 import msgpack
@@ -70,11 +71,15 @@ class Store:
         _warn_if_open(self.directory)
         self.path = os.path.join(self.directory, FILENAME)
         # (before anything is read or discarded: another broker's state is left alone)
-        self._lock = state_lock.hold(self.directory)
+        lock = state_lock.hold(self.directory)
+        # (let go of with the store: by close(), or when a store never closed is collected)
+        self._unlock = weakref.finalize(self, os.close, lock)
         try:
             self._open(fresh, max_pages)
         except BaseException:
-            os.close(self._lock)
+            if hasattr(self, "_db"):
+                self._db.close()
+            self._unlock()
             raise
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
@@ -343,9 +348,11 @@ class Store:
                 "error": self.error}
 
     def close(self) -> None:
-        self.commit()
-        self._db.close()
-        os.close(self._lock)  # (another broker may start on the directory now)
+        try:
+            self.commit()
+            self._db.close()
+        finally:
+            self._unlock()  # (another broker may start on the directory now; once only)
 
 
 def _warn_if_open(directory: str) -> None:

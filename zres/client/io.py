@@ -165,13 +165,15 @@ class IOThread(OutboxSender, BrokerSession):
                 # turn woken by a message, as most are, makes no call for them)
                 events = dict(poller.poll(0 if more else int(self.hb_interval * 500)))
                 with self.sock_lock:
-                    more = self._turn(events, last_beat)
+                    self._turn(events)
                     last_beat = self._beat(last_beat)
+                    # (asked last: the socket's descriptor says only that its state changed,
+                    # and any send above may have taken the news of a message that came)
+                    more = P.waiting(self.sock)
                 # Results are settled with the socket free: the user thread woken by one
                 # may send its next submit at once (a thread's wake-up, the kernel's IPI
                 # included, is tens of microseconds of the waker's time).
-                while self._settle:  # (each after the output that came before it)
-                    self.printer.after_output(self._settle.popleft())
+                self._run_settles()
             with self.sock_lock:
                 if self._welcomed:
                     self._send_releases(now=True)  # (those gathered go before the goodbye)
@@ -179,6 +181,11 @@ class IOThread(OutboxSender, BrokerSession):
                 self.dead = True
         except Exception as exc:  # a bug: say so on every waiting future, never hang them
             log.exception("client_io_failed")
+            while self._settle:  # (results read: no longer pending, so not lost_all's)
+                try:
+                    self._settle.popleft()()
+                except Exception:
+                    log.exception("client_settle_failed")
             self.lose_all(f"the client's I/O thread failed: {exc!r}", ZresError)
         finally:
             with self.sock_lock:
@@ -187,10 +194,8 @@ class IOThread(OutboxSender, BrokerSession):
                 self._monitor.close(0)
                 self.sock.close(linger=200)
 
-    def _turn(self, events: dict[Any, int], last_beat: float) -> bool:
-        """One turn of the thread, after its poll returned EVENTS (under ``sock_lock``):
-        return whether a message waits still (the socket's descriptor says only that its
-        state changed, and another thread's send may have taken that news)."""
+    def _turn(self, events: dict[Any, int]) -> None:
+        """One turn of the thread, after its poll returned EVENTS (under ``sock_lock``)."""
         if self._wake_r in events:
             try:
                 while os.read(self._wake_r, 4096):
@@ -206,7 +211,11 @@ class IOThread(OutboxSender, BrokerSession):
             self._send_outbox()
         if P.waiting(self.sock):
             self._receive()
-        return P.waiting(self.sock)
+
+    def _run_settles(self) -> None:
+        """Settle the results read, in order, each after the output that came before it."""
+        while self._settle:
+            self.printer.after_output(self._settle.popleft())
 
     def _beat(self, last_beat: float) -> float:
         """Send a heartbeat if one is due; fail what waits on a broker silent too long."""
@@ -273,6 +282,10 @@ class IOThread(OutboxSender, BrokerSession):
 
     def _handle(self, msg: P.Message) -> None:
         self._last_heard = time.monotonic()
+        if self._settle and msg.kind != P.RESULTS:
+            # (what this may end or print comes after the results read before it: a
+            # cancel's answer never finds its task's result unsettled)
+            self._run_settles()
         if msg.kind == P.RESULTS:
             if "upto" in msg.body:  # (an acknowledgement riding with them: see accepting)
                 self._on_accepted(msg.body)
