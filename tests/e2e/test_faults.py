@@ -123,7 +123,12 @@ def test_a_killed_agents_direct_grants_count_as_begun_its_queued_ones_run_elsewh
     wait_until(lambda: client.why(direct) == "running on doomed"
                and client.why(queued).startswith("queued on doomed"),
                message="a direct and a queued grant to the stopped agent")
+    workers = worker_processes(doomed.pid)
     doomed.kill()
+    # (its workers die with it, told by the kernel: one still alive as the gate opens
+    # would end the task and send its result straight to the broker, as it may)
+    wait_until(lambda: all(process_gone(pid) for pid in workers),
+               message="the doomed agent's workers to die with it")
     Path(release).touch()
     Path(gate).touch()
     assert isinstance(running.exception(30), zres.AgentLostError)
