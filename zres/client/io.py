@@ -399,11 +399,17 @@ class IOThread(OutboxSender, BrokerSession):
                     self.held.add(future._local)
                     self.ended_unnamed(future)
         batch = list(zip(futures, items, P.split_frames(msg.frames, [i[2] for i in items])))
+        batch.reverse()
+        del futures
 
         def settle_all() -> None:
-            for future, (_, outcome, _, info), frames in batch:
+            # (each let go of once settled: a caller that drops a result at once frees it,
+            # while the rest of the batch is settled)
+            while batch:
+                future, (_, outcome, _, info), frames = batch.pop()
                 if future is not None:
                     resolve(future, outcome, frames, info)
+                del future, frames
         self._settle.append(settle_all)  # (once the turn lets go of the socket: see _run)
 
     def _on_warn(self, msg: P.Message) -> None:
