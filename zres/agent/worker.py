@@ -40,6 +40,7 @@ from typing import Any
 import zmq
 
 from ..core import protocol as P
+from ..core import wakeup
 from ..core.context import TOKEN_ENV, TaskContext, set_task_context
 from ..core.serialize import CallLoader, dumps_exception, dumps_result, loads, missing_module_note
 from .actor_host import ActorHost
@@ -362,11 +363,7 @@ class WorkerProcess:
             os.write(self._wake_w, b"x")
 
     def _send_results(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        wakeup.drain(self._wake_r)
         # Only after the pipe is empty: a thread that then sees False writes a new byte.
         self._wake_pending = False
         self._send_batch()

@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..core import errors, keys, net, versions
+from ..core import errors, keys, net, versions, wakeup
 from ..core import protocol as P
 from ..core.errors import BrokerLostError, ZresError
 from ..core.limits import Limits
@@ -197,11 +197,7 @@ class IOThread(OutboxSender, BrokerSession):
     def _turn(self, events: dict[Any, int]) -> None:
         """One turn of the thread, after its poll returned EVENTS (under ``sock_lock``)."""
         if self._wake_r in events:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+            wakeup.drain(self._wake_r)
             # Only once the pipe is empty: a wake() after this writes a new byte (cleared
             # before, a wake() between the two would be swallowed until the next beat).
             self._awake = False
