@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .core import keys, net
 from .core import protocol as P
@@ -362,7 +361,7 @@ def _request(address: str, key: keys.PeerKey | None, kind: str, body: dict[str, 
         poller.register(monitor, zmq.POLLIN)
         ready = dict(poller.poll(int(seconds * 1000)))
         while monitor.poll(0):
-            event = recv_monitor_message(monitor)["event"]
+            event = net.monitor_event(monitor)[0]
             why = handshakes.refused(event)
             if why is not None:
                 raise keys.KeysError(f"the broker at {address} refused this {who}: {why}")

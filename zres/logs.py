@@ -12,32 +12,71 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import structlog
-from structlog.types import EventDict, WrappedLogger
+if TYPE_CHECKING:
+    from structlog.types import EventDict, WrappedLogger
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
-_KEY_VALUES = structlog.processors.LogfmtRenderer(bool_as_flag=False)
 
 
-def _to_record(logger: WrappedLogger, method: str, event: EventDict
-               ) -> tuple[tuple[str], dict[str, Any]]:
-    """Turn a structlog event into a stdlib call: a readable message, the fields apart."""
-    exc_info = event.pop("exc_info", None)
-    fields = {k: v for k, v in event.items() if k != "event"}
-    message = str(event.get("event", ""))
-    if fields:
-        message = f"{message} {_KEY_VALUES(logger, method, fields)}"
-    return (message,), {"extra": {"zres_event": event}, "exc_info": exc_info}
+class Logger:
+    """The logger of zres module NAME: each event (``log.info("event", key=value)``) goes
+    to ``logging.getLogger(NAME)`` as a record whose message reads ``event key=value``
+    (structlog's logfmt) and whose ``zres_event`` holds the fields, whatever the program
+    did to structlog's own set-up.
+
+    An event below the logger's level costs one check, and structlog (with the asyncio it
+    imports: 60 ms of a process's start here) is imported only once one is emitted: most
+    ``zres`` commands, a worker process and a client program emit none, and start that
+    much sooner (the daemons render with structlog: see ``setup``)."""
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, name: str) -> None:
+        self._logger = logging.getLogger(name)
+
+    def _emit(self, level: int, event: str, exc_info: Any, fields: dict[str, Any]) -> None:
+        if not self._logger.isEnabledFor(level):
+            return
+        message = str(event)
+        if fields:
+            message = f"{message} {_key_values()(None, '', fields)}"
+        self._logger.log(level, message, exc_info=exc_info,
+                         extra={"zres_event": {"event": event, **fields}})
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._emit(logging.DEBUG, event, fields.pop("exc_info", None), fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._emit(logging.INFO, event, fields.pop("exc_info", None), fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._emit(logging.WARNING, event, fields.pop("exc_info", None), fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, event, fields.pop("exc_info", None), fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        """An error with the exception being handled (its traceback)."""
+        self._emit(logging.ERROR, event, fields.pop("exc_info", True), fields)
 
 
-def get_logger(name: str) -> Any:
-    """Return a structlog logger for zres module NAME that hands each event to
-    ``logging.getLogger(NAME)``, whatever the program did to structlog's own set-up."""
-    return structlog.wrap_logger(
-        logging.getLogger(name), wrapper_class=structlog.stdlib.BoundLogger,
-        processors=[structlog.stdlib.filter_by_level, _to_record])
+_renderer: Any = None
+
+
+def _key_values() -> Any:
+    """structlog's logfmt renderer (imported and made on first use: see Logger)."""
+    global _renderer
+    if _renderer is None:
+        import structlog
+        _renderer = structlog.processors.LogfmtRenderer(bool_as_flag=False)
+    return _renderer
+
+
+def get_logger(name: str) -> Logger:
+    """Return the logger of zres module NAME (see Logger)."""
+    return Logger(name)
 
 
 def level_number(level: str | None) -> int:
@@ -64,6 +103,7 @@ def setup(fmt: str | None = None, level: str | None = None) -> None:
     if fmt not in ("console", "json"):
         raise ValueError(f"unknown log format {fmt!r} (choose from console, json)")
     number = level_number(level or os.environ.get("ZRES_LOG_LEVEL"))
+    import structlog
     renderer: list[Any] = ([structlog.dev.ConsoleRenderer(colors=False)] if fmt == "console"
                            else [structlog.processors.format_exc_info,
                                  structlog.processors.JSONRenderer()])

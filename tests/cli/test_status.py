@@ -138,7 +138,7 @@ def test_a_reserved_task_is_a_group_of_its_own(make_cluster, make_client, tmp_pa
 def test_owners_are_shown_in_fair_share_order_with_their_holdings_and_quotas():
     """Several owners (or a quota): each one's holdings, share of recent use, tasks
     waiting and quotas, in the order a pass serves them; one owner alone: nothing new."""
-    from zres.cli.cluster import render_status
+    from zres.cli.status_text import render_status
     from zres.core.report import in_user_units
     from zres.core.resources import UNIT
 
@@ -165,7 +165,7 @@ def test_owners_are_shown_in_fair_share_order_with_their_holdings_and_quotas():
 
 
 def test_an_agents_stored_results_are_counted_in_words():
-    from zres.cli.cluster import render_status
+    from zres.cli.status_text import render_status
     from zres.core.report import in_user_units
     from zres.core.resources import UNIT
 
@@ -180,7 +180,7 @@ def test_an_agents_stored_results_are_counted_in_words():
 
 
 def test_an_actors_memory_is_shown_as_a_tasks_is():
-    from zres.cli.cluster import render_status
+    from zres.cli.status_text import render_status
     from zres.core.report import in_user_units
     from zres.core.resources import UNIT
 

@@ -170,7 +170,7 @@ def test_idle_actors_hold_no_cpu_unless_they_ask(make_cluster, make_client):
     assert busy.ping().result(30) == "pong"
     shown = {a["id"][:8]: a["units"] for a in client.status()["actors"]}
     assert sorted(shown.values(), key=len) == [{}, {}, {}, {"CPU": 1.0}]
-    from zres.cli.cluster import render_status
+    from zres.cli.status_text import render_status
     text = render_status(client.status())
     assert text.count("holds nothing") == 3 and "holds CPU=1" in text
 

@@ -19,7 +19,7 @@ import pytest
 import zres
 from tests.conftest import LOSS, wait_until
 from tests.tasks import hold, wait_for_file
-from zres.cli.cluster import render_status
+from zres.cli.status_text import render_status
 
 # -- actor classes and tasks (they travel by value to the worker processes) -----------------
 

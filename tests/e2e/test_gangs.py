@@ -278,7 +278,7 @@ def test_cancelling_a_multi_node_job_stops_every_rank(cluster, client, tmp_path)
 
 def test_status_and_metrics_show_groups_their_bundles_and_where(client):
     from zres.broker.metrics import _gangs
-    from zres.cli.cluster import render_status
+    from zres.cli.status_text import render_status
     pg = client.placement_group([{"gpu": 1}] * 2, strategy="STRICT_SPREAD", name="shown")
     pg.ready().result(30)
     agents = agents_of(client, pg)

@@ -15,7 +15,7 @@ import zres
 from tests.conftest import wait_until
 from tests.e2e.test_metrics import get, scrape
 from tests.tasks import hold
-from zres.cli.cluster import render_status
+from zres.cli.status_text import render_status
 from zres.client import html
 from zres.core.report import STATES
 

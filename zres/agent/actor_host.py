@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as P
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class ActorHost:
@@ -44,6 +46,8 @@ class ActorHost:
             return None
         value = getattr(self.instance, fn)(*args, **kwargs)
         if inspect.isawaitable(value):
+            import asyncio  # (here: a worker process whose calls are plain starts without it)
+
             # The actor's one event loop: its coroutines share state safely with each other.
             value = asyncio.run_coroutine_threadsafe(_await(value), self.loop()).result()
         return value
@@ -51,6 +55,7 @@ class ActorHost:
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
+                import asyncio
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(target=self._loop.run_forever, name="zres-actor-loop",
                                  daemon=True).start()

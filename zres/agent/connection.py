@@ -7,7 +7,6 @@ import uuid
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ..core import keys, net
 
@@ -41,7 +40,7 @@ class BrokerConnection:
         refuses our key (a sentence for the user)."""
         out = []
         while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)["event"]
+            event = net.monitor_event(self.monitor)[0]
             refused = self._handshakes.refused(event)
             if refused is not None:
                 out.append(refused)

@@ -27,7 +27,6 @@ constructs the instance, and every later one calls a method on it, on NTHREADS t
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import inspect
 import os
@@ -328,6 +327,7 @@ class WorkerProcess:
             else:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):
+                    import asyncio  # (here: most processes run no coroutine, and start sooner)
                     value = asyncio.run(_await(value))
             self.stopper.leave(task_id)
             outcome, frames = P.OK, dumps_result(value, fn, task_id, task.agent)

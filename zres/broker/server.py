@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ..core import net
 from ..core import protocol as P
@@ -375,9 +374,9 @@ class Broker(Intake):
 
     def _on_connection_events(self) -> None:
         while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            self.clients.disconnected(int(event["value"]))
-            for agent in self.agents.disconnected(int(event["value"])):
+            fd = net.monitor_event(self._monitor)[1]
+            self.clients.disconnected(fd)
+            for agent in self.agents.disconnected(fd):
                 log.info("agent_away", agent=agent.name)
                 self.dispatch.set_accepting(agent)
 

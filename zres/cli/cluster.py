@@ -8,10 +8,7 @@ import errno
 import json
 import os
 import re
-import shutil
-import sqlite3
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,15 +18,12 @@ import zmq
 from .. import config, logs
 from ..core import keys as K
 from ..core import protocol as P
-from ..core import relaying
 from ..core.address import bracketed, is_local, is_loopback, normalize, parse_http_address
 from ..core.errors import ZresError
-from ..core.limits import Limits
 from ..core.report import in_user_units
 from ..core.resources import UNIT, format_units, parse_spec
 from ..logs import get_logger
 from .options import BROKER_ORDER, UsageError, add_daemon_options, broker_address, request, seconds
-from .status_text import render_status
 
 
 def add_parsers(sub: Any) -> None:
@@ -133,9 +127,14 @@ def _count(text: str) -> int:
 
 
 def broker(args: argparse.Namespace) -> int:
+    import shutil
+    import sqlite3
+    import tempfile
+
     from ..broker.http import DEFAULT_HTTP
     from ..broker.server import Broker
     from ..broker.store import Store
+    from ..core.limits import Limits
     settings = config.load("broker", {"listen": args.listen, "prefetch": args.prefetch,
                                       "state": args.state, "http": args.http},
                            path=args.config)
@@ -301,6 +300,7 @@ def agent(args: argparse.Namespace) -> int:
     from ..agent.daemon import Agent
     from ..agent.memory.monitor import MODES
     from ..agent.slots import plan_slots
+    from ..core import relaying
     settings = config.load("agent", {"broker": args.address, "resources": args.resources,
                                      "nworkers": args.nworkers, "nthreads": args.nthreads,
                                      "name": args.name, "job_logs": args.job_logs,
@@ -374,6 +374,8 @@ def _exit_with(args: argparse.Namespace, stop: Any) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
+    from .status_text import render_status
+
     address = broker_address(args.address)
     while True:
         report = in_user_units(request(address, P.STATUS, {}, args.timeout))

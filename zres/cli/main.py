@@ -6,6 +6,7 @@ import argparse
 import os
 import platform
 import sys
+from typing import Any
 
 import zmq
 
@@ -19,16 +20,24 @@ from .options import BROKER_ORDER, EXIT_USAGE, Parser, UsageError, add_log_level
 _COMMANDS = {**cluster.COMMANDS, **jobs.COMMANDS}
 
 
+class _Version(argparse.Action):
+    """--version: say the versions (read only when asked: cloudpickle's costs an import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        runs = versions.mine()
+        print(f"zres {runs['zres']} (Python {platform.python_version()}, cloudpickle "
+              f"{runs['cloudpickle']}, pyzmq {zmq.__version__}, libzmq {zmq.zmq_version()})")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="zres", description="Resource-aware task scheduler.",
                     epilog=f"Every command finds its {BROKER_ORDER}. Agents read [agent] "
                     "instead of [client]; Python's zres.Client() reads the same, and with "
                     "no broker anywhere starts a private one.")
-    runs = versions.mine()
-    parser.add_argument("--version", action="version",
-                        version=f"zres {runs['zres']} (Python {platform.python_version()}, "
-                        f"cloudpickle {runs['cloudpickle']}, pyzmq {zmq.__version__}, "
-                        f"libzmq {zmq.zmq_version()})")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the versions of zres and what it runs on, and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     cluster.add_parsers(sub)
     jobs.add_parsers(sub)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import queue
 import threading
@@ -267,6 +266,7 @@ class Future(cf.Future[T], Generic[T]):
         return self.client.why(self, timeout=timeout)
 
     def __await__(self) -> Generator[Any, None, T]:
+        import asyncio  # (here: only a program awaiting futures runs an event loop)
         return asyncio.wrap_future(self).__await__()
 
     def __reduce__(self) -> Any:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ..core import errors, keys, net, versions, wakeup
 from ..core import protocol as P
@@ -234,7 +233,7 @@ class IOThread(OutboxSender, BrokerSession):
     def _check_handshakes(self) -> None:
         """A refused key: say so at once, failing what waits; lost connection: await a welcome."""
         while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)["event"]
+            event = net.monitor_event(self._monitor)[0]
             if (event == zmq.EVENT_DISCONNECTED and self._welcomed) or (  # (back: at once)
                     event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.epoch is not None
                     and not self._welcomed):

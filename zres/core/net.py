@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import struct
 from typing import Any
 
 import zmq
@@ -135,3 +136,16 @@ def _zoned(host: str, scope: int) -> str:
         return f"{host}%{socket.if_indextoname(scope)}"
     except OSError:
         return f"{host}%{scope}"
+
+
+def monitor_event(monitor: zmq.Socket[Any]) -> tuple[int, int]:
+    """Read one event from MONITOR (a socket's ``get_monitor_socket``): (event, value).
+
+    libzmq's format: a frame of a 16-bit event and a 32-bit value, then one naming the
+    endpoint. Read here rather than with pyzmq's ``recv_monitor_message``, whose module
+    imports ``zmq.asyncio`` and with it asyncio: 45 ms of the start of every zres command
+    and worker process, which read a monitor on every connection and run no event loop."""
+    frames = monitor.recv_multipart()
+    event, value = struct.unpack("=hi", frames[0])
+    return event, value
+

@@ -12,8 +12,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import cloudpickle
-
 from .errors import ProtocolError
 
 # The one place the version is written: pyproject.toml reads it from here.
@@ -24,6 +22,7 @@ FIELDS = ("zres", "python", "cloudpickle")
 
 def mine() -> dict[str, str]:
     """Return what this process runs, as sent in a hello or a registration."""
+    import cloudpickle  # (here: a process that states no versions starts without it)
     return {"zres": ZRES_VERSION, "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
             "cloudpickle": str(cloudpickle.__version__)}
 

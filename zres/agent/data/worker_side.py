@@ -17,7 +17,6 @@ import os
 import threading
 from typing import Any
 
-from ...config import find_key
 from ...core import objects as O
 from ...core import transfer as T
 from ...core.context import current_task
@@ -147,6 +146,7 @@ def _routes() -> Routes:
     task = current_task()
     agent = task.agent if task is not None else None
     try:
+        from ...config import find_key  # (only a worker reading inputs needs its key)
         key = find_key(None, ("agent",), broker, name=agent)
     except ZresError:  # (none: it reaches holders directly only, or a relay without keys)
         key = None
