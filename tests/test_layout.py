@@ -8,6 +8,7 @@ under ``if TYPE_CHECKING``; a cycle through any of them still ties two rooms tog
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,3 +133,19 @@ def test_the_scheduler_is_pure_and_depends_only_on_the_core():
 def test_no_module_is_much_over_400_lines(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it"
+
+
+@pytest.mark.parametrize("module", ["zres.agent.worker", "zres.agent.daemon", "zres.cli.main",
+                                    "zres.client.client"])
+def test_processes_start_without_what_only_some_of_them_use(module):
+    """A worker process, an agent, every ``zres`` command and a client program start without
+    importing asyncio (zres runs no event loop of its own), structlog (it renders only
+    what a daemon emits) or http.server (the broker's dashboard): ~100 ms of each start
+    together, and the suite starts thousands of processes (bench/startup.py)."""
+    heavy = ("asyncio", "structlog", "http.server")
+    found = subprocess.run(
+        [sys.executable, "-c", f"import sys, {module}; "
+         f"print(*[m for m in {heavy!r} if m in sys.modules])"],
+        capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert found == [], f"importing {module} imports {found}"
+

@@ -41,6 +41,7 @@ from .core.resources import Units, mapping_to_units, parse_spec
 from .scheduler.owners import DEFAULT_HALF_LIFE, Quotas
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:7070"
+DEFAULT_HTTP = "127.0.0.1:8787"  # the broker's HTTP port (dashboard, /metrics, /health)
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "broker": {"listen": DEFAULT_ADDRESS, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
@@ -58,7 +59,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "max_resources": None, "max_slots": None, "max_tasks": None,
                "max_deps": None, "max_object_bytes": None, "state": None,
                # The HTTP port (dashboard, /metrics, /health): HOST:PORT or "off"; None:
-               # 127.0.0.1:8787, given up with a warning if that port is taken.
+               # DEFAULT_HTTP, given up with a warning if that port is taken.
                "http": None,
                # Its relay (transfers for peers that cannot reach an agent): a zmq
                # address, or "off"; None: the broker's host (or socket path), a free port.

@@ -131,7 +131,7 @@ class LocalCluster:
     def _spawn_broker(self, address: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "zres", "broker", "--listen", address,
-             "--state", self.state_dir, *self._key_args, "--log-format", "json",
+             "--state", self.state_dir, *self._key_args, *_log_args(),
              *self._http, *self._exit_with],
             stdout=subprocess.PIPE, stderr=_log_sink(), env=self._env,
             stdin=subprocess.DEVNULL)
@@ -172,7 +172,7 @@ class LocalCluster:
         state = os.path.join(self.state_dir, f"agent-{safe_name(name)}")
         args = [sys.executable, "-m", "zres", "agent", self.address, "--name", name,
                 "--state", state, *self._key_args,
-                "--nworkers", str(self.nworkers), "--log-format", "json", *self._exit_with,
+                "--nworkers", str(self.nworkers), *_log_args(), *self._exit_with,
                 "--drain-grace", str(self.drain_grace), *extra_args]
         if self.nthreads:
             args += ["--nthreads", str(self.nthreads)]
@@ -275,6 +275,13 @@ def _known_address(address: str) -> str | None:
 def _log_sink() -> Any:
     """Where local processes log: nowhere, unless ZRES_LOCAL_LOGS=1 (then our stderr)."""
     return None if os.environ.get("ZRES_LOCAL_LOGS") else subprocess.DEVNULL
+
+
+def _log_args() -> list[str]:
+    """How local processes log: JSON lines; only warnings up while they go nowhere (an
+    info line rendered for /dev/null costs the loop as much as one kept)."""
+    return ["--log-format", "json", *([] if os.environ.get("ZRES_LOCAL_LOGS")
+                                      else ["--log-level", "warning"])]
 
 
 def _stop(*procs: subprocess.Popen[bytes]) -> None:

@@ -103,15 +103,32 @@ def setup(fmt: str | None = None, level: str | None = None) -> None:
     if fmt not in ("console", "json"):
         raise ValueError(f"unknown log format {fmt!r} (choose from console, json)")
     number = level_number(level or os.environ.get("ZRES_LOG_LEVEL"))
-    import structlog
-    renderer: list[Any] = ([structlog.dev.ConsoleRenderer(colors=False)] if fmt == "console"
-                           else [structlog.processors.format_exc_info,
-                                 structlog.processors.JSONRenderer()])
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[_fields, structlog.stdlib.add_log_level,
-                           structlog.processors.TimeStamper(fmt="iso", utc=True)],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer]))
+    handler.setFormatter(_Rendered(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(number)
+
+
+class _Rendered(logging.Formatter):
+    """structlog's ProcessorFormatter for FMT, made at the first record it formats: a
+    daemon that logs only warnings (a LocalCluster's, whose logs go nowhere) and has none
+    to tell starts without importing structlog."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__()
+        self._fmt_name = fmt
+        self._made: logging.Formatter | None = None
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self._made is None:
+            import structlog
+            renderer: list[Any] = (
+                [structlog.dev.ConsoleRenderer(colors=False)] if self._fmt_name == "console"
+                else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()])
+            self._made = structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=[_fields, structlog.stdlib.add_log_level,
+                                   structlog.processors.TimeStamper(fmt="iso", utc=True)],
+                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                            *renderer])
+        return self._made.format(record)

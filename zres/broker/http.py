@@ -36,7 +36,6 @@ from ..logs import get_logger
 from .metrics import BrokerMetrics, Snapshots
 
 log = get_logger("zres.broker")
-DEFAULT_HTTP = "127.0.0.1:8787"
 STALLED = 15.0  # seconds without a loop turn after which /health says the broker is stuck
 REQUEST_TIMEOUT = 5.0  # seconds a connection has to send its whole request
 _HANDLERS = 32     # requests answered at once in threads of their own; more get 503

@@ -131,7 +131,6 @@ def broker(args: argparse.Namespace) -> int:
     import sqlite3
     import tempfile
 
-    from ..broker.http import DEFAULT_HTTP
     from ..broker.server import Broker
     from ..broker.store import Store
     from ..core.limits import Limits
@@ -144,7 +143,7 @@ def broker(args: argparse.Namespace) -> int:
     given = "off" if settings["http"] is False else settings["http"]  # (TOML: http = false)
     if not isinstance(given, (str, type(None))):
         raise ValueError(f"http must be HOST:PORT or off, got {given!r}")
-    http = parse_http_address(given or DEFAULT_HTTP)  # (ValueError: exit 2)
+    http = parse_http_address(given or config.DEFAULT_HTTP)  # (ValueError: exit 2)
     keys_dir = _broker_keys(args, settings["listen"])
     directory = settings["state"]
     temporary = directory is None
