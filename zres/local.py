@@ -208,11 +208,12 @@ class LocalCluster:
             time.sleep(0.02)
 
     def close(self) -> None:
-        """Stop the agents, then the broker."""
+        """Stop the agents and the broker, all at once: the agents' goodbyes need no answer,
+        and what the broker would keep of them goes with its state, removed here (one
+        after the other, a close took twice as long)."""
         atexit.unregister(self.close)
-        _stop(*self.agents.values())
+        _stop(*self.agents.values(), *([self.broker] if self.broker is not None else []))
         if self.broker is not None:
-            _stop(self.broker)
             if self.broker.stdout:
                 self.broker.stdout.close()
             self.broker = None

@@ -117,7 +117,7 @@ def test_a_thousand_agents_behind_long_turns_are_not_lost(fleet, monkeypatch):
 
     monkeypatch.setattr(server, "_BATCH", 50)
     monkeypatch.setattr(broker.sched, "schedule", slow_pass)
-    end = time.monotonic() + 3 * TIMEOUT
+    end = time.monotonic() + 2 * TIMEOUT  # (each agent read once, 1.5 timeouts late)
     while time.monotonic() < end:
         fleet.step()
     assert broker.sock.poll(0), "the loop was never behind its messages"

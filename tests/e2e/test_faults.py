@@ -78,8 +78,8 @@ def test_a_huge_map_is_taken_in_without_stalling_the_broker(make_cluster, make_c
     first = client.submit(hold, release, str(tmp_path / "m"), resources={"slot": 1})
     assert wait_until(lambda: (tmp_path / "m").exists())
     pid = cluster.agents["a"].pid
-    waiting = client.map(noop, range(60_000), resources={"slot": 1})
-    wait_until(lambda: cluster.status()["counts"].get("queued", 0) >= 59_000, timeout=60,
+    waiting = client.map(noop, range(30_000), resources={"slot": 1})  # (seconds to take in)
+    wait_until(lambda: cluster.status()["counts"].get("queued", 0) >= 29_000, timeout=60,
                message="the map to be taken in")
     assert agent_names(cluster) == {"a"} and cluster.agents["a"].pid == pid
     Path(release).touch()
