@@ -32,6 +32,11 @@ STARTS = [
     ("client program", ["-c", "import zres; zres.Client"]),
     ("zres jobs --help", ["-m", "zres", "jobs", "--help"]),
     ("zres --version", ["-m", "zres", "--version"]),
+    # What a test or a notebook pays for a cluster of its own: all three processes started
+    # (broker, agent, worker), one task, all stopped.
+    ("a LocalCluster", ["-c", "import zres\nwith zres.LocalCluster() as c:\n"
+                        "    with zres.Client(c.address) as client:\n"
+                        "        client.submit(int, 1).result()"]),
 ]
 
 
