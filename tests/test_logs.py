@@ -80,6 +80,8 @@ def test_a_program_configures_zres_logging_with_the_standard_module(make_cluster
     assert record.getMessage().startswith("task_infeasible task=")
     assert record.zres_event["event"] == "task_infeasible"  # type: ignore[attr-defined]
     assert "bar" in record.zres_event["reason"]  # type: ignore[attr-defined]
+    # (where it was logged: zres's own line, for a program whose format shows it)
+    assert record.pathname.endswith(os.path.join("zres", "client", "io.py")), record.pathname
 
 
 def deadline_wait(condition) -> None:

@@ -42,7 +42,7 @@ class Logger:
         message = str(event)
         if fields:
             message = f"{message} {_key_values()(None, '', fields)}"
-        self._logger.log(level, message, exc_info=exc_info,
+        self._logger.log(level, message, exc_info=exc_info, stacklevel=3,  # (the caller's line)
                          extra={"zres_event": {"event": event, **fields}})
 
     def debug(self, event: str, **fields: Any) -> None:

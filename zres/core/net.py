@@ -148,4 +148,3 @@ def monitor_event(monitor: zmq.Socket[Any]) -> tuple[int, int]:
     frames = monitor.recv_multipart()
     event, value = struct.unpack("=hi", frames[0])
     return event, value
-
