@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 
-# What each kind of process imports before it does anything (a broker and an agent then
-# set up their logging, which imports structlog: that is theirs whatever they import).
+# What each kind of process imports before it does anything (a broker and an agent import
+# structlog too once they emit their first log record, at the level they were given).
 STARTS = [
     ("python alone", ["-c", "pass"]),
     ("worker process", ["-c", "import zres.agent.worker"]),
