@@ -404,3 +404,13 @@ def test_bad_quotas_are_refused_naming_the_quota_and_where_it_came_from(tmp_path
     conf = write(tmp_path / "q.toml", text)
     with pytest.raises(ConfigError, match=error):
         quotas(path=conf, environ=env)
+
+
+def test_the_brokers_http_request_timeout_is_positive_finite_seconds():
+    assert load("broker", environ={})["http_request_timeout"] == 5.0
+    got = load("broker", environ={"ZRES_BROKER__HTTP_REQUEST_TIMEOUT": "30"})
+    assert got["http_request_timeout"] == 30.0
+    for bad in ("0", "-1", "inf", "nan", "soon"):  # (for ever: a connection never closed)
+        with pytest.raises(ConfigError, match="environment: http_request_timeout must be a "
+                           "positive float"):
+            load("broker", environ={"ZRES_BROKER__HTTP_REQUEST_TIMEOUT": bad})

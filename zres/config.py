@@ -61,6 +61,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                # The HTTP port (dashboard, /metrics, /health): HOST:PORT or "off"; None:
                # DEFAULT_HTTP, given up with a warning if that port is taken.
                "http": None,
+               # Seconds an HTTP connection has to send its whole request before it is closed.
+               "http_request_timeout": 5.0,
                # Its relay (transfers for peers that cannot reach an agent): a zmq
                # address, or "off"; None: the broker's host (or socket path), a free port.
                "relay_listen": None},
@@ -92,7 +94,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _TYPES = {"heartbeat_interval": float, "heartbeat_timeout": float, "broker_timeout": float,
           "client_timeout": float, "client_grace": float, "starvation_after": float,
           "job_grace": float, "fairshare_half_life": float, "job_log_retention": float,
-          "drain_grace": float, "spin": float,
+          "drain_grace": float, "spin": float, "http_request_timeout": float,
           "nworkers": int, "nthreads": int, "prefetch": int, "forward_output": bool,
           "bind_cpus": bool, "insecure": bool,
           **{f"max_{name}": int for name in ("header_bytes", "payload_bytes", "name_bytes",
@@ -103,7 +105,8 @@ _STRINGS = {"name", "state", "job_logs", "keys", "data_listen", "data_advertise"
             "relay_listen", "memory_limits"}
 # prefetch=0: no pipelining; drain_grace=0: stop now; spin=0: sleep at once
 _ZERO_OK = {"prefetch", "drain_grace", "spin"}
-_FINITE = {"fairshare_half_life", "spin"}  # (use that never decays would never forgive)
+# (use that never decays would never forgive; a connection given for ever is never closed)
+_FINITE = {"fairshare_half_life", "spin", "http_request_timeout"}
 # (a spin is meant to bridge a wake-up's 100-200 us: one of seconds would spin on a core
 # between heartbeats, and stretch the loop's waits)
 _AT_MOST = {"spin": 0.1}

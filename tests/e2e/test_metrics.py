@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 import zres
 from tests.conftest import wait_until
 from tests.tasks import hold
-from zres.broker.http import REQUEST_TIMEOUT
 
 
 def get(url: str) -> tuple[int, str]:
@@ -230,11 +229,16 @@ def test_a_loopback_dashboard_answers_only_to_loopback_names(make_cluster):
     assert refused.value.code == 421
 
 
+TIMEOUT = 2.0  # the broker's http_request_timeout in the test below
+
+
 def test_idle_connections_neither_keep_health_from_answering_nor_stay(make_cluster):
     """Forty connections that send a request's first lines and then nothing (more than the
     page answers at once) cannot make a liveness probe fail, and each is closed once it has
-    had REQUEST_TIMEOUT to finish its request."""
-    cluster = make_cluster(agents=[{"foo": 1}], http="127.0.0.1:0")
+    had its request timeout ([broker] http_request_timeout, shortened here) to finish its
+    request."""
+    cluster = make_cluster(agents=[{"foo": 1}], http="127.0.0.1:0",
+                           env={"ZRES_BROKER__HTTP_REQUEST_TIMEOUT": str(TIMEOUT)})
     host, port = cluster.dashboard[len("http://"):].strip("/").rsplit(":", 1)
     idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(40)]
     try:
@@ -242,7 +246,7 @@ def test_idle_connections_neither_keep_health_from_answering_nor_stay(make_clust
             sock.sendall(b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         assert get(cluster.dashboard + "health") == (200, "ok\n")
         for sock in idle:
-            sock.settimeout(4 * REQUEST_TIMEOUT)
+            sock.settimeout(2 * TIMEOUT)  # (the default, 5 s, would not do)
             try:
                 assert sock.recv(1024) == b"", "an idle connection was answered"
             except ConnectionResetError:

@@ -172,7 +172,8 @@ def broker(args: argparse.Namespace) -> int:
             raise ZresError(f"cannot listen on {settings['listen']}: {exc.strerror}" + (
                 " (bind to an address of this host, an interface's name or *)"
                 if exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL) else "")) from None
-        dashboard = _serve_http(broker, http, given=given is not None)
+        dashboard = _serve_http(broker, http, given is not None,
+                                settings["http_request_timeout"])
         broker.dashboard_url = dashboard.url if dashboard is not None else None
         _exit_with(args, broker.stop)
         broker.run(ready=lambda: print(f"zres broker serving {broker.address}" + (
@@ -223,8 +224,10 @@ def _data_address(value: Any, what: str) -> None:
             raise ValueError(f"{what} {exc}") from None
 
 
-def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> Any:
-    """Start the broker's HTTP server on ADDRESS (None: none). A port taken fails the
+def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool,
+                request_timeout: float) -> Any:
+    """Start the broker's HTTP server on ADDRESS (None: none), closing a connection that has
+    not sent its whole request within REQUEST_TIMEOUT seconds. A port taken fails the
     broker when the address was GIVEN; the default one taken, it serves without HTTP."""
     from ..broker.http import DashboardServer
     if address is None:
@@ -235,7 +238,8 @@ def _serve_http(broker: Any, address: tuple[str, int] | None, given: bool) -> An
                     why="anyone who reaches it reads the cluster's status (names, owners); "
                     "nothing there can change the cluster")
     try:
-        return DashboardServer(*address, broker.snapshots, broker.metrics)
+        return DashboardServer(*address, broker.snapshots, broker.metrics,
+                               request_timeout=request_timeout)
     except ZresError as exc:
         if given:
             raise
