@@ -40,15 +40,12 @@ STARTS = [
 ]
 
 
-def best(tree: str, args: list[str], runs: int) -> float:
-    env = {**os.environ, "PYTHONPATH": tree}
-    fastest = float("inf")
-    for _ in range(runs):
-        began = time.perf_counter()
-        subprocess.run([sys.executable, *args], cwd=tree, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        fastest = min(fastest, time.perf_counter() - began)
-    return fastest
+def start(tree: str, args: list[str]) -> float:
+    """Seconds one start of ``python ARGS`` takes, with TREE's zres."""
+    began = time.perf_counter()
+    subprocess.run([sys.executable, *args], cwd=tree, env={**os.environ, "PYTHONPATH": tree},
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - began
 
 
 def main() -> None:
@@ -64,7 +61,7 @@ def main() -> None:
         times = {t: float("inf") for t in trees}
         for _ in range(args.runs):  # (alternating: one start of each tree in turn)
             for tree in trees:
-                times[tree] = min(times[tree], best(tree, command, 1))
+                times[tree] = min(times[tree], start(tree, command))
         print(f"{name:18} " + "  ".join(f"{times[t] * 1000:7.1f}" for t in trees))
 
 

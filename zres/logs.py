@@ -9,6 +9,7 @@ A program using zres configures those loggers as it likes (``logging.basicConfig
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -36,9 +37,11 @@ class Logger:
     def __init__(self, name: str) -> None:
         self._logger = logging.getLogger(name)
 
-    def _emit(self, level: int, event: str, exc_info: Any, fields: dict[str, Any]) -> None:
+    def _emit(self, level: int, event: str, fields: dict[str, Any],
+              exc_info: Any = None) -> None:
         if not self._logger.isEnabledFor(level):
             return
+        exc_info = fields.pop("exc_info", exc_info)
         message = str(event)
         if fields:
             message = f"{message} {_key_values()(None, '', fields)}"
@@ -46,32 +49,27 @@ class Logger:
                          extra={"zres_event": {"event": event, **fields}})
 
     def debug(self, event: str, **fields: Any) -> None:
-        self._emit(logging.DEBUG, event, fields.pop("exc_info", None), fields)
+        self._emit(logging.DEBUG, event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
-        self._emit(logging.INFO, event, fields.pop("exc_info", None), fields)
+        self._emit(logging.INFO, event, fields)
 
     def warning(self, event: str, **fields: Any) -> None:
-        self._emit(logging.WARNING, event, fields.pop("exc_info", None), fields)
+        self._emit(logging.WARNING, event, fields)
 
     def error(self, event: str, **fields: Any) -> None:
-        self._emit(logging.ERROR, event, fields.pop("exc_info", None), fields)
+        self._emit(logging.ERROR, event, fields)
 
     def exception(self, event: str, **fields: Any) -> None:
         """An error with the exception being handled (its traceback)."""
-        self._emit(logging.ERROR, event, fields.pop("exc_info", True), fields)
+        self._emit(logging.ERROR, event, fields, exc_info=True)
 
 
-_renderer: Any = None
-
-
+@functools.cache
 def _key_values() -> Any:
     """structlog's logfmt renderer (imported and made on first use: see Logger)."""
-    global _renderer
-    if _renderer is None:
-        import structlog
-        _renderer = structlog.processors.LogfmtRenderer(bool_as_flag=False)
-    return _renderer
+    import structlog
+    return structlog.processors.LogfmtRenderer(bool_as_flag=False)
 
 
 def get_logger(name: str) -> Logger:
