@@ -4,6 +4,7 @@ agent offers back, or does not, and of its calls."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +38,19 @@ def calls(agent: Peer) -> list[int]:
     return of(agent.sync()) or of([agent.take(P.CALL), *agent.sync()])
 
 
-def placed_when_the_broker_went(tmp_path: Path, restarts: int = 0,
-                                up: bool = True) -> tuple[int, list[int]]:
-    """A broker whose agent ran actor a1 (UP: constructed; else its __init__ held) with
-    call 2 handed to its process and call 3 sent but not yet held, when it went; return
-    the placement and the calls' ids."""
+def placed_when_the_broker_went(tmp_path: Path, restarts: int = 0, up: bool = True,
+                                held: bool = True) -> tuple[int, list[int]]:
+    """A broker whose agent ran actor a1 (UP: constructed; else its __init__ HELD, or
+    only sent) with call 2 handed to its process and call 3 sent but not yet held, when it
+    went; return the placement and the calls' ids."""
     broker = broker_on(tmp_path)
     client, _ = hello(broker)
     agent = Peer(broker)
     register(agent, session=1)
     create(client, restarts)
     [(placement, *_)] = agent.take(P.ASSIGN).body["tasks"]
-    report(agent, 1, 1, held=[placement])
+    if held or up:
+        report(agent, 1, 1, held=[placement])
     sent: list[int] = []
     if up:
         report(agent, 2, 1, [b"none"], results=[[placement, P.OK, 1, {}]])
@@ -126,6 +128,64 @@ def test_an_actor_whose_construction_its_agent_gives_back_is_placed_again(tmp_pa
         report(agent, 1, 2, [b"none"], held=[again], results=[[again, P.OK, 1, {}]])
         call(client, 2)
         assert len(calls(agent)) == 1, "the new instance takes no calls"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+@pytest.mark.parametrize("carried", [True, False])
+def test_an_actor_whose_construction_never_reached_its_agent_is_placed_again(tmp_path,
+                                                                             carried):
+    """The broker went right after sending a1's construction (kept before it was sent),
+    which never arrived. An agent carrying the very session it was sent to offers every
+    actor it may have begun: a1, not offered, never began there, and is placed again, no
+    restart spent. One that began anew cannot say so: a1 may have begun there, and is
+    lost (no restarts: dead). (A named actor made as the broker was killed died so.)"""
+    placement, _ = placed_when_the_broker_went(tmp_path, restarts=0, up=False, held=False)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1]})
+        register(agent, session=2, actors=[], **({"carried": 1} if carried else {}))
+        if carried:
+            [(again, *_, opts)] = agent.take(P.ASSIGN).body["tasks"]
+            assert opts["actor"] == "a1", "not placed again"
+            report(agent, 1, 2, [b"none"], held=[again], results=[[again, P.OK, 1, {}]])
+            assert results(client)[1] == (P.OK, [b"none"])
+            call(client, 2)
+            assert len(calls(agent)) == 1, "the new instance takes no calls"
+        else:
+            outcome, info = results(client, info=True)[1]
+            assert outcome == P.FAILED and info["type"] == "ActorDiedError", info
+            assert not [m for m in agent.sync() if m.kind == P.ASSIGN]
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
+def test_an_actor_offered_back_without_room_is_lost_not_placed_as_never_begun(tmp_path):
+    """Offered back by an agent carrying the whole session, on a slot too small for it
+    now: it began there, so it is stopped and lost (no restarts: dead), never placed
+    again as one whose construction never arrived."""
+    placement, _ = placed_when_the_broker_went(tmp_path, restarts=0, up=False)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1]})
+        agent.send(P.REGISTER, {"name": "node", "session": 2, "host": "h", "pid": 1,
+                                "t": time.monotonic(), "jobs": [], "ended": [],
+                                "carried": 1, "actors": [["a1", placement, 0, [], []]],
+                                "slots": [{"units": {"CPU": UNIT}, "gpus": []}]})
+        agent.take(P.WELCOME)
+        told = agent.sync()
+        assert [m.body["ids"] for m in told if m.kind == P.KILL_ACTOR] == [["a1"]]
+        assert not [m for m in told if m.kind == P.ASSIGN], "placed again as never begun"
+        outcome, info = results(client, info=True)[1]
+        assert outcome == P.FAILED and info["type"] == "ActorDiedError", info
     finally:
         for peer in (client, agent):
             peer.close()

@@ -232,10 +232,11 @@ def test_a_broker_that_cannot_keep_its_state_refuses_new_jobs_naming_why(tmp_pat
 
 
 def restarted_with_held_job(tmp_path: Path) -> Broker:
-    """A broker restarted on a state in which job 7 was held by agent "node" (it may have
-    started it) but never reported started."""
+    """A broker restarted on a state in which job 7 was held by agent "node" (session 8:
+    it may have started it) but never reported started."""
     store = Store(str(tmp_path))
     store.cluster_id()
+    store.set_meta("agent_sessions", {"node": 8})
     store.put_job(dataclasses.asdict(JobRecord(
         7, "j", ["true"], {"foo": UNIT}, True, time.time(),
         {"argv": ["true"], "env": {}, "cwd": None}, held_on="node")))
@@ -244,12 +245,13 @@ def restarted_with_held_job(tmp_path: Path) -> Broker:
     return Broker("tcp://127.0.0.1:0", store=Store(str(tmp_path)))
 
 
-def offer(agent: Peer, jobs: list, returned: list = ()) -> P.Message:  # type: ignore[assignment]
+def offer(agent: Peer, jobs: list, returned: list = (),  # type: ignore[assignment]
+          **carried: int) -> P.Message:
     """Register agent "node" (foo=1) as a new session offering JOBS still running, and
-    giving back RETURNED (held, never started)."""
+    giving back RETURNED (held, never started), and perhaps the session it CARRIED."""
     agent.send(P.REGISTER, {"name": "node", "session": 9, "host": "h", "pid": 1,
                             "t": time.monotonic(), "jobs": jobs, "ended": [],
-                            "returned": list(returned),
+                            "returned": list(returned), **carried,
                             "slots": [{"units": {"CPU": UNIT, "foo": UNIT}, "gpus": []}]})
     return agent.take(P.WELCOME)
 
@@ -261,21 +263,25 @@ def job_state(client: Peer, job: int) -> str:
     return f"{record['state']}: {record.get('reason', '')}"
 
 
-@pytest.mark.parametrize("offered", [True, False, None],
-                         ids=["still-there", "never-started", "agent-started-anew"])
+@pytest.mark.parametrize("offered", [True, False, "never-arrived", None],
+                         ids=["still-there", "never-started", "never-arrived",
+                              "agent-started-anew"])
 def test_a_job_held_but_not_reported_started_runs_on_or_goes_again(tmp_path, offered):
     broker = restarted_with_held_job(tmp_path)
     agent, client = Peer(broker), Peer(broker)
     try:
         assert "waiting for agent node to say whether it still runs it" in \
             job_state(client, 7), "it may have started: it must wait for its agent"
-        welcome = offer(agent, [[7, 0, [], {"foo": UNIT}]] if offered else [],
-                        returned=[7] if offered is False else [])
+        # (never arrived: its start was sent as the broker went, and the agent carrying
+        # the session it was sent to offers all it may have begun)
+        welcome = offer(agent, [[7, 0, [], {"foo": UNIT}]] if offered is True else [],
+                        returned=[7] if offered is False else [],
+                        **({"carried": 8} if offered == "never-arrived" else {}))
         assert welcome.body["adopts"] is True
-        if offered:  # its agent started it after all: it runs on, its foo=1 taken
+        if offered is True:  # its agent started it after all: it runs on, its foo=1 taken
             assert job_state(client, 7).startswith("running")
             assert not [m for m in agent.sync() if m.kind in (P.CANCEL, P.ASSIGN)]
-        elif offered is False:  # its agent gave it back (it never started): granted again
+        elif offered is not None:  # it never started there: granted again
             assign = agent.take(P.ASSIGN)
             assert [t[0] for t in assign.body["tasks"]] == [7]
         else:  # an agent started anew cannot say it never began: lost, not run twice

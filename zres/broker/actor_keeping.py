@@ -13,10 +13,11 @@ A restarted broker restores every actor that had not died:
   same slot and devices, as it was: the calls in hand run on, and how calls ended while
   the broker was away comes with the offer (``Adoption``); the calls sent to it that never
   reached its process go again, first, uncharged. One whose construction its agent gives
-  back (it waited for the broker that went) never began: it is placed again, no restart
-  spent (the broker keeps where it placed an actor before it sends it). An actor its
-  agent no longer has, or
-  whose agent is not back within the grace period, is lost as if that agent had died: it
+  back (it waited for the broker that went), or that an agent carrying the very session
+  it was sent to does not offer (sent as the broker went, it never arrived), never began:
+  it is placed again, no restart spent (the broker keeps where it placed an actor before
+  it sends it). An actor its agent no longer has, or whose agent is not back within the
+  grace period, is lost as if that agent had died: it
   restarts if it may (its calls that may have begun spend a retry), else it is dead; one
   whose process its agent saw end meanwhile (its offer's ``exits``, with the calls the
   process had begun) is lost as if that were heard now: the calls it never began run on
@@ -64,6 +65,8 @@ class ActorKeeper:
         # Ended while the broker was away, as that registration says: [actor, cause, calls
         # begun, error], lost once the calls that ended meanwhile are in (``settle``).
         self._exited: list[tuple[ActorRecord, str, set[int], str]] = []
+        # Offered by that registration and not taken back (no room): they may have begun.
+        self._refused: set[str] = set()
 
     def changed(self, actor: ActorRecord) -> None:
         """ACTOR's state changed: write it again (drop it once dead)."""
@@ -166,6 +169,7 @@ class ActorKeeper:
                                              self._routing.inside_of(actor)):
                 log.warning("actor_not_adopted", actor=actor_id, agent=agent.name)
                 stop.append(actor_id)
+                self._refused.add(actor_id)  # (it began there: lost, never placed as new)
                 continue
             del self.adopting[actor_id]
             ready = self._graph.get(actor.ready_task)
@@ -221,6 +225,7 @@ class ActorKeeper:
         """AGENT's offer is read: the calls its actors never had go again, first and
         uncharged; its actors it did not offer are lost."""
         settling, self._settling = self._settling, []
+        self._refused.clear()
         for actor, in_hand in settling:
             never = [c for c in actor.inflight if c not in in_hand]
             for call_id in reversed(never):  # back at the front, in the order made
@@ -243,11 +248,13 @@ class ActorKeeper:
             self._lose(actor, f"the broker restarted while it ran on agent {agent.name}, "
                        "and that agent no longer had it when it came back")
 
-    def given_back(self, agent: AgentRecord, returned: set[int]) -> None:
+    def given_back(self, agent: AgentRecord, returned: set[int], whole: bool) -> None:
         """AGENT gives back (RETURNED) the constructions of its adopting actors that never
-        reached their process: each is placed again, as a restart that costs none."""
-        for actor in [a for a in self.adopting.values()
-                      if a.agent_name == agent.name and a.placement in returned]:
+        reached their process, and, carrying the WHOLE session the broker last knew it
+        by, offers every actor it may have begun (a construction sent as the broker went
+        never arrived): each not begun is placed again, as a restart that costs none."""
+        for actor in [a for a in self.adopting.values() if a.agent_name == agent.name
+                      and (a.placement in returned or whole and a.id not in self._refused)]:
             del self.adopting[actor.id]
             if actor.restarts >= 0:
                 actor.restarts += 1  # (spent again by lost: it was never begun)

@@ -17,7 +17,8 @@ assignment) wait the same way, and the agent also gives back those that never be
 there: they are granted again, uncharged. An agent that carries the very session the
 broker last knew it by (``carried``: the same process, which stopped nothing) offers all
 that may have begun there, so one it does not offer never reached it (an assignment lost
-with the broker): it is granted again, uncharged too. One whose agent began anew (or
+with the broker): it is granted again, uncharged too (a job never reported started, and
+an actor's construction, alike). One whose agent began anew (or
 carries another session), or is not back in time, may have run: it spends a retry, or
 fails with AgentLostError. Actors are taken back alike (``actor_keeping``), and so are
 placement groups' bundles (before the work inside them) and multi-node jobs' ranks
@@ -136,8 +137,9 @@ class Adoption:
             self._gangs.offered(agent)
         self._actors.offered(agent, body.get("actors"))
         self._actors.exited_away(agent, body.get("exits"))
-        stop = [entry[0] for entry in running if isinstance(running, list)
-                and _well_formed(entry, len(agent.slots)) and not self._take(agent, *entry)]
+        entries = [e for e in running if _well_formed(e, len(agent.slots))] \
+            if isinstance(running, list) else []
+        stop = [entry[0] for entry in entries if not self._take(agent, *entry)]
         self._ended(agent, body.get("ended"), frames)
         returned = body.get("returned")
         returned = {i for i in returned if type(i) is int} if isinstance(returned, list) \
@@ -145,9 +147,9 @@ class Adoption:
         for task_id in returned:
             if self._waiting(task_id, agent.name) is not None:
                 self._again(task_id, None)  # it never began there
-        self._actors.given_back(agent, returned)
         carried = body.get("carried")
         whole = type(carried) is int and carried == agent.previous  # (see the docstring)
+        self._actors.given_back(agent, returned, whole)
         for task_id in [i for i, (_, _, on) in self.tasks.items() if on == agent.name]:
             if whole:
                 log.info("task_never_arrived", id=task_id, agent=agent.name)
@@ -155,10 +157,12 @@ class Adoption:
                         f"{agent.name} held it, and that agent no longer had it when it "
                         "came back")
         for job in [j for j in self._jobs.adopting.values() if _on(j) == agent.name]:
-            # Given back: its start waited for the old broker, and never came. (Only
-            # the agent can say so: one started anew has no word of what its last life
-            # may have begun.)
-            if self._jobs.held_only(job) and job.id in returned:
+            # Given back: its start waited for the old broker, and never came; or, its
+            # agent carrying the whole session, not offered: its start never arrived.
+            # (Only the agent can say so: one started anew has no word of what its last
+            # life may have begun.)
+            if self._jobs.held_only(job) and (job.id in returned or whole and all(
+                    entry[0] != job.id for entry in entries)):
                 self._jobs.requeue_adopting(job)
                 self._graph.link(self._task(job), [])
             else:
