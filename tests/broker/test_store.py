@@ -155,7 +155,7 @@ os._exit(0)
 def modes(directory: Path) -> dict[str, int]:
     """The permission bits of the database's files in DIRECTORY, by name."""
     return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()
-            if p.name.startswith("state.sqlite3")}
+            if p.name.startswith("state.")}
 
 
 def test_the_database_is_private_whatever_its_directory(tmp_path, caplog):
@@ -172,7 +172,7 @@ def test_the_database_is_private_whatever_its_directory(tmp_path, caplog):
         store.put_job({"id": 1, "state": "queued", "argv": ["echo", "a secret"]})
         assert store.commit()
         assert modes(directory) == {"state.sqlite3": 0o600, "state.sqlite3-wal": 0o600,
-                                    "state.sqlite3-shm": 0o600}
+                                    "state.sqlite3-shm": 0o600, "state.journal": 0o600}
         assert stat.S_IMODE((directory / "broker.lock").stat().st_mode) == 0o600
         store.close()
         (warned,) = [r for r in caplog.records if "state_dir_not_private" in r.getMessage()]
@@ -181,11 +181,12 @@ def test_the_database_is_private_whatever_its_directory(tmp_path, caplog):
 
         # Files an older version left readable by all (a process that died holding them:
         # its -wal and -shm stay) are made private when opened.
-        os.chmod(directory / "state.sqlite3", 0o644)
+        for name in ("state.sqlite3", "state.journal"):
+            os.chmod(directory / name, 0o644)
         subprocess.run([sys.executable, "-c", _LEAVE_WAL, str(directory / "state.sqlite3")],
                        check=True, timeout=30)
         assert modes(directory) == {"state.sqlite3": 0o644, "state.sqlite3-wal": 0o644,
-                                    "state.sqlite3-shm": 0o644}
+                                    "state.sqlite3-shm": 0o644, "state.journal": 0o644}
         again = Store(str(directory))
         assert set(modes(directory).values()) == {0o600}
         assert again.jobs()[0]["argv"] == ["echo", "a secret"]
@@ -315,16 +316,16 @@ def test_a_shared_frame_is_kept_once_and_collected_once_no_task_names_it(tmp_pat
     for task_id in (1, 2):
         store.new_task(task_id, b"record", b"rest", b"state", (b"k" * 16, b"function"))
     store.new_task(3, b"record", b"all", b"state")
-    assert store.commit()
+    assert store.commit() and store.fold()  # (into the database: see the journal's tests)
     assert store.payload(2) == (b"rest", b"function") and store.payload(3) == (b"all", None)
     count = "SELECT count(*) FROM blobs"
     assert store._db.execute(count).fetchone()[0] == 1
     store.forget_task(1)
-    assert store.commit()
+    assert store.commit() and store.fold()
     store.collect_blobs()
     assert store._db.execute(count).fetchone()[0] == 1, "a blob task 2 names was deleted"
     store.forget_task(2)
-    assert store.commit()
+    assert store.commit() and store.fold()
     store.collect_blobs()
     assert store._db.execute(count).fetchone()[0] == 0
     store.close()

@@ -322,8 +322,9 @@ class Broker(Intake):
                 for agent, gone in self.objects.expire(now, self.adoption.grace):
                     self.dispatch.lineage.lost(gone, f"agent {agent} (it did not come back "
                                                "after the broker restarted)")
-                if self._collector.tick(now, len(self.graph.tasks)) and self.store:
-                    self.store.collect_blobs()
+                if self.store is not None and self.store.fold() \
+                        and self._collector.tick(now, len(self.graph.tasks)):
+                    self.store.collect_blobs()  # (fold: the journal's records into the db)
             except Exception:
                 log.exception("heartbeat_failed")
         self.jobs.answer_waits(now)  # (those whose jobs ended this turn, or whose time is up)

@@ -22,7 +22,11 @@ on as the same cluster:
 
 Changes are collected during a loop turn and committed once at its end (group commit).
 A commit that changes jobs or ids is fsynced (``synchronous=FULL``: it survives a power
-cut, not only a crash); one that changes only Python tasks is not (see ``commit``).
+cut, not only a crash); one that changes only Python tasks is not (see ``commit``). One
+that changes only a few Python tasks (a short task's submit, its result) is appended to
+the journal (``journal``: ``state.journal``) instead, a record a write, and the journal
+is folded into the database in one transaction once a heartbeat, when it grows large,
+and with any other commit; a start applies what it holds beyond the last fold.
 Whatever tells a submitter that its job was accepted waits for that commit. A commit
 that fails (disk full, directory gone) keeps its changes for the next try and is
 reported in ``error``: the broker then refuses new jobs, naming why, and serves the rest.
@@ -32,7 +36,8 @@ The database holds task pickles and job commands and environments: it and its ``
 systemd is 0755), and a directory others may read or write is warned about at start.
 
 One broker at a time keeps its state in a directory (``state_lock``). Other programs (the
-``sqlite3`` shell) may read the database while it runs.
+``sqlite3`` shell) may read the database while it runs: it is behind by what the journal
+holds, a heartbeat interval's tasks at most.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
-import stat
 import time
 import weakref
 from typing import Any
@@ -49,10 +53,20 @@ import msgpack
 
 from ..logs import get_logger
 from . import state_lock
+from .journal import Journal
+from .state_files import discard, make_tables, private_files, warn_if_open
 
 log = get_logger("zres.broker")
 
 FILENAME = "state.sqlite3"
+JOURNAL = "state.journal"
+# A commit goes to the journal when it changes only Python tasks, at most this many
+# changes and bytes (a large submit's rows would be written twice: to the database at
+# once), while the journal is under FOLD_AT bytes (it is folded then: bounded memory for
+# the rows it holds, bounded work for a restart).
+_JOURNAL_OPS = 64
+_JOURNAL_BYTES = 64 << 10
+FOLD_AT = 1 << 20
 ID_BLOCK = 100_000  # task ids reserved per write of the ceiling
 
 
@@ -68,19 +82,12 @@ class Store:
     def __init__(self, directory: str, fresh: bool = False, max_pages: int = 0) -> None:
         self.directory = os.path.abspath(directory)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        _warn_if_open(self.directory)
+        warn_if_open(self.directory)
         self.path = os.path.join(self.directory, FILENAME)
         # (before anything is read or discarded: another broker's state is left alone)
         lock = state_lock.hold(self.directory)
         # (let go of with the store: by close(), or when a store never closed is collected)
         self._unlock = weakref.finalize(self, os.close, lock)
-        try:
-            self._open(fresh, max_pages)
-        except BaseException:
-            if hasattr(self, "_db"):
-                self._db.close()
-            self._unlock()
-            raise
         self._meta: dict[str, Any] = {}
         self._jobs: dict[int, dict[str, Any]] = {}
         self._forget: set[int] = set()
@@ -96,20 +103,36 @@ class Store:
         self._dropped_tasks: set[int] = set()
         self._actors: dict[str, tuple[bytes, bytes]] = {}   # actor id -> record, spawn
         self._dropped_actors: set[str] = set()
-        # Wall-clock time of the last commit (at start: of the files' last change).
-        self.last_commit: float | None = max(
-            (os.path.getmtime(p) for p in (self.path, self.path + "-wal")
-             if os.path.exists(p)), default=None)
+        # This turn's task changes, for the journal (the task rows above also hold those
+        # journaled and not yet folded), and about how many bytes they carry.
+        self._ops: list[list[Any]] = []
+        self._ops_bytes = 0
         self.error: str | None = None           # why the last commit failed, if it did
+        try:
+            self._open(fresh, max_pages)
+            self._journal = Journal(os.path.join(self.directory, JOURNAL),
+                                    max_pages * self._db.execute("PRAGMA page_size")
+                                    .fetchone()[0])
+            # Wall-clock time of the last commit (at start: of the files' last change).
+            self.last_commit: float | None = max(
+                (os.path.getmtime(p) for p in (self.path, self.path + "-wal",
+                                               self._journal.path)
+                 if os.path.exists(p)), default=None)
+            self._seq = self._replay()  # (the journal's last record)
+        except BaseException:
+            if hasattr(self, "_db"):
+                self._db.close()
+            self._unlock()
+            raise
 
     def _open(self, fresh: bool, max_pages: int) -> None:
         """Open (FRESH: first discard) the database, making what is missing."""
         self.discarded: dict[str, int] = {}
         if fresh:
-            self.discarded = _discard(self.path)
+            self.discarded = discard(self.path, os.path.join(self.directory, JOURNAL))
         # SQLite makes the -wal and -shm files with the database's own mode; the umask
         # covers any it makes before it looks (it is this process's for a moment only).
-        _private_files(self.path)
+        private_files(self.path)
         mask = os.umask(0o077)
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None,
@@ -121,26 +144,7 @@ class Store:
         self._sync = "FULL"
         # Fewer, larger checkpoints (each one fsyncs): the log may grow to ~40 MB.
         self._db.execute("PRAGMA wal_autocheckpoint=10000")
-        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, "
-                         "record BLOB NOT NULL)")
-        # (one b-tree, keyed by the digest: no rowid table beside an index)
-        self._db.execute("CREATE TABLE IF NOT EXISTS envs (key TEXT PRIMARY KEY, "
-                         "env BLOB NOT NULL) WITHOUT ROWID")
-        # A task's record (what it is: written once), its state (what became of it) and
-        # its result.
-        self._db.execute("CREATE TABLE IF NOT EXISTS tasks (id INTEGER PRIMARY KEY, "
-                         "record BLOB NOT NULL, payload BLOB, state BLOB, result BLOB)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS actors (id TEXT PRIMARY KEY, "
-                         "record BLOB NOT NULL, spawn BLOB)")
-        # A frame many tasks share (a map's pickled function), kept once, by its digest:
-        # a task's row names it (``blob``) instead of holding it.
-        self._db.execute("CREATE TABLE IF NOT EXISTS blobs (key BLOB PRIMARY KEY, "
-                         "data BLOB NOT NULL)")
-        if "blob" not in {row[1] for row in self._db.execute("PRAGMA table_info(tasks)")}:
-            self._db.execute("ALTER TABLE tasks ADD COLUMN blob BLOB")  # (an older store)
-        if max_pages:  # (after the tables: a full disk cannot stop a start here)
-            self._db.execute(f"PRAGMA max_page_count={int(max_pages)}")
+        make_tables(self._db, max_pages)
 
     # -- reading, at start-up -----------------------------------------------------------
     def meta(self, key: str, default: Any = None) -> Any:
@@ -170,6 +174,12 @@ class Store:
     def payload(self, task_id: int) -> tuple[bytes | None, bytes | None]:
         """The payload kept for TASK_ID, if any, and the blob its first frame is kept as
         (None: none, the payload holds every frame)."""
+        if (new := self._new_tasks.get(task_id)) is not None:  # (not folded yet)
+            key = new[4]
+            if key is None or key in self._new_blobs:
+                return new[1], None if key is None else self._new_blobs[key]
+            row = self._db.execute("SELECT data FROM blobs WHERE key = ?", (key,)).fetchone()
+            return new[1], None if row is None else row[0]
         row = self._db.execute("SELECT t.payload, b.data FROM tasks t LEFT JOIN blobs b ON "
                                "b.key = t.blob WHERE t.id = ?", (task_id,)).fetchone()
         return (None, None) if row is None else (row[0], row[1])
@@ -215,6 +225,9 @@ class Store:
                 self._blob_keys.add(key)
                 self._new_blobs[key] = blob[1]
         self._new_tasks[task_id] = [record, payload, state, None, key]
+        self._ops.append(["n", task_id, record, payload, state, key,
+                          None if key is None else self._new_blobs.get(key)])
+        self._ops_bytes += len(record) + len(payload) + len(state)
 
     def put_task(self, task_id: int, state: bytes, result: bytes | None) -> None:
         """Keep a task's new STATE and RESULT (None: none kept) at the next commit."""
@@ -223,12 +236,15 @@ class Store:
             fresh[2], fresh[3] = state, result
         else:
             self._changed_tasks[task_id] = (state, result)
+        self._ops.append(["c", task_id, state, result])
+        self._ops_bytes += len(state) + (len(result) if result else 0)
 
     def forget_task(self, task_id: int) -> None:
         """Drop TASK_ID's record at the next commit."""
         if self._new_tasks.pop(task_id, None) is None:
             self._changed_tasks.pop(task_id, None)
             self._dropped_tasks.add(task_id)
+        self._ops.append(["d", task_id])
 
     def put_actor(self, actor_id: str, record: bytes, spawn: bytes) -> None:
         """Keep an actor's RECORD and construction frames (SPAWN) at the next commit."""
@@ -241,10 +257,17 @@ class Store:
         self._dropped_actors.add(actor_id)
 
     def dirty(self) -> bool:
-        return bool(self._meta or self._jobs or self._forget or self._new_tasks
-                    or self._new_blobs
-                    or self._changed_tasks or self._dropped_tasks or self._actors
+        """Whether something changed that is not kept yet (in the database or journal)."""
+        return bool(self._ops or self._beyond_tasks())
+
+    def _beyond_tasks(self) -> bool:
+        """Whether something other than Python tasks changed (the journal keeps tasks)."""
+        return bool(self._meta or self._jobs or self._forget or self._actors
                     or self._dropped_actors or self._envs or self._dropped_envs)
+
+    def _unfolded(self) -> bool:
+        return bool(self._new_tasks or self._new_blobs or self._changed_tasks
+                    or self._dropped_tasks)
 
     def reserve_ids(self, above: int) -> int:
         """Note that task ids up to a new ceiling over ABOVE may be handed out, durably,
@@ -257,9 +280,30 @@ class Store:
         return ceiling
 
     def commit(self) -> bool:
-        """Write what changed since the last commit, in one transaction; False if it could
-        not be written (kept for the next try, and the reason in ``error``)."""
+        """Keep what changed since the last commit: a few Python tasks' changes as one
+        record of the journal, anything else in one transaction of the database, with what
+        the journal holds; False if it could not be written (kept for the next try, and the
+        reason in ``error``)."""
         if not self.dirty():
+            return self.error is None
+        if len(self._ops) <= _JOURNAL_OPS and self._ops_bytes <= _JOURNAL_BYTES \
+                and self._journal.size < FOLD_AT and not self._beyond_tasks():
+            try:
+                self._journal.append(self._seq + 1, msgpack.packb(self._ops))
+            except OSError:
+                pass  # (a full disk, a torn record left: the database may take it)
+            else:
+                self._seq += 1
+                self._ops.clear()
+                self._ops_bytes = 0
+                self._committed()
+                return True
+        return self.fold()
+
+    def fold(self) -> bool:
+        """Write every change not in the database yet (the journal's too), in one
+        transaction, then empty the journal; False as ``commit``."""
+        if not (self.dirty() or self._unfolded() or self._journal.size):
             return self.error is None
         # Jobs, actors and ids are fsynced (they survive a power cut); a turn that changed only
         # Python tasks is written to the log without an fsync of its own (it survives the
@@ -267,6 +311,8 @@ class Store:
         # costs ~0.4 ms, several times a short task's own cost here.
         sync = "FULL" if self._meta or self._jobs or self._forget or self._actors \
             or self._dropped_actors or self._envs or self._dropped_envs else "NORMAL"
+        if self._journal.size:  # (its records up to this one are in: not applied again)
+            self._meta["journal_seq"] = self._seq
         writes = [(sql, rows) for sql, rows in (
             ("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
              [(k, msgpack.packb(v)) for k, v in self._meta.items()]),
@@ -309,21 +355,58 @@ class Store:
                 log.error("state_commit_failed", dir=self.directory, error=str(exc))
             self.error = str(exc)
             return False
-        if self.error is not None:
-            log.info("state_commit_recovered", dir=self.directory)
-        self.error = None
         for pending in (self._meta, self._jobs, self._forget, self._new_tasks,
                         self._new_blobs,
                         self._changed_tasks, self._dropped_tasks, self._actors,
-                        self._dropped_actors, self._envs, self._dropped_envs):
+                        self._dropped_actors, self._envs, self._dropped_envs, self._ops):
             pending.clear()
-        self.last_commit = time.time()
+        self._ops_bytes = 0
+        if self._journal.size:
+            try:
+                self._journal.clear()
+            except OSError as exc:  # (its records are folded: a start skips them)
+                log.warning("state_journal_not_emptied", dir=self.directory, error=str(exc))
+        self._committed()
         return True
+
+    def _committed(self) -> None:
+        if self.error is not None:
+            log.info("state_commit_recovered", dir=self.directory)
+        self.error = None
+        self.last_commit = time.time()
+
+    def _replay(self) -> int:
+        """Apply the journal's records beyond the last fold, fold them; return the last
+        record's sequence number."""
+        folded = last = self.meta("journal_seq", 0)
+        applied = 0
+        for seq, body in self._journal.records():
+            last = max(last, seq)
+            if seq <= folded:
+                continue
+            applied += 1
+            for op in msgpack.unpackb(body):
+                if op[0] == "n":
+                    task_id, record, payload, state, key, blob = op[1:]
+                    if blob is not None:
+                        self._blob_keys.add(key)
+                        self._new_blobs[key] = blob
+                    self._new_tasks[task_id] = [record, payload, state, None, key]
+                elif op[0] == "c":
+                    self.put_task(op[1], op[2], op[3])
+                else:
+                    self.forget_task(op[1])
+        self._seq = last
+        if applied:
+            log.info("state_journal_replayed", dir=self.directory, records=applied)
+        if self._journal.size and not self.fold():
+            raise OSError(f"cannot write the broker's state in {self.directory}: {self.error}")
+        return last
 
     def collect_blobs(self) -> None:
         """Delete the blobs no kept task names any more (a walk of the task table: run
         while it is small; nothing else waits on the disk then)."""
-        if self.dirty() or self.error is not None:
+        if self.dirty() or self._unfolded() or self.error is not None:
             return
         try:
             self._db.execute("DELETE FROM blobs WHERE key NOT IN "
@@ -339,9 +422,9 @@ class Store:
         self._forget.add(job_id)
 
     def size(self) -> int:
-        """Bytes on disk: the database and its write-ahead log."""
-        return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal")
-                   if os.path.exists(p))
+        """Bytes on disk: the database, its write-ahead log and the journal."""
+        return self._journal.size + sum(os.path.getsize(p) for p in (
+            self.path, self.path + "-wal") if os.path.exists(p))
 
     def describe(self) -> dict[str, Any]:
         return {"dir": self.directory, "bytes": self.size(), "last_commit": self.last_commit,
@@ -350,59 +433,8 @@ class Store:
     def close(self) -> None:
         try:
             self.commit()
+            self.fold()
+            self._journal.close()
             self._db.close()
         finally:
             self._unlock()  # (another broker may start on the directory now; once only)
-
-
-def _warn_if_open(directory: str) -> None:
-    """Warn when others may read or write DIRECTORY (they could list, or replace, the
-    database's files)."""
-    mode = stat.S_IMODE(os.stat(directory).st_mode)
-    if mode & 0o066:
-        log.warning("state_dir_not_private", dir=directory, mode=f"{mode:04o}",
-                    why="others may read or write it; its files are 0600, but chmod 700 it")
-
-
-def _private_files(path: str) -> None:
-    """Make the database at PATH (0600, if missing) and its -wal and -shm files, if any,
-    readable by this user only; never through a link."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm"):
-        try:
-            fd = os.open(path + suffix, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-
-
-def _discard(path: str) -> dict[str, int]:
-    """Delete the database at PATH; return what it held (jobs by state)."""
-    if not os.path.exists(path):
-        return {}
-    held: dict[str, int] = {}
-    try:
-        db = sqlite3.connect(path)
-        for (record,) in db.execute("SELECT record FROM jobs"):
-            state = f"jobs {msgpack.unpackb(record).get('state', '?')}"
-            held[state] = held.get(state, 0) + 1
-        for table, what in (("tasks", "Python tasks"), ("actors", "actors")):
-            exists = db.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", (table,))
-            if exists.fetchone()[0]:
-                count = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                if count:
-                    held[what] = count
-        db.close()
-    except sqlite3.Error:
-        held["unreadable"] = 1
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(path + suffix):
-            os.remove(path + suffix)
-    return held

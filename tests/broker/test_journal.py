@@ -1,0 +1,147 @@
+"""The state store's journal: a few Python tasks' changes are kept as one record a commit,
+and a store opened after a crash finds them (``zres.broker.journal``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.broker.test_keeping import broker_on, hello, kept_states, submit
+from zres.broker.store import FOLD_AT, JOURNAL, Store
+from zres.core import protocol as P
+
+pytestmark = pytest.mark.timeout(60)
+
+# A broker's store in argv[1] keeps tasks 1-3 (two sharing a blob), changes 1, drops 2,
+# each change a commit of its own (each a journal record), and is killed before any fold.
+_CRASH = """import os, signal, sys
+from zres.broker.store import Store
+store = Store(sys.argv[1])
+for task_id in (1, 2):
+    store.new_task(task_id, b"record", b"args%d" % task_id, b"queued", (b"k" * 16, b"fn"))
+    assert store.commit()
+store.new_task(3, b"record", b"all", b"queued")
+assert store.commit()
+store.put_task(1, b"done", b"result")
+assert store.commit()
+store.forget_task(2)
+assert store.commit()
+assert store.dirty() is False and os.path.getsize(store._journal.path) > 0
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def crashed(state: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", _CRASH, str(state)], timeout=30,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_tasks_kept_in_the_journal_are_found_after_a_crash(tmp_path):
+    crashed(tmp_path)
+    store = Store(str(tmp_path))
+    try:
+        assert [(i, state, result) for i, _, state, result in store.tasks()] == [
+            (1, b"done", b"result"), (3, b"queued", None)]
+        assert store.payload(1) == (b"args1", b"fn"), "the shared frame was not kept"
+        assert store.payload(3) == (b"all", None)
+        assert os.path.getsize(tmp_path / JOURNAL) == 0, "not folded into the database"
+    finally:
+        store.close()
+    store = Store(str(tmp_path))  # (and again: nothing applied twice, nothing lost)
+    try:
+        assert [i for i, *_ in store.tasks()] == [1, 3]
+    finally:
+        store.close()
+
+
+def test_a_torn_last_record_is_left_out_and_those_before_it_are_kept(tmp_path):
+    crashed(tmp_path)
+    journal = tmp_path / JOURNAL
+    whole = journal.read_bytes()
+    journal.write_bytes(whole[:-3])  # (the last record, forgetting task 2, cut short)
+    store = Store(str(tmp_path))
+    try:
+        assert [(i, state) for i, _, state, _ in store.tasks()] == [
+            (1, b"done"), (2, b"queued"), (3, b"queued")]
+    finally:
+        store.close()
+    corrupt = bytearray(whole)
+    corrupt[-1] ^= 0xFF  # (its body changed: its checksum does not match)
+    for name in os.listdir(tmp_path):
+        os.remove(tmp_path / name)
+    journal.write_bytes(bytes(corrupt))
+    store = Store(str(tmp_path))
+    try:
+        assert [i for i, *_ in store.tasks()] == [1, 2, 3]
+    finally:
+        store.close()
+
+
+def test_records_already_folded_are_not_applied_again(tmp_path):
+    """The fold and the journal's emptying are two steps: a crash between them leaves
+    records the database holds; a start must not apply them over later changes."""
+    store = Store(str(tmp_path))
+    store.new_task(5, b"record", b"args", b"queued")
+    assert store.commit()
+    left = (tmp_path / JOURNAL).read_bytes()
+    assert left and store.fold()
+    store.forget_task(5)  # (dropped after the fold: in the next record)
+    assert store.commit() and store.fold()
+    store.close()
+    (tmp_path / JOURNAL).write_bytes(left)  # (as if never emptied)
+    store = Store(str(tmp_path))
+    try:
+        assert store.tasks() == [], "a folded record was applied again: task 5 is back"
+        store.new_task(6, b"record", b"args", b"queued")  # (numbered after those seen)
+        assert store.commit()
+        store.close()
+        store = Store(str(tmp_path))
+        assert [i for i, *_ in store.tasks()] == [6]
+    finally:
+        store.close()
+
+
+def test_large_changes_go_to_the_database_and_the_journal_is_folded_when_large(tmp_path):
+    store = Store(str(tmp_path))
+    try:
+        store.new_task(1, b"record", b"x" * 100_000, b"queued")  # (written once, there)
+        assert store.commit()
+        assert os.path.getsize(tmp_path / JOURNAL) == 0
+        task_id = 2
+        while os.path.getsize(tmp_path / JOURNAL) < FOLD_AT:
+            store.new_task(task_id, b"record", b"y" * 60_000, b"queued")
+            assert store.commit()
+            task_id += 1
+        store.new_task(task_id, b"record", b"z", b"queued")
+        assert store.commit()
+        assert os.path.getsize(tmp_path / JOURNAL) == 0, "it grows without bound"
+        assert len(store.tasks()) == task_id
+    finally:
+        store.close()
+
+
+def test_the_database_catches_up_with_the_journal_within_a_heartbeat(tmp_path):
+    """Another process reading the database (the sqlite3 shell) finds a short task's
+    row once a heartbeat interval has passed."""
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    try:
+        submit(client, 1)
+        client.take(P.ACCEPTED)
+        assert 1 in kept_states(tmp_path), "acknowledged before it was kept"
+        assert os.path.getsize(tmp_path / JOURNAL) > 0, "(written to the journal)"
+        deadline = time.monotonic() + broker.hb_interval * 4
+        while os.path.getsize(tmp_path / JOURNAL) > 0:
+            assert time.monotonic() < deadline, "the journal was not folded"
+            client.step()
+        assert [i for i, *_ in broker.store.tasks()] == [1]
+    finally:
+        client.close()
+        broker.close()
