@@ -18,7 +18,7 @@ from zres.core import protocol as P
 
 pytestmark = pytest.mark.timeout(60)
 
-# A broker's store in argv[1] keeps tasks 1-3 (two sharing a blob), changes 1, drops 2,
+# A broker's store in argv[1] keeps tasks 1-4 (three sharing a blob), changes 1, drops 2,
 # each change a commit of its own (each a journal record), and is killed before any fold.
 _CRASH = """import os, signal, sys
 from zres.broker.store import Store
@@ -31,6 +31,8 @@ assert store.commit()
 store.put_task(1, b"done", b"result")
 assert store.commit()
 store.forget_task(2)
+assert store.commit()
+store.new_task(4, b"record", b"args4", b"queued", (b"k" * 16, b"fn"))  # (its blob: kept)
 assert store.commit()
 assert store.dirty() is False and os.path.getsize(store._journal.path) > 0
 os.kill(os.getpid(), signal.SIGKILL)
@@ -48,15 +50,16 @@ def test_tasks_kept_in_the_journal_are_found_after_a_crash(tmp_path):
     store = Store(str(tmp_path))
     try:
         assert [(i, state, result) for i, _, state, result in store.tasks()] == [
-            (1, b"done", b"result"), (3, b"queued", None)]
+            (1, b"done", b"result"), (3, b"queued", None), (4, b"queued", None)]
         assert store.payload(1) == (b"args1", b"fn"), "the shared frame was not kept"
         assert store.payload(3) == (b"all", None)
+        assert store.payload(4) == (b"args4", b"fn")
         assert os.path.getsize(tmp_path / JOURNAL) == 0, "not folded into the database"
     finally:
         store.close()
     store = Store(str(tmp_path))  # (and again: nothing applied twice, nothing lost)
     try:
-        assert [i for i, *_ in store.tasks()] == [1, 3]
+        assert [i for i, *_ in store.tasks()] == [1, 3, 4]
     finally:
         store.close()
 
@@ -65,11 +68,11 @@ def test_a_torn_last_record_is_left_out_and_those_before_it_are_kept(tmp_path):
     crashed(tmp_path)
     journal = tmp_path / JOURNAL
     whole = journal.read_bytes()
-    journal.write_bytes(whole[:-3])  # (the last record, forgetting task 2, cut short)
+    journal.write_bytes(whole[:-3])  # (the last record, making task 4, cut short)
     store = Store(str(tmp_path))
     try:
         assert [(i, state) for i, _, state, _ in store.tasks()] == [
-            (1, b"done"), (2, b"queued"), (3, b"queued")]
+            (1, b"done"), (3, b"queued")]
     finally:
         store.close()
     corrupt = bytearray(whole)
@@ -79,7 +82,7 @@ def test_a_torn_last_record_is_left_out_and_those_before_it_are_kept(tmp_path):
     journal.write_bytes(bytes(corrupt))
     store = Store(str(tmp_path))
     try:
-        assert [i for i, *_ in store.tasks()] == [1, 2, 3]
+        assert [i for i, *_ in store.tasks()] == [1, 3]
     finally:
         store.close()
 

@@ -218,16 +218,15 @@ class Store:
                  blob: tuple[bytes, Any] | None = None) -> None:
         """Keep a new task at the next commit; BLOB (its digest and data) is its payload's
         first frame, kept once for every task that shares it."""
-        key = None
+        key = data = None
         if blob is not None:
             key = blob[0]
             if key not in self._blob_keys:
                 self._blob_keys.add(key)
-                self._new_blobs[key] = blob[1]
+                self._new_blobs[key] = data = blob[1]
         self._new_tasks[task_id] = [record, payload, state, None, key]
-        self._ops.append(["n", task_id, record, payload, state, key,
-                          None if key is None else self._new_blobs.get(key)])
-        self._ops_bytes += len(record) + len(payload) + len(state)
+        self._ops.append(["n", task_id, record, payload, state, key, data])  # (data: once)
+        self._ops_bytes += len(record) + len(payload) + len(state) + (len(data) if data else 0)
 
     def put_task(self, task_id: int, state: bytes, result: bytes | None) -> None:
         """Keep a task's new STATE and RESULT (None: none kept) at the next commit."""
