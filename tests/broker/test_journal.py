@@ -148,3 +148,32 @@ def test_the_database_catches_up_with_the_journal_within_a_heartbeat(tmp_path):
     finally:
         client.close()
         broker.close()
+
+
+def test_a_full_disk_refuses_a_commit_and_loses_nothing_acknowledged(tmp_path):
+    """The database and the journal both full (a few pages, as a full disk): a commit
+    that fits in neither fails, saying why, and is kept for the next try; every task a
+    commit said was kept is found by the next start."""
+    store = Store(str(tmp_path), max_pages=8)
+    kept: list[int] = []
+    task_id = 0
+    while True:
+        task_id += 1
+        store.new_task(task_id, b"record", os.urandom(1500), b"queued")
+        if not store.commit():
+            break
+        kept.append(task_id)
+        assert task_id < 1000, "a few pages took a thousand tasks"
+    assert kept and store.error and "full" in store.error
+    assert store.dirty(), "the refused change was dropped"
+    size = os.path.getsize(tmp_path / JOURNAL)
+    assert not store.commit() and os.path.getsize(tmp_path / JOURNAL) == size, \
+        "a refused record was left in the journal, in part or whole"
+    store._journal.close()  # (a crash: nothing more is written)
+    store._db.close()
+    store._unlock()
+    again = Store(str(tmp_path))
+    try:
+        assert [i for i, *_ in again.tasks()] == kept
+    finally:
+        again.close()
