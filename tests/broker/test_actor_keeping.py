@@ -166,6 +166,46 @@ def test_an_actor_whose_construction_never_reached_its_agent_is_placed_again(tmp
         broker.close()
 
 
+def test_an_actor_that_began_is_never_placed_as_new_by_an_agent_carrying_the_session(
+        tmp_path):
+    """Not offered by an agent carrying the whole session, and yet begun: a1 was up (its
+    process since killed, say by a kill sent just before the broker died), or b1's
+    __init__ raised while the broker was away (its agent ended it and says how it ended).
+    Neither is placed again: a1 is lost (no restarts: dead), b1 dies of its __init__'s
+    error, as without the restart."""
+    placement, (two, three) = placed_when_the_broker_went(tmp_path, restarts=0)
+    broker = broker_on(tmp_path)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1, 2, 3]})
+        register(agent, session=2, actors=[], carried=1)
+        told = results(client, info=True)
+        told.update(results(client, info=True) if len(told) < 2 else {})
+        assert told[2][0] == P.FAILED and "no longer had it" in told[2][1]["message"], told
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "a1 was placed again"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+    state = tmp_path / "other"
+    placement, _ = placed_when_the_broker_went(state, restarts=0, up=False)
+    broker = broker_on(state)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        client.send(P.RESUME, {"ids": [1]})
+        register(agent, session=2, actors=[], carried=1, frames=[b"boom"],
+                 ended=[[placement, P.RAISED, 1, {"type": "ValueError"}]])
+        outcome, frames = results(client)[1]
+        assert (outcome, frames) == (P.RAISED, [b"boom"]), "not its __init__'s own error"
+        assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "its __init__ ran twice"
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
+
+
 def test_an_actor_offered_back_without_room_is_lost_not_placed_as_never_begun(tmp_path):
     """Offered back by an agent carrying the whole session, on a slot too small for it
     now: it began there, so it is stopped and lost (no restarts: dead), never placed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker.test_keeping import broker_on, hello, kept_states, submit
-from zres.broker.store import FOLD_AT, JOURNAL, Store
+from zres.broker.store import FILENAME, FOLD_AT, JOURNAL, Store
 from zres.core import protocol as P
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,8 +24,10 @@ pytestmark = pytest.mark.timeout(60)
 _CRASH = """import os, signal, sys
 from zres.broker.store import Store
 store = Store(sys.argv[1])
+pad = b"p" * int(sys.argv[2])  # (in each task's payload)
 for task_id in (1, 2):
-    store.new_task(task_id, b"record", b"args%d" % task_id, b"queued", (b"k" * 16, b"fn"))
+    store.new_task(task_id, b"record", b"args%d" % task_id + pad, b"queued",
+                   (b"k" * 16, b"fn"))
     assert store.commit()
 store.new_task(3, b"record", b"all", b"queued")
 assert store.commit()
@@ -32,15 +35,15 @@ store.put_task(1, b"done", b"result")
 assert store.commit()
 store.forget_task(2)
 assert store.commit()
-store.new_task(4, b"record", b"args4", b"queued", (b"k" * 16, b"fn"))  # (its blob: kept)
+store.new_task(4, b"record", b"args4" + pad, b"queued", (b"k" * 16, b"fn"))  # (blob: kept)
 assert store.commit()
 assert store.dirty() is False and os.path.getsize(store._journal.path) > 0
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def crashed(state: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", _CRASH, str(state)], timeout=30,
+def crashed(state: Path, pad: int = 0) -> None:
+    done = subprocess.run([sys.executable, "-c", _CRASH, str(state), str(pad)], timeout=30,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert done.returncode == -signal.SIGKILL
 
@@ -75,12 +78,12 @@ def test_a_torn_last_record_is_left_out_and_those_before_it_are_kept(tmp_path):
             (1, b"done"), (3, b"queued")]
     finally:
         store.close()
-    corrupt = bytearray(whole)
+    other = tmp_path / "other"
+    crashed(other)
+    corrupt = bytearray((other / JOURNAL).read_bytes())
     corrupt[-1] ^= 0xFF  # (its body changed: its checksum does not match)
-    for name in os.listdir(tmp_path):
-        os.remove(tmp_path / name)
-    journal.write_bytes(bytes(corrupt))
-    store = Store(str(tmp_path))
+    (other / JOURNAL).write_bytes(bytes(corrupt))
+    store = Store(str(other))
     try:
         assert [i for i, *_ in store.tasks()] == [1, 3]
     finally:
@@ -177,3 +180,45 @@ def test_a_full_disk_refuses_a_commit_and_loses_nothing_acknowledged(tmp_path):
         assert [i for i, *_ in again.tasks()] == kept
     finally:
         again.close()
+
+
+def test_a_journal_left_beside_another_database_is_never_applied_to_it(tmp_path):
+    """A crash left records; then the database was replaced (restored, discarded by an
+    older version's --fresh, deleted by hand) and the journal was not: its records are
+    not this database's, and none is applied."""
+    crashed(tmp_path)
+    for name in os.listdir(tmp_path):
+        if name.startswith(FILENAME):
+            os.remove(tmp_path / name)
+    store = Store(str(tmp_path))
+    try:
+        assert store.tasks() == [], "another database's tasks were applied to this one"
+        assert os.path.getsize(tmp_path / JOURNAL) == 0
+        store.new_task(9, b"record", b"args", b"queued")  # (its own journal works)
+        assert store.commit()
+    finally:
+        store.close()
+
+
+def test_a_start_on_a_full_disk_keeps_the_journals_tasks_and_says_why(tmp_path):
+    """A crash left records, and the disk is full when the broker starts again: it starts
+    (as on a full disk before the journal), its tasks all there, its error naming the
+    disk, and folds them once there is room."""
+    crashed(tmp_path, pad=20_000)  # (rows that need pages of their own)
+    pages = sqlite3.connect(tmp_path / FILENAME).execute("PRAGMA page_count").fetchone()[0]
+    store = Store(str(tmp_path), max_pages=pages)  # (not a page more: full)
+    try:
+        assert store.error and "full" in store.error
+        assert [i for i, *_ in store.tasks()] == [1, 3, 4]
+        assert store.payload(4) == (b"args4" + b"p" * 20_000, b"fn")
+        assert os.path.getsize(tmp_path / JOURNAL) > 0, "dropped though not folded"
+    finally:
+        store._journal.close()  # (a crash again: nothing more written)
+        store._db.close()
+        store._unlock()
+    store = Store(str(tmp_path))
+    try:
+        assert store.error is None and [i for i, *_ in store.tasks()] == [1, 3, 4]
+        assert os.path.getsize(tmp_path / JOURNAL) == 0
+    finally:
+        store.close()

@@ -42,9 +42,10 @@ def kept_states(state: Path) -> dict[int, bytes]:
     reads them): the database's, then the journal's records beyond its last fold."""
     with sqlite3.connect(state / FILENAME) as db:
         states = dict(db.execute("SELECT id, state FROM tasks"))
-        row = db.execute("SELECT value FROM meta WHERE key = 'journal_seq'").fetchone()
-    folded = msgpack.unpackb(row[0]) if row else 0
-    journal = Journal(str(state / JOURNAL))
+        meta = {k: msgpack.unpackb(v) for k, v in db.execute(
+            "SELECT key, value FROM meta WHERE key IN ('journal_seq', 'journal_key')")}
+    folded = meta.get("journal_seq", 0)
+    journal = Journal(str(state / JOURNAL), meta["journal_key"])
     for seq, body in journal.records():
         for op in msgpack.unpackb(body) if seq > folded else ():
             if op[0] == "d":

@@ -65,8 +65,9 @@ class ActorKeeper:
         # Ended while the broker was away, as that registration says: [actor, cause, calls
         # begun, error], lost once the calls that ended meanwhile are in (``settle``).
         self._exited: list[tuple[ActorRecord, str, set[int], str]] = []
-        # Offered by that registration and not taken back (no room): they may have begun.
-        self._refused: set[str] = set()
+        # Offered by that registration and not taken back (no room), or whose construction
+        # it says ended: they began there.
+        self._began: set[str] = set()
 
     def changed(self, actor: ActorRecord) -> None:
         """ACTOR's state changed: write it again (drop it once dead)."""
@@ -160,6 +161,8 @@ class ActorKeeper:
         stop: list[str] = []
         for entry in entries if isinstance(entries, list) else []:
             if not _well_formed(entry, len(agent.slots)):
+                if isinstance(entry, list) and entry and isinstance(entry[0], str):
+                    self._began.add(entry[0])  # (offered, if garbled: it may run there)
                 continue
             actor_id, placement, index, positions, calls = entry
             actor = self.adopting.get(actor_id)
@@ -169,7 +172,7 @@ class ActorKeeper:
                                              self._routing.inside_of(actor)):
                 log.warning("actor_not_adopted", actor=actor_id, agent=agent.name)
                 stop.append(actor_id)
-                self._refused.add(actor_id)  # (it began there: lost, never placed as new)
+                self._began.add(actor_id)  # (it began there: lost, never placed as new)
                 continue
             del self.adopting[actor_id]
             ready = self._graph.get(actor.ready_task)
@@ -209,6 +212,16 @@ class ActorKeeper:
         """TASK_ID, if a construction or call of an actor taken back from AGENT, ended
         while the broker was away."""
         actor = self._routing.placements.get(task_id)
+        if actor is not None and self.adopting.get(actor.id) is actor \
+                and actor.agent_name == agent.name:
+            # Constructed meanwhile, and its process not offered: its __init__ raised (its
+            # agent ended it), or it is gone since. It began: never placed as new.
+            self._began.add(actor.id)
+            if outcome != P.OK:  # (it dies of that error, as without the restart)
+                del self.adopting[actor.id]
+                actor.agent = agent.ident
+                self._routing.started(actor, outcome, frames, info)
+            return
         if actor is not None and actor.agent == agent.ident:
             if actor.state is ActorState.STARTING:
                 self._routing.started(actor, outcome, frames, info)
@@ -225,7 +238,7 @@ class ActorKeeper:
         """AGENT's offer is read: the calls its actors never had go again, first and
         uncharged; its actors it did not offer are lost."""
         settling, self._settling = self._settling, []
-        self._refused.clear()
+        self._began.clear()
         for actor, in_hand in settling:
             never = [c for c in actor.inflight if c not in in_hand]
             for call_id in reversed(never):  # back at the front, in the order made
@@ -254,12 +267,20 @@ class ActorKeeper:
         by, offers every actor it may have begun (a construction sent as the broker went
         never arrived): each not begun is placed again, as a restart that costs none."""
         for actor in [a for a in self.adopting.values() if a.agent_name == agent.name
-                      and (a.placement in returned or whole and a.id not in self._refused)]:
+                      and (a.placement in returned or whole and self._unbegun(a))]:
             del self.adopting[actor.id]
             if actor.restarts >= 0:
                 actor.restarts += 1  # (spent again by lost: it was never begun)
             self._routing.lost(actor, f"its construction never reached agent {agent.name} "
                                "before the broker restarted", set())
+
+    def _unbegun(self, actor: ActorRecord) -> bool:
+        """Whether ACTOR, adopting and not offered by an agent carrying the whole session,
+        never began: its construction not ended (one that ended, or one the broker knew
+        was up, began, whatever became of its process since), nor said to."""
+        ready = self._graph.get(actor.ready_task)
+        return ready is not None and ready.state not in FINISHED \
+            and actor.id not in self._began
 
     def expire(self, grace: float) -> None:
         """The actors whose agents were not back within GRACE seconds are lost."""

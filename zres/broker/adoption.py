@@ -162,7 +162,7 @@ class Adoption:
             # (Only the agent can say so: one started anew has no word of what its last
             # life may have begun.)
             if self._jobs.held_only(job) and (job.id in returned or whole and all(
-                    entry[0] != job.id for entry in entries)):
+                    not isinstance(e, list) or e[:1] != [job.id] for e in running)):
                 self._jobs.requeue_adopting(job)
                 self._graph.link(self._task(job), [])
             else:

@@ -53,17 +53,16 @@ import msgpack
 
 from ..logs import get_logger
 from . import state_lock
-from .journal import Journal
+from .journal import Journal, journal_key
 from .state_files import discard, make_tables, private_files, warn_if_open
 
 log = get_logger("zres.broker")
 
 FILENAME = "state.sqlite3"
 JOURNAL = "state.journal"
-# A commit goes to the journal when it changes only Python tasks, at most this many
-# changes and bytes (a large submit's rows would be written twice: to the database at
-# once), while the journal is under FOLD_AT bytes (it is folded then: bounded memory for
-# the rows it holds, bounded work for a restart).
+# A commit of Python tasks only, at most this many changes and bytes (a large submit's
+# would be written twice), is a journal record while the journal is under FOLD_AT bytes
+# (folded then: bounded memory for its rows, bounded work for a restart).
 _JOURNAL_OPS = 64
 _JOURNAL_BYTES = 64 << 10
 FOLD_AT = 1 << 20
@@ -110,7 +109,7 @@ class Store:
         self.error: str | None = None           # why the last commit failed, if it did
         try:
             self._open(fresh, max_pages)
-            self._journal = Journal(os.path.join(self.directory, JOURNAL),
+            self._journal = Journal(os.path.join(self.directory, JOURNAL), journal_key(self._db),
                                     max_pages * self._db.execute("PRAGMA page_size")
                                     .fetchone()[0])
             # Wall-clock time of the last commit (at start: of the files' last change).
@@ -163,9 +162,17 @@ class Store:
 
     def tasks(self) -> list[tuple[int, bytes, bytes, bytes | None]]:
         """Every task kept: (id, record, state, result), in id order (payloads are read
-        one by one, as they are needed: see ``payload``)."""
-        return self._db.execute(
-            "SELECT id, record, state, result FROM tasks ORDER BY id").fetchall()
+        one by one, as they are needed: see ``payload``), with those of the journal that
+        a start could not fold (a full disk)."""
+        rows = {i: (i, *rest) for i, *rest in self._db.execute(
+            "SELECT id, record, state, result FROM tasks")}
+        for i, (state, result) in self._changed_tasks.items():
+            if i in rows:
+                rows[i] = (i, rows[i][1], state, result)
+        for i in self._dropped_tasks:
+            rows.pop(i, None)
+        rows.update((i, (i, new[0], new[2], new[3])) for i, new in self._new_tasks.items())
+        return [rows[i] for i in sorted(rows)]
 
     def actors(self) -> list[tuple[str, bytes, bytes]]:
         """Every actor kept: (id, record, construction frames)."""
@@ -286,7 +293,8 @@ class Store:
         if not self.dirty():
             return self.error is None
         if len(self._ops) <= _JOURNAL_OPS and self._ops_bytes <= _JOURNAL_BYTES \
-                and self._journal.size < FOLD_AT and not self._beyond_tasks():
+                and self._journal.size < FOLD_AT and self._journal.keyed \
+                and not self._beyond_tasks():
             try:
                 self._journal.append(self._seq + 1, msgpack.packb(self._ops))
             except OSError:
@@ -360,7 +368,7 @@ class Store:
                         self._dropped_actors, self._envs, self._dropped_envs, self._ops):
             pending.clear()
         self._ops_bytes = 0
-        if self._journal.size:
+        if self._journal.size or self._journal.torn:
             try:
                 self._journal.clear()
             except OSError as exc:  # (its records are folded: a start skips them)
@@ -398,8 +406,7 @@ class Store:
         self._seq = last
         if applied:
             log.info("state_journal_replayed", dir=self.directory, records=applied)
-        if self._journal.size and not self.fold():
-            raise OSError(f"cannot write the broker's state in {self.directory}: {self.error}")
+        self.fold()  # (failing, on a full disk: kept, as any commit's, and ``error`` says so)
         return last
 
     def collect_blobs(self) -> None:
