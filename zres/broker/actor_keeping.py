@@ -16,9 +16,10 @@ A restarted broker restores every actor that had not died:
   back (it waited for the broker that went), or that an agent carrying the very session
   it was sent to does not offer (sent as the broker went, it never arrived), never began:
   it is placed again, no restart spent (the broker keeps where it placed an actor before
-  it sends it). An actor its agent no longer has, or whose agent is not back within the
-  grace period, is lost as if that agent had died: it
-  restarts if it may (its calls that may have begun spend a retry), else it is dead; one
+  it sends it); one whose construction ended, or was known to be up, began, whatever
+  its agent offers. An actor its agent no longer has, or whose agent is not back within
+  the grace period, is lost as if that agent had died: it restarts if it may (its calls
+  that may have begun spend a retry), else it is dead; one
   whose process its agent saw end meanwhile (its offer's ``exits``, with the calls the
   process had begun) is lost as if that were heard now: the calls it never began run on
   the next instance, uncharged;

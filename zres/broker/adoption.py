@@ -18,9 +18,9 @@ there: they are granted again, uncharged. An agent that carries the very session
 broker last knew it by (``carried``: the same process, which stopped nothing) offers all
 that may have begun there, so one it does not offer never reached it (an assignment lost
 with the broker): it is granted again, uncharged too (a job never reported started, and
-an actor's construction, alike). One whose agent began anew (or
-carries another session), or is not back in time, may have run: it spends a retry, or
-fails with AgentLostError. Actors are taken back alike (``actor_keeping``), and so are
+an actor's construction, alike). One whose agent began anew (or carries another
+session), or is not back in time, may have run: it spends a retry, or fails with
+AgentLostError. Actors are taken back alike (``actor_keeping``), and so are
 placement groups' bundles (before the work inside them) and multi-node jobs' ranks
 (``gangs.keeping``, ``gangs.rank_keeping``).
 """
