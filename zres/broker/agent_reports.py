@@ -39,6 +39,7 @@ class AgentReports:
         _objects: ObjectDirectory
         _ranks: RankTable
         _on_started: Callable[[Task], None]
+        _tell_first: Callable[[Task, str, list[Any], dict[str, Any]], None]
         _on_changed: Callable[[Task], None]
         lineage: Lineage
 
@@ -134,6 +135,9 @@ class AgentReports:
                 kept.append([task_id, outcome, nframes, info])
                 frames.append(payload)
         if kept:
+            for item, payload in zip(kept, frames):  # (its client first: early_results)
+                item[3]["agent"] = agent.name  # (as its end records: see _results)
+                self._tell_first(self._graph.tasks[item[0]], item[1], payload, item[3])
             ids = {item[0] for item in kept}
             self.report(agent, {"started": [t for t in _ids(started) if t in ids and not
                                             self._graph.tasks[t].begun], "results": kept},

@@ -25,6 +25,7 @@ from .actors import ActorRouting
 from .cancels import CancelAnswers
 from .clients import ClientRecord, ClientRegistry
 from .dispatch import CancelOutcome, Dispatcher
+from .early_results import EarlyResults
 from .graph import TaskGraph
 from .jobs import JobTable
 from .keeping import TaskKeeper
@@ -54,7 +55,7 @@ class ClientLink:
                  quotas: Quotas | None = None,
                  later: Callable[[bytes, Callable[[], None]], None] | None = None,
                  refuse: Refuse | None = None, objects: Any = None,
-                 groups: Any = None) -> None:
+                 groups: Any = None, commit: Callable[[], bool] = lambda: True) -> None:
         self._send = send
         self.clients = clients
         self._graph = graph
@@ -75,6 +76,7 @@ class ClientLink:
         self._running = Batches(send, P.RUNNING, "ids")
         self._results = Batches(send, P.RESULTS, "results")
         self.acks = Acknowledgements(send, store)
+        self.early = EarlyResults(send, clients, keeper, self.acks, commit)  # (told first)
         # Puts placed this turn: told where to upload once written (see ``flush``).
         self._placed: list[tuple[bytes, dict[str, Any]]] = []
         # LATER(ident, work): go on with a client's large submit at the loop's next round,
@@ -312,7 +314,8 @@ class ClientLink:
     def started(self, task: Task) -> None:
         """TASK began on an agent: its client hears it (batched), so its future runs."""
         client = self.clients.get(task.client)
-        if client is not None and client.ids.get(task.local_id) == task.id:
+        if client is not None and client.ids.get(task.local_id) == task.id \
+                and task.id not in self.early.told:
             self._running.add(client.ident, task.local_id)
 
     def recorded(self, task: Task) -> None:
@@ -327,7 +330,8 @@ class ClientLink:
             actor.error = (task.outcome, task.result, task.info)
             self._actors.dead(actor, str(task.info.get("message", "its construction failed")))
         client = self.clients.get(task.client)
-        if client is not None and client.ids.get(task.local_id) == task.id:
+        if client is not None and client.ids.get(task.local_id) == task.id \
+                and task.id not in self.early.told:
             self._tell(client.ident, task)
 
     def _tell(self, ident: bytes, task: Task) -> None:
@@ -414,6 +418,7 @@ class ClientLink:
             for ident, body in self._placed:
                 self._send(ident, P.PLACE_REPLY, body)
             self._placed.clear()
+        self.early.told.clear()  # (their ends were taken in with the message that told)
         for ident in self._running.peers():
             self._running.discard(ident, self._results.keys_of(ident))
         self._results.flush(self.acks.fields)  # (acknowledgements ride with results)

@@ -67,7 +67,9 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
                  load: Callable[[Task], list[Any]] = lambda task: [],
                  token: Callable[[str], str] = lambda subject: "",
                  objects: ObjectDirectory | None = None, groups: Any = None,
-                 on_lost: Callable[[str, str], None] | None = None) -> None:
+                 on_lost: Callable[[str, str], None] | None = None,
+                 tell_first: Callable[[Task, str, list[Any], dict[str, Any]], None]
+                 = lambda *ended: None) -> None:
         self._send = send
         # Tells the broker's relay an agent was lost (its name, why): it answers its
         # requesters so at once rather than after its timeout.
@@ -79,6 +81,7 @@ class Dispatcher(AgentReports, GangRouting, Feasibility):
         # acts for its owner ("": none, without keys). See ``auth``.
         self._token = token
         self._on_started = on_started  # tells its client the task began
+        self._tell_first = tell_first  # ... and a direct result at once (early_results)
         self._on_changed = on_changed  # writes a kept task again (held, or requeued)
         self._load = load  # reads a restored task's call from the state store
         self._cancels = cancels

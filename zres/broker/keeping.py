@@ -80,7 +80,8 @@ class TaskKeeper:
         if frames and len(frames[0]) >= BLOB_MIN:  # (a function: the same for many tasks)
             blob = (self._digest(frames[0]), frames[0])
             frames = frames[1:]
-        self._store.new_task(task.id, record, _pack(frames), self._state(task), blob)
+        state = self._state(task, task.outcome, task.info, False)
+        self._store.new_task(task.id, record, _pack(frames), state, blob)
 
     def _digest(self, data: Any) -> bytes:
         """DATA's digest: worked out once for the bytes a submit's tasks share."""
@@ -95,22 +96,31 @@ class TaskKeeper:
 
     def changed(self, task: Task) -> None:
         """TASK's state changed (held, requeued, ended, released): write it again."""
-        if self._store is None or not task.kept:
-            return
-        result = None
-        if task.outcome == P.OK and not task.size \
-                and sum(len(P.buffer(f)) for f in task.result) <= KEEP_RESULT:
-            result = _pack([P.buffer(f) for f in task.result])
-        self._store.put_task(task.id, self._state(task), result)
+        if self._store is not None and task.kept:
+            held = task.state is TaskState.RUNNING and (task.held or task.begun)
+            self._put(task, task.outcome, task.result, task.info, held)
 
-    def _state(self, task: Task) -> bytes:
+    def ending(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
+        """Write TASK as its end with OUTCOME, FRAMES and INFO will, before that end is
+        taken in (its client is told first: see ``early_results``)."""
+        if self._store is not None and task.kept:
+            self._put(task, outcome, frames, info, False)
+
+    def _put(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any],
+             held: bool) -> None:
+        assert self._store is not None
+        result = None
+        if outcome == P.OK and not task.size \
+                and sum(len(P.buffer(f)) for f in frames) <= KEEP_RESULT:
+            result = _pack([P.buffer(f) for f in frames])
+        self._store.put_task(task.id, self._state(task, outcome, info, held), result)
+
+    def _state(self, task: Task, outcome: str, info: dict[str, Any], held: bool) -> bytes:
         client = self._clients.get(task.client)
         holds = client is not None and client.ids.get(task.local_id) == task.id
-        held = task.state is TaskState.RUNNING and (task.held or task.begun)
         # (and where its result is, if it is kept on agents: issue 29)
         return _pack([task.retries, task.agent if held else "", task.begun and held,
-                      task.outcome, task.info, holds, task.size, list(task.held_at),
-                      task.lost])
+                      outcome, info, holds, task.size, list(task.held_at), task.lost])
 
     def need(self, task_id: int) -> None:
         """Something needs the result of TASK_ID: if it was not kept, run its task again

@@ -161,7 +161,8 @@ class Broker(Intake):
                  "payload_bytes": self.limits.payload_bytes, "tasks": self.limits.tasks},
              **self.objects.relay_field()},
             conn=lambda: self.ids.conn, quotas=self.quotas, later=self.backlog.next,
-            refuse=self._refused, objects=self.objects, groups=self.groups)
+            refuse=self._refused, objects=self.objects, groups=self.groups,
+            commit=lambda: self.store is None or self._commit())
         self.orphans = Orphans(self._send, self.graph, lambda: self.dispatch, self.actors,
                                self.jobs, self.keeper, self.client_link.forget,
                                later=self.backlog.next, groups=self.groups)
@@ -170,7 +171,8 @@ class Broker(Intake):
                                    on_started=self.client_link.started,
                                    on_changed=self.keeper.changed, load=self.keeper.payload,
                                    token=self.gate.token, objects=self.objects,
-                                   groups=self.groups, on_lost=getattr(self.relay, "forget", None))
+                                   groups=self.groups, on_lost=getattr(self.relay, "forget", None),
+                                   tell_first=self.client_link.early.tell)
         self.ids = Identities(self.gate, self.clients, self.graph, self.jobs, self.actors)
         # Jobs running when a previous broker of this cluster went: their agents offer
         # them back; those not back within the grace period are lost.
@@ -406,9 +408,8 @@ class Broker(Intake):
             return
         agent = self.agents.by_ident.get(ident)
         if agent is not None:
-            # Everything an agent is told names its session: news for an ended session
-            # (grants, acks, cancels) must never reach the session after it. (A reply
-            # about another session names that one.)
+            # Everything an agent is told names its session (a reply about another names
+            # that one): news for an ended session must never reach the session after it.
             body = {"session": agent.session, **(body or {})}
         self._send_raw(ident, P.encode(kind, body, frames))
 
@@ -440,9 +441,8 @@ class Broker(Intake):
                 "relay": self.relay.status() if self.relay is not None else None}
 
     def dashboard(self) -> dict[str, Any]:
-        """Describe the cluster for the dashboard and metrics, amounts in user units: the
-        status, recent command jobs, tasks finished. The HTTP port asks no key: a job's command
-        line (which may hold a token), its error and where the state lives stay off it."""
+        """Describe the cluster for the dashboard and metrics (its HTTP port asks no key: no
+        job's command line, which may hold a token, nor its error, nor the state's place)."""
         jobs = [{k: v for k, v in job.items() if k in PUBLIC_FIELDS}
                 for job in self.jobs.listing()]
         return in_user_units({**self.status(), "state": None, "jobs": jobs,
