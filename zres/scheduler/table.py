@@ -9,6 +9,7 @@ their slots alone.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from ..core.resources import GPU, GPU_MEMORY, UNIT, Units
 from .devices import could_ever_fit, infeasible, split_memory
 from .index import FreeIndex
 from .records import Grant, Shape, Slot, Workers, add_to, shape_of, workers_of
+
+IDLE_SHAPES = 64  # shapes none of whose tasks waits that keep what is cached about them
 
 
 @dataclass(slots=True)
@@ -44,6 +47,7 @@ class SlotTable:
         self.queue_freed: set[int] = set()     # ... that gained one since the last pass
         self._could_fit: dict[Shape, set[int]] = {}
         self._infeasible: dict[Shape, str | None] = {}
+        self._idle: OrderedDict[Shape, None] = OrderedDict()  # none waits now: oldest first
         self.epoch = 0                         # bumps whenever slots change (see changed)
 
     def add(self, new: Iterable[NewSlot]) -> list[Slot]:
@@ -169,10 +173,19 @@ class SlotTable:
         self.epoch += 1
         self._infeasible.clear()
         self._could_fit.clear()
+        self._idle.clear()
 
     def forget_shape(self, shape: Shape) -> None:
-        self._infeasible.pop(shape, None)
-        self._could_fit.pop(shape, None)
+        """No task of SHAPE waits any more. What is cached about it stays for a while: a
+        loop's sequential tasks are each the only one of their shape, and working it out
+        again for each was a tenth of the broker's time on a submit. Only the last
+        ``IDLE_SHAPES`` such shapes keep it (a million distinct shapes pile up nothing)."""
+        self._idle[shape] = None
+        self._idle.move_to_end(shape)
+        if len(self._idle) > IDLE_SHAPES:
+            old, _ = self._idle.popitem(last=False)
+            self._infeasible.pop(old, None)
+            self._could_fit.pop(old, None)
 
     def named(self, where: Workers) -> list[Slot]:
         """The slots of the agents WHERE names, by id."""
