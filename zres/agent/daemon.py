@@ -164,6 +164,7 @@ class Agent(Draining, Fencing, TakingBack):
             self._on_connection_events()
         if self.broker in events:
             self._drain_socket(self.broker, self._from_broker)
+            self.pool.flush()  # (its grants at once: the rest of the turn is not theirs)
         if self.pool.links.fileno() in events:
             for ident, frames in self.pool.links.receive():
                 self._handled(self._from_worker, ident, frames)
