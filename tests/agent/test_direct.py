@@ -55,7 +55,7 @@ def straight(direct: DirectResults, ids: list[int], info: dict[str, Any] | None 
     for task_id in ids:
         direct.note(task_id, {"via": VIA, "attempt": 3, **(context or {})})
     items = [[task_id, P.OK, 1, dict(info or {})] for task_id in ids]
-    return direct.sent(items, frames or [b"r"] * len(ids), ids, more, [b"copy"],
+    return direct.sent(items, frames or [b"r"] * len(ids), ids, more, lambda: [b"copy"],
                        time.monotonic() if turns_by is None else turns_by)
 
 
@@ -82,7 +82,8 @@ def test_what_goes_the_agents_way_only(broker: zmq.Socket, why: str):
                     frames=[b"x" * (2 * INLINE + 1)] if why == "too big" else None,
                     context={"cpus": [0]} if why == "bound to cores" else
                     {"via": None} if why == "no via" else None) if why != "printed" else \
-        direct.sent([[1, P.OK, 1, {}]], [b"r"], [1], None, [b"copy"], time.monotonic())
+        direct.sent([[1, P.OK, 1, {}]], [b"r"], [1], None, lambda: [b"copy"],
+                    time.monotonic())
     assert not kept and direct.later == []
     assert not broker.poll(200), f"a result {why} went straight"
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -53,7 +54,7 @@ class DirectResults:
         self._sock: zmq.Socket[Any] | None = None
         self._ctx: zmq.Context[Any] | None = None
         self._grants: dict[int, tuple[int, int, int]] = {}  # task -> session, epoch, attempt
-        self.later: list[list[Any]] = []                    # the agent's copies kept back
+        self.later: list[Callable[[], list[Any]]] = []    # the agent's copies kept back
         self._since = 0.0                                   # ... since then
 
     def connect(self, spec: Any) -> None:
@@ -93,19 +94,19 @@ class DirectResults:
         self._grants.pop(task_id, None)
 
     def sent(self, items: list[Any], frames: list[Any], started: list[int], more: Any,
-             message: list[Any], turns_by: float) -> bool:
+             copy: Callable[[], list[Any]], turns_by: float) -> bool:
         """Send the broker these results (done's ITEMS and FRAMES; STARTED: the starts in
-        the same batch) if all may go straight, and keep back MESSAGE, the agent's copy,
-        if it says nothing else (MORE: dropped grants or replicas it tells too) and the
-        main thread turns by TURNS_BY, within LATER; return whether it is kept back (not
-        to be sent now)."""
+        the same batch) if all may go straight, and keep back the agent's copy (COPY()
+        makes it: encoded once it goes, off the way to the broker) if it says nothing else
+        (MORE: dropped grants or replicas it tells too) and the main thread turns by
+        TURNS_BY, within LATER; return whether it is kept back (not to be sent now)."""
         if not self._send(items, frames, started) or more \
                 or not set(started) <= {item[0] for item in items} \
                 or turns_by - time.monotonic() > LATER:
             return False
         if not self.later:
             self._since = time.monotonic()
-        self.later.append(message)
+        self.later.append(copy)
         return True
 
     def _send(self, items: list[Any], frames: list[Any], started: list[int]) -> bool:
@@ -137,4 +138,4 @@ class DirectResults:
     def take_later(self) -> list[list[Any]]:
         """The agent's copies kept back, to send now (in order)."""
         later, self.later = self.later, []
-        return later
+        return [copy() for copy in later]

@@ -403,11 +403,12 @@ class WorkerProcess:
                     body["started"], body["dropped"] = started, dropped
                 if replicas:
                     body["replicas"] = replicas
-                message = P.encode(P.DONE, body, frames)
-                if not self.direct.sent(items, frames, started, dropped or replicas, message,
+                def copy() -> list[Any]:
+                    return P.encode(P.DONE, body, frames)
+                if not self.direct.sent(items, frames, started, dropped or replicas, copy,
                                         self._turns_by):
                     self._send_later()
-                    self._send(message)
+                    self._send(copy())
 
     def _send_later(self) -> None:
         """Send the agent its copies of results sent straight to the broker (under
