@@ -5,6 +5,7 @@ copy, coming later, changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,10 +27,10 @@ def broker() -> Iterator[Broker]:
     broker.close()
 
 
-@pytest.fixture
-def granted(broker: Broker) -> Iterator[tuple[Peer, Peer, Peer, list[Any]]]:
+@contextlib.contextmanager
+def granted_on(broker: Broker) -> Iterator[tuple[Peer, Peer, Peer, list[Any]]]:
     """An agent (session SESSION, one CPU), a worker process of its, and a client whose
-    task 1 is granted there: the peers and the grant."""
+    task 1 is granted there, on BROKER: the peers and the grant."""
     agent, client = connected(broker)
     worker = Peer(broker)
     try:
@@ -40,6 +41,12 @@ def granted(broker: Broker) -> Iterator[tuple[Peer, Peer, Peer, list[Any]]]:
     finally:
         for peer in (agent, client, worker):
             peer.close()
+
+
+@pytest.fixture
+def granted(broker: Broker) -> Iterator[tuple[Peer, Peer, Peer, list[Any]]]:
+    with granted_on(broker) as peers:
+        yield peers
 
 
 def straight(worker: Peer, task: int, attempt: int, value: bytes, outcome: str = P.OK,

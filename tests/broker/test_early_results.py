@@ -13,8 +13,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.broker.test_agent_link import Peer, connected, register, report, submit
-from tests.broker.test_direct_results import SESSION, results, straight
+from tests.broker.test_agent_link import Peer, report, submit
+from tests.broker.test_direct_results import SESSION, granted_on, results, straight
 from tests.broker.test_keeping import broker_on, kept_states
 from zres.broker.journal import Journal
 from zres.broker.server import Broker
@@ -29,16 +29,10 @@ def kept(tmp_path: Path) -> Iterator[tuple[Broker, Peer, Peer, Peer, list[Any]]]
     """A broker keeping its state in TMP_PATH, an agent (session SESSION, one CPU), a
     worker process of its and a client whose task 1 is granted there."""
     broker = broker_on(tmp_path)
-    agent, client = connected(broker)
-    worker = Peer(broker)
     try:
-        register(agent, session=SESSION, cpus=1)
-        submit(client, 1)
-        (grant,) = agent.take(P.ASSIGN).body["tasks"]
-        yield broker, agent, client, worker, grant
+        with granted_on(broker) as peers:
+            yield (broker, *peers)
     finally:
-        for peer in (agent, client, worker):
-            peer.close()
         broker.close()
 
 
