@@ -145,3 +145,30 @@ def test_a_client_that_has_let_go_of_its_task_is_not_told_first(kept: tuple[Any,
     client.sync()
     straight(worker, grant[0], grant[6]["attempt"], b"straight")
     assert results(client) == []
+
+
+def test_a_task_named_twice_in_one_message_is_told_once(kept: tuple[Any, ...]):
+    """A message naming one task twice (a broken or hostile peer with the agent's key):
+    the first is taken and told, the second dropped, as the agent's own report would."""
+    broker, agent, client, worker, grant = kept
+    task_id, attempt = grant[0], grant[6]["attempt"]
+    worker.send(P.DIRECT_DONE, {"session": SESSION, "epoch": broker.epoch,
+                                "results": [[task_id, P.OK, 1, {}, attempt],
+                                            [task_id, P.RAISED, 1, {}, attempt]],
+                                "started": [task_id]}, [b"ok", b"error"])
+    assert [(r[0], r[1]) for r in results(client)] == [(1, P.OK)]
+    assert broker.graph.tasks[task_id].outcome == P.OK
+
+
+def test_the_news_that_it_began_batched_earlier_in_the_turn_is_not_sent_after(
+        kept: tuple[Any, ...]):
+    """Its agent's report that it began (a task that ran a while) is read in the same turn
+    before its result: that news is dropped, as for a result sent with the turn's batch."""
+    broker, agent, client, worker, grant = kept
+    task_id = grant[0]
+    report(agent, 1, SESSION, held=[task_id], started=[task_id])
+    handle_only(broker, P.REPORT)
+    straight(worker, task_id, grant[6]["attempt"], b"straight")
+    handle_only(broker, P.DIRECT_DONE)
+    broker.poll_once(time.monotonic(), timeout=0)  # (the rest of the same turn)
+    assert [m.kind for m in received(client)] == [P.RESULTS]

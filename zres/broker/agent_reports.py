@@ -126,12 +126,14 @@ class AgentReports:
         finds it ended. (A failure may grant the task again, to AGENT too, whose report
         of the earlier grant, naming no attempt, would then be taken for the new one's:
         only AGENT's own report, in order, lets go of its grant.)"""
-        kept, frames = [], []
+        kept: list[list[Any]] = []
+        frames: list[list[Any]] = []
         for (task_id, outcome, nframes, info, attempt), payload in zip(items, payloads):
             task = self._mine(agent, task_id)
             if task is not None and task.attempt == attempt and isinstance(info, dict) \
                     and outcome in (P.OK, P.RAISED) and task_id not in self._actors.placements \
-                    and task_id not in self._jobs.active:
+                    and task_id not in self._jobs.active \
+                    and all(item[0] != task_id for item in kept):  # (named twice: once)
                 kept.append([task_id, outcome, nframes, info])
                 frames.append(payload)
         if kept:

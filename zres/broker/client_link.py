@@ -418,7 +418,9 @@ class ClientLink:
             for ident, body in self._placed:
                 self._send(ident, P.PLACE_REPLY, body)
             self._placed.clear()
-        self.early.told.clear()  # (their ends were taken in with the message that told)
+        for ident, local in self.early.told.values():  # (their ends were taken in with
+            self._running.discard(ident, {local})      # the message that told)
+        self.early.told.clear()
         for ident in self._running.peers():
             self._running.discard(ident, self._results.keys_of(ident))
         self._results.flush(self.acks.fields)  # (acknowledgements ride with results)

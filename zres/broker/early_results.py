@@ -41,7 +41,9 @@ class EarlyResults:
         self._keeper = keeper
         self._acks = acks
         self._commit = commit
-        self.told: set[int] = set()  # this turn's (not told again when their end is taken)
+        # This turn's, by task id: their clients and local ids (neither their end nor the
+        # news that they began, batched before or after, is told again)
+        self.told: dict[int, tuple[bytes, int]] = {}
 
     def tell(self, task: Task, outcome: str, frames: list[Any], info: dict[str, Any]) -> None:
         """Tell TASK's client its end (OUTCOME, FRAMES and INFO, as its end will record
@@ -58,4 +60,4 @@ class EarlyResults:
         self._send(client.ident, P.RESULTS, {
             "results": [[task.local_id, outcome, len(out), info]],
             **self._acks.fields(client.ident)}, out)  # (written: the commit above)
-        self.told.add(task.id)
+        self.told[task.id] = (client.ident, task.local_id)
