@@ -164,7 +164,6 @@ class Agent(Draining, Fencing, TakingBack):
             self._on_connection_events()
         if self.broker in events:
             self._drain_socket(self.broker, self._from_broker)
-            self.pool.flush()  # (its grants at once: the rest of the turn is not theirs)
         if self.pool.links.fileno() in events:
             for ident, frames in self.pool.links.receive():
                 self._handled(self._from_worker, ident, frames)
@@ -188,9 +187,6 @@ class Agent(Draining, Fencing, TakingBack):
             self.reports.go_on()  # hand-offs a lapsed lease or a turn's budget held back
         self._leased = leased
         self.heartbeat.turned(now)
-        # Tasks to the workers first: a direct grant's waits for nothing (the broker kept
-        # that it may have begun before it sent it), its report can follow.
-        self.pool.flush()
         self.data.turn()
         if self.session.registered:  # (numbered from the welcome) its hand-offs go once acked
             self._send_report()
@@ -208,6 +204,11 @@ class Agent(Draining, Fencing, TakingBack):
         if not self.session.registered and not self._stopping and self.carry.ready() \
                 and now - self.session.asked_at >= self.hb_timeout / 2:
             self._register(now)
+        # The turn's tasks to the workers last, each worker's RUN the turn's last word: on
+        # a machine of few cores the worker often waits for this process's CPU, and what
+        # the turn did after the flush held it up (0.958-0.981 of the median side by side
+        # against flushing before the rest of the turn).
+        self.pool.flush()
 
     def _drain_socket(self, sock: zmq.Socket, handle: Any) -> None:
         for _ in range(1000):
