@@ -4,7 +4,9 @@ agent offers back, or does not, and of its calls."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,21 @@ def calls(agent: Peer) -> list[int]:
     def of(messages: list[P.Message]) -> list[int]:
         return [c[0] for m in messages if m.kind == P.CALL for c in m.body["calls"]]
     return of(agent.sync()) or of([agent.take(P.CALL), *agent.sync()])
+
+
+@contextlib.contextmanager
+def started_again(state: Path) -> Iterator[tuple[Peer, Peer]]:
+    """A broker started on STATE, with a client that said hello and an agent (not yet
+    registered): the client and the agent, closed with the broker after."""
+    broker = broker_on(state)
+    client, _ = hello(broker)
+    agent = Peer(broker)
+    try:
+        yield client, agent
+    finally:
+        for peer in (client, agent):
+            peer.close()
+        broker.close()
 
 
 def placed_when_the_broker_went(tmp_path: Path, restarts: int = 0, up: bool = True,
@@ -71,10 +88,7 @@ def placed_when_the_broker_went(tmp_path: Path, restarts: int = 0, up: bool = Tr
 
 def test_an_actor_offered_back_runs_on_and_gets_the_calls_it_never_had(tmp_path):
     placement, (two, three) = placed_when_the_broker_went(tmp_path)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         client.send(P.RESUME, {"ids": [2, 3]})
         register(agent, session=2, actors=[["a1", placement, 0, [], [two]]])
         assert calls(agent) == [three], "call 3 is not sent again (or call 2 is)"
@@ -82,19 +96,12 @@ def test_an_actor_offered_back_runs_on_and_gets_the_calls_it_never_had(tmp_path)
         report(agent, 1, 2, [b"2", b"3"], held=[three],
                results=[[two, P.OK, 1, {}], [three, P.OK, 1, {}]])
         assert results(client) == {2: (P.OK, [b"2"]), 3: (P.OK, [b"3"])}, "(one report, one turn)"
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 @pytest.mark.parametrize("restarts", [0, 1])
 def test_an_actor_its_agent_no_longer_has_restarts_or_dies(tmp_path, restarts):
     placement, (two, three) = placed_when_the_broker_went(tmp_path, restarts)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         client.send(P.RESUME, {"ids": [2, 3]})
         register(agent, session=2, actors=[])
         told = results(client, info=True)
@@ -107,10 +114,6 @@ def test_an_actor_its_agent_no_longer_has_restarts_or_dies(tmp_path, restarts):
             assert calls(agent) == [three], "call 3 does not go to the new instance"
         else:
             assert 3 in told or results(client, info=True)[3][0] == P.FAILED
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 def test_an_actor_whose_construction_its_agent_gives_back_is_placed_again(tmp_path):
@@ -118,20 +121,13 @@ def test_an_actor_whose_construction_its_agent_gives_back_is_placed_again(tmp_pa
     an actor before it sends it): it never began, and is placed again, no restart
     spent."""
     placement, _ = placed_when_the_broker_went(tmp_path, restarts=0, up=False)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         register(agent, session=2, actors=[], returned=[placement])
         [(again, *_, opts)] = agent.take(P.ASSIGN).body["tasks"]
         assert opts["actor"] == "a1", "given back, it was lost (no restarts: dead)"
         report(agent, 1, 2, [b"none"], held=[again], results=[[again, P.OK, 1, {}]])
         call(client, 2)
         assert len(calls(agent)) == 1, "the new instance takes no calls"
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 @pytest.mark.parametrize("carried", [True, False])
@@ -143,10 +139,7 @@ def test_an_actor_whose_construction_never_reached_its_agent_is_placed_again(tmp
     restart spent. One that began anew cannot say so: a1 may have begun there, and is
     lost (no restarts: dead). (A named actor made as the broker was killed died so.)"""
     placement, _ = placed_when_the_broker_went(tmp_path, restarts=0, up=False, held=False)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         client.send(P.RESUME, {"ids": [1]})
         register(agent, session=2, actors=[], **({"carried": 1} if carried else {}))
         if carried:
@@ -160,10 +153,6 @@ def test_an_actor_whose_construction_never_reached_its_agent_is_placed_again(tmp
             outcome, info = results(client, info=True)[1]
             assert outcome == P.FAILED and info["type"] == "ActorDiedError", info
             assert not [m for m in agent.sync() if m.kind == P.ASSIGN]
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 def test_an_actor_that_began_is_never_placed_as_new_by_an_agent_carrying_the_session(
@@ -174,36 +163,22 @@ def test_an_actor_that_began_is_never_placed_as_new_by_an_agent_carrying_the_ses
     Neither is placed again: a1 is lost (no restarts: dead), b1 dies of its __init__'s
     error, as without the restart."""
     placement, (two, three) = placed_when_the_broker_went(tmp_path, restarts=0)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         client.send(P.RESUME, {"ids": [1, 2, 3]})
         register(agent, session=2, actors=[], carried=1)
         told = results(client, info=True)
         told.update(results(client, info=True) if len(told) < 2 else {})
         assert told[2][0] == P.FAILED and "no longer had it" in told[2][1]["message"], told
         assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "a1 was placed again"
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
     state = tmp_path / "other"
     placement, _ = placed_when_the_broker_went(state, restarts=0, up=False)
-    broker = broker_on(state)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(state) as (client, agent):
         client.send(P.RESUME, {"ids": [1]})
         register(agent, session=2, actors=[], carried=1, frames=[b"boom"],
                  ended=[[placement, P.RAISED, 1, {"type": "ValueError"}]])
         outcome, frames = results(client)[1]
         assert (outcome, frames) == (P.RAISED, [b"boom"]), "not its __init__'s own error"
         assert not [m for m in agent.sync() if m.kind == P.ASSIGN], "its __init__ ran twice"
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 def test_an_actor_offered_back_without_room_is_lost_not_placed_as_never_begun(tmp_path):
@@ -211,10 +186,7 @@ def test_an_actor_offered_back_without_room_is_lost_not_placed_as_never_begun(tm
     now: it began there, so it is stopped and lost (no restarts: dead), never placed
     again as one whose construction never arrived."""
     placement, _ = placed_when_the_broker_went(tmp_path, restarts=0, up=False)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         client.send(P.RESUME, {"ids": [1]})
         agent.send(P.REGISTER, {"name": "node", "session": 2, "host": "h", "pid": 1,
                                 "t": time.monotonic(), "jobs": [], "ended": [],
@@ -226,18 +198,11 @@ def test_an_actor_offered_back_without_room_is_lost_not_placed_as_never_begun(tm
         assert not [m for m in told if m.kind == P.ASSIGN], "placed again as never begun"
         outcome, info = results(client, info=True)[1]
         assert outcome == P.FAILED and info["type"] == "ActorDiedError", info
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 def test_a_construction_that_ended_unheard_is_told_with_the_offer(tmp_path):
     placement, _ = placed_when_the_broker_went(tmp_path, up=False)
-    broker = broker_on(tmp_path)
-    client, _ = hello(broker)
-    agent = Peer(broker)
-    try:
+    with started_again(tmp_path) as (client, agent):
         client.send(P.RESUME, {"ids": [1]})
         offer: dict[str, Any] = {"actors": [["a1", placement, 0, [], []]],
                                  "ended": [[placement, P.OK, 1, {}]], "frames": [b"none"]}
@@ -245,10 +210,6 @@ def test_a_construction_that_ended_unheard_is_told_with_the_offer(tmp_path):
         assert results(client)[1] == (P.OK, [b"none"]), "ready() is not told"
         call(client, 2)
         assert len(calls(agent)) == 1, "a call does not go to the actor taken back"
-    finally:
-        for peer in (client, agent):
-            peer.close()
-        broker.close()
 
 
 SPEC = {"id": "a1", "name": "", "cls": "C", "methods": ["m"], "restarts": 0}

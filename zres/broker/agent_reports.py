@@ -128,19 +128,19 @@ class AgentReports:
         only AGENT's own report, in order, lets go of its grant.)"""
         kept: list[list[Any]] = []
         frames: list[list[Any]] = []
+        ids: set[int] = set()  # (a task named twice is taken once)
         for (task_id, outcome, nframes, info, attempt), payload in zip(items, payloads):
             task = self._mine(agent, task_id)
             if task is not None and task.attempt == attempt and isinstance(info, dict) \
                     and outcome in (P.OK, P.RAISED) and task_id not in self._actors.placements \
-                    and task_id not in self._jobs.active \
-                    and all(item[0] != task_id for item in kept):  # (named twice: once)
+                    and task_id not in self._jobs.active and task_id not in ids:
+                ids.add(task_id)
                 kept.append([task_id, outcome, nframes, info])
                 frames.append(payload)
         if kept:
             for item, payload in zip(kept, frames):  # (its client first: early_results)
                 item[3]["agent"] = agent.name  # (as its end records: see _results)
                 self._tell_first(self._graph.tasks[item[0]], item[1], payload, item[3])
-            ids = {item[0] for item in kept}
             self.report(agent, {"started": [t for t in _ids(started) if t in ids and not
                                             self._graph.tasks[t].begun], "results": kept},
                         frames, now)
